@@ -1,0 +1,278 @@
+"""Attention masks: boolean, True = "may attend", broadcastable to (B, H, Lq, Lk).
+
+In the spirit of FlexAttention's ``mask_mod``, a mask is a function of positions: :meth:`Mask.mask_mod` receives
+query positions ``q_idx`` (Lq, 1) and key positions ``kv_idx`` (1, Lk) and returns a bool tensor broadcastable to
+(Lq, Lk), or to (B, Lq, Lk) when it also reads per-sequence data (``tokens`` or ``lengths``, for padding).
+Masks compose with ``&`` and ``|``. A position-only mask's dense tensor is built once per (Lq, Lk, device) and
+cached.
+
+Register a new mask with ``@register_mask("name")`` on a :class:`Mask` subclass or on a plain function
+``fn(q_idx, kv_idx, **params) -> bool tensor``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.registry import Registry
+
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "Causal",
+    "Mask",
+    "NoMask",
+    "Padding",
+    "SlidingWindow",
+    "build_mask",
+    "list_masks",
+    "register_mask",
+]
+
+
+class Mask:
+    """Base class. Subclasses implement :meth:`mask_mod`; set ``position_only = False`` if it reads
+    ``tokens`` / ``lengths``."""
+
+    position_only: bool = True
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        """q_idx (Lq, 1), kv_idx (1, Lk) long → bool broadcastable to (Lq, Lk) or (B, Lq, Lk)."""
+        raise NotImplementedError
+
+    def dense(
+        self,
+        num_queries: int,
+        num_keys: int,
+        device: torch.device | str | None = None,
+        *,
+        tokens: Tensor | None = None,
+        lengths: Tensor | None = None,
+    ) -> Tensor:
+        """The mask in its smallest broadcastable 4-D shape: (B or 1, 1, Lq or 1, Lk). Cached if position-only."""
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if self.position_only:
+            cache = self.__dict__.setdefault("_dense_cache", {})
+            key = (num_queries, num_keys, device)
+            if key not in cache:
+                if len(cache) > 16:
+                    cache.clear()
+                cache[key] = self._evaluate(num_queries, num_keys, device, None, None)
+            return cache[key]
+        return self._evaluate(num_queries, num_keys, device, tokens, lengths)
+
+    def materialize(
+        self,
+        num_queries: int,
+        num_keys: int,
+        device: torch.device | str | None = None,
+        *,
+        tokens: Tensor | None = None,
+        lengths: Tensor | None = None,
+    ) -> Tensor:
+        """The full mask (B or 1, 1, Lq, Lk), bool, True = may attend."""
+        m = self.dense(num_queries, num_keys, device, tokens=tokens, lengths=lengths)
+        return m.expand(m.shape[0], 1, num_queries, num_keys)
+
+    def _evaluate(
+        self,
+        num_queries: int,
+        num_keys: int,
+        device: torch.device,
+        tokens: Tensor | None,
+        lengths: Tensor | None,
+    ) -> Tensor:
+        q_idx = torch.arange(num_queries, device=device)[:, None]
+        kv_idx = torch.arange(num_keys, device=device)[None, :]
+        m = torch.as_tensor(self.mask_mod(q_idx, kv_idx, tokens, lengths), device=device).bool()
+        while m.dim() < 3:
+            m = m.unsqueeze(0)
+        return m.unsqueeze(1)  # (B|1, 1, Lq|1, Lk|1)
+
+    def __and__(self, other: Mask) -> Mask:
+        return AllOf([self, other])
+
+    def __or__(self, other: Mask) -> Mask:
+        return AnyOf([self, other])
+
+    @property
+    def is_trivial(self) -> bool:
+        """True when the mask lets every query see every key (no masking work needed)."""
+        return False
+
+    def __repr__(self) -> str:
+        params = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+def _wrap_mask(name: str, obj: Any, kwargs: dict[str, Any]) -> Mask:
+    target = obj
+    sig = inspect.signature(target)
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        allowed = [p for p in sig.parameters if p not in ("self", "q_idx", "kv_idx")]
+        for key in kwargs:
+            if key not in allowed:
+                raise ValueError(
+                    f"mask '{name}' does not take parameter '{key}'; allowed: {', '.join(allowed) or '(none)'}"
+                )
+    if isinstance(obj, type) and issubclass(obj, Mask):
+        return obj(**kwargs)
+    return FunctionMask(name, obj, **kwargs)
+
+
+_MASKS: Registry[Mask] = Registry("mask", _wrap_mask)
+
+
+def register_mask(name: str) -> Callable[[Any], Any]:
+    """Decorator registering a :class:`Mask` subclass or a position function ``fn(q_idx, kv_idx, **params)``."""
+    return _MASKS.register(name)
+
+
+def build_mask(name: str | Mask | dict[str, Any], **params: Any) -> Mask:
+    """Build a mask by name (``build_mask("sliding_window", window=4)``), or from a spec dict
+    ``{"name": ..., **params}``; a :class:`Mask` is returned as is."""
+    if isinstance(name, Mask):
+        return name
+    if isinstance(name, dict) or hasattr(name, "items"):
+        spec = dict(name.items())
+        if "name" not in spec:
+            raise ValueError(f"a mask spec needs a 'name' key, got {spec}")
+        return _MASKS.build(spec.pop("name"), **spec, **params)
+    return _MASKS.build(name, **params)
+
+
+def list_masks() -> list[str]:
+    """Names of the registered masks."""
+    return _MASKS.names()
+
+
+class FunctionMask(Mask):
+    """A registered position function ``fn(q_idx, kv_idx, **params)``."""
+
+    def __init__(self, name: str, fn: Callable[..., Tensor], **params: Any) -> None:
+        self.name, self.fn, self.params = name, fn, params
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        return self.fn(q_idx, kv_idx, **self.params)
+
+    def __repr__(self) -> str:
+        return f"{self.name}({self.params})"
+
+
+# --------------------------------------------------------------------------------------------- masks
+
+
+@register_mask("none")
+class NoMask(Mask):
+    """Every query sees every key."""
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        return (q_idx >= 0) & (kv_idx >= 0)
+
+    @property
+    def is_trivial(self) -> bool:
+        return True
+
+
+@register_mask("causal")
+class Causal(Mask):
+    """Key j is visible from query i iff j ≤ i."""
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        return kv_idx <= q_idx
+
+
+@register_mask("sliding_window")
+class SlidingWindow(Mask):
+    """Key j is visible from query i iff |i − j| < window (symmetric; ``window=1`` is the token itself).
+
+    Compose with :class:`Causal` for the one-sided window i − window < j ≤ i (Mistral-style).
+    """
+
+    def __init__(self, window: int) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"sliding_window window must be an integer >= 1, got {window!r}")
+        self.window = window
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        return (q_idx - kv_idx).abs() < self.window
+
+
+@register_mask("padding")
+class Padding(Mask):
+    """Hides padded keys: key j of sequence b is hidden if ``tokens[b, j] == pad_id`` (given ``tokens`` (B, Lk)
+    and a ``pad_id``) or if ``j >= lengths[b]`` (given ``lengths`` (B,)); both apply when both are given. Query
+    rows are not masked: a pad query still sees the real keys."""
+
+    position_only = False
+
+    def __init__(self, pad_id: int | None = 0) -> None:
+        self.pad_id = pad_id
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        use_tokens = tokens is not None and self.pad_id is not None
+        if not use_tokens and lengths is None:
+            raise ValueError("the padding mask needs tokens= (with a pad_id) or lengths= to find the padded keys")
+        visible = torch.ones_like(kv_idx, dtype=torch.bool)[None]  # (1, 1, Lk)
+        if lengths is not None:
+            visible = visible & (kv_idx[None] < lengths.to(kv_idx.device).view(-1, 1, 1))  # (B, 1, Lk)
+        if use_tokens:
+            if tokens.shape[-1] != kv_idx.shape[-1]:
+                raise ValueError(f"padding mask: tokens have length {tokens.shape[-1]}, keys {kv_idx.shape[-1]}")
+            visible = visible & (tokens != self.pad_id)[:, None, :]  # (B, 1, Lk)
+        return visible
+
+
+class _Composite(Mask):
+    def __init__(self, masks: Sequence[Mask | str | dict[str, Any]]) -> None:
+        if not masks:
+            raise ValueError(f"'{self._verb}' needs at least one mask")
+        self.masks = [build_mask(m) for m in masks]
+        self.position_only = all(m.position_only for m in self.masks)
+
+    _verb = ""
+
+    def __repr__(self) -> str:
+        return f" {'&' if self._verb == 'and' else '|'} ".join(f"({m!r})" for m in self.masks)
+
+
+@register_mask("and")
+class AllOf(_Composite):
+    """Visible iff visible under every mask (``m1 & m2``)."""
+
+    _verb = "and"
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        out = self.masks[0].mask_mod(q_idx, kv_idx, tokens, lengths)
+        for m in self.masks[1:]:
+            out = out & m.mask_mod(q_idx, kv_idx, tokens, lengths)
+        return out
+
+    @property
+    def is_trivial(self) -> bool:
+        return all(m.is_trivial for m in self.masks)
+
+
+@register_mask("or")
+class AnyOf(_Composite):
+    """Visible iff visible under at least one mask (``m1 | m2``)."""
+
+    _verb = "or"
+
+    def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
+        out = self.masks[0].mask_mod(q_idx, kv_idx, tokens, lengths)
+        for m in self.masks[1:]:
+            out = out | m.mask_mod(q_idx, kv_idx, tokens, lengths)
+        return out
+
+    @property
+    def is_trivial(self) -> bool:
+        return any(m.is_trivial for m in self.masks)

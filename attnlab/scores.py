@@ -1,0 +1,476 @@
+"""Scoring functions: q (B, H, Lq, d_k), k (B, H, Lk, d_k) → logits (B, H, Lq, Lk).
+
+Every score is an ``nn.Module`` registered by name (``@register_score("name")``) and built with
+``build_score(name, d_k=..., num_heads=..., **params)``. Plain functions ``fn(q, k, **params) -> logits`` can be
+registered too; they are wrapped in a parameter-free module.
+
+Two optional hooks extend the plain ``forward``:
+
+* **Dot-product family** (:class:`DotProductScore`): logits = ``scale · φ(q) · kᵀ + bias``, where ``φ`` is
+  :meth:`DotProductScore.query_map` (identity except Luong's *general*) and ``bias`` is
+  :meth:`DotProductScore.bias`, an additive (…, H, Lq, Lk) term (T5, ALiBi, Shaw's a^K). Such scores can run in
+  ``torch.nn.functional.scaled_dot_product_attention`` with the bias as a float mask: the fast path.
+* **Value-side term** (:meth:`Score.value_term`): a score whose attention also contributes to the output (Shaw's
+  a^V) sets ``has_value_term = True`` and returns (B, H, Lq, d_v), added to ``weights @ v``. Such scores take the
+  eager path.
+
+Positions are 0-based; for self-attention query i and key j are the same sequence positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.registry import Registry
+
+__all__ = [
+    "AdditiveScore",
+    "AlibiScore",
+    "DotProductScore",
+    "DotScore",
+    "GeneralScore",
+    "RelativePositionScore",
+    "ScaledDotScore",
+    "Score",
+    "T5BiasScore",
+    "alibi_slopes",
+    "build_score",
+    "list_scores",
+    "register_score",
+    "t5_relative_bucket",
+]
+
+
+class Score(nn.Module):
+    """Base class of scoring functions.
+
+    Args:
+        d_k: per-head query/key size.
+        num_heads: number of heads H (scores with per-head parameters keep one set per head).
+        d_v: per-head value size; only scores with a value-side term use it.
+    """
+
+    has_value_term: bool = False
+
+    def __init__(self, d_k: int, num_heads: int, d_v: int | None = None) -> None:
+        super().__init__()
+        self.d_k = d_k
+        self.num_heads = num_heads
+        self.d_v = d_k if d_v is None else d_v
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:  # pragma: no cover - abstract
+        """q (B, H, Lq, d_k), k (B, H, Lk, d_k) → logits (B, H, Lq, Lk)."""
+        raise NotImplementedError
+
+    def value_term(self, weights: Tensor) -> Tensor | None:
+        """weights (B, H, Lq, Lk) → extra output (B, H, Lq, d_v) added to ``weights @ v``, or None."""
+        return None
+
+    def extra_repr(self) -> str:
+        return f"d_k={self.d_k}, num_heads={self.num_heads}"
+
+
+class DotProductScore(Score):
+    """logits = scale · query_map(q) · kᵀ + bias(q, Lk). Eligible for the SDPA fast path."""
+
+    def __init__(self, d_k: int, num_heads: int, d_v: int | None = None, scale: float = 1.0) -> None:
+        super().__init__(d_k, num_heads, d_v)
+        self.scale = float(scale)
+        self._cache: dict[tuple, Tensor] = {}
+
+    def query_map(self, q: Tensor) -> Tensor:
+        """φ(q), (B, H, Lq, d_k) → (B, H, Lq, d_k). Identity unless overridden."""
+        return q
+
+    def bias(self, q: Tensor, num_keys: int) -> Tensor | None:
+        """Additive logit term broadcastable to (B, H, Lq, Lk), already scaled, or None."""
+        return None
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        logits = torch.matmul(self.query_map(q), k.transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
+        b = self.bias(q, k.shape[-2])
+        return logits if b is None else logits + b
+
+    def _cached(self, key: tuple, make: Callable[[], Tensor]) -> Tensor:
+        """Position-only tensors, built once per (shape, device, ...) key."""
+        t = self._cache.get(key)
+        if t is None:
+            if len(self._cache) > 16:
+                self._cache.clear()
+            t = self._cache[key] = make()
+        return t
+
+    def relative_positions(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
+        """(Lq, Lk) long tensor of key − query positions, cached."""
+
+        def make() -> Tensor:
+            i = torch.arange(num_queries, device=device)
+            j = torch.arange(num_keys, device=device)
+            return j[None, :] - i[:, None]
+
+        return self._cached(("rel", num_queries, num_keys, device), make)
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+def _check_params(name: str, target: Callable[..., Any], params: dict[str, Any], implicit: tuple[str, ...]) -> None:
+    """One clear line for a parameter the score does not take."""
+    sig = inspect.signature(target)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    allowed = [p for p in sig.parameters if p not in ("self", "q", "k", *implicit)]
+    for key in params:
+        if key not in sig.parameters:
+            raise ValueError(
+                f"score '{name}' does not take parameter '{key}'; allowed: {', '.join(allowed) or '(none)'}"
+            )
+
+
+class FunctionScore(Score):
+    """Wraps a registered plain function ``fn(q, k, **params) -> logits``. Parameter-free."""
+
+    def __init__(self, name: str, fn: Callable[..., Tensor], d_k: int, num_heads: int, **params: Any) -> None:
+        super().__init__(d_k, num_heads)
+        self.name, self.fn, self.params = name, fn, params
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return self.fn(q, k, **self.params)
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, {self.params}"
+
+
+def _wrap_score(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
+    kwargs = dict(kwargs)
+    for required in ("d_k", "num_heads"):
+        if required not in kwargs:
+            raise ValueError(f"build_score('{name}') needs {required}=")
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        sig = inspect.signature(obj)
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+        if "d_v" not in sig.parameters and not takes_any:
+            kwargs.pop("d_v", None)
+        _check_params(name, obj, kwargs, ())
+        return obj(**kwargs)
+    d_k, num_heads = kwargs.pop("d_k"), kwargs.pop("num_heads")
+    kwargs.pop("d_v", None)
+    _check_params(name, obj, kwargs, ())
+    return FunctionScore(name, obj, d_k, num_heads, **kwargs)
+
+
+_SCORES: Registry[nn.Module] = Registry("score", _wrap_score)
+
+
+def register_score(name: str) -> Callable[[Any], Any]:
+    """Decorator registering a score class (``__init__(d_k, num_heads, [d_v], **params)``) or a function
+    ``fn(q, k, **params) -> logits`` under ``name``."""
+    return _SCORES.register(name)
+
+
+def build_score(name: str, **kwargs: Any) -> nn.Module:
+    """Build the score ``name``: ``build_score("alibi", d_k=16, num_heads=4)``."""
+    return _SCORES.build(name, **kwargs)
+
+
+def list_scores() -> list[str]:
+    """Names of the registered scores."""
+    return _SCORES.names()
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------- Luong / Vaswani
+
+
+@register_score("dot")
+class DotScore(DotProductScore):
+    """Luong et al. 2015, *dot*: logits = q · kᵀ (unscaled; Var = d_k for unit-variance q, k)."""
+
+    def __init__(self, d_k: int, num_heads: int) -> None:
+        super().__init__(d_k, num_heads, scale=1.0)
+
+
+@register_score("scaled_dot")
+class ScaledDotScore(DotProductScore):
+    """Vaswani et al. 2017, eq. 1: logits = q · kᵀ / √d_k."""
+
+    def __init__(self, d_k: int, num_heads: int) -> None:
+        super().__init__(d_k, num_heads, scale=d_k**-0.5)
+
+
+@register_score("general")
+class GeneralScore(DotProductScore):
+    """Luong et al. 2015, *general*: logits = q W_h kᵀ with a learned W_h (d_k, d_k) per head, unscaled.
+
+    ``weight`` (H, d_k, d_k) is initialised N(0, 1/d_k), so φ(q) = q W keeps q's variance and the logits start with
+    the same spread as *dot*.
+    """
+
+    def __init__(self, d_k: int, num_heads: int) -> None:
+        super().__init__(d_k, num_heads, scale=1.0)
+        self.weight = nn.Parameter(torch.randn(num_heads, d_k, d_k) * d_k**-0.5)
+
+    def query_map(self, q: Tensor) -> Tensor:
+        return torch.matmul(q, self.weight)  # (B, H, Lq, d_k) @ (H, d_k, d_k) → (B, H, Lq, d_k)
+
+
+# --------------------------------------------------------------------------------------------- Bahdanau
+
+
+def _default_chunk(batch_heads: int, num_queries: int, num_keys: int, d_attn: int, budget: int) -> int:
+    per_row = max(1, batch_heads * num_keys * d_attn)
+    return max(1, min(num_queries, budget // per_row))
+
+
+class _AdditiveLogits(torch.autograd.Function):
+    """logits[b,h,i,j] = Σ_a v[h,a] tanh(wq[b,h,i,a] + uk[b,h,j,a]), over query chunks.
+
+    Neither pass keeps the (B, H, Lq, Lk, d_a) tensor: the backward recomputes tanh chunk by chunk, so peak memory
+    is one chunk, (B, H, chunk, Lk, d_a), instead of the whole.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, wq: Tensor, uk: Tensor, v: Tensor, chunk: int) -> Tensor:
+        B, H, Lq, _ = wq.shape
+        out = wq.new_empty(B, H, Lq, uk.shape[2])
+        for s in range(0, Lq, chunk):
+            t = torch.tanh(wq[:, :, s : s + chunk, None, :] + uk[:, :, None, :, :])  # (B, H, c, Lk, d_a)
+            out[:, :, s : s + chunk] = torch.einsum("bhqka,ha->bhqk", t, v)
+        ctx.save_for_backward(wq, uk, v)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        wq, uk, v = ctx.saved_tensors
+        chunk = ctx.chunk
+        g_wq = torch.empty_like(wq) if ctx.needs_input_grad[0] else None
+        g_uk = torch.zeros_like(uk) if ctx.needs_input_grad[1] else None
+        g_v = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
+        for s in range(0, wq.shape[2], chunk):
+            t = torch.tanh(wq[:, :, s : s + chunk, None, :] + uk[:, :, None, :, :])  # (B, H, c, Lk, d_a)
+            g = grad[:, :, s : s + chunk]  # (B, H, c, Lk)
+            if g_v is not None:
+                g_v += torch.einsum("bhqka,bhqk->ha", t, g)
+            # d logits / d pre-activation = v (1 − tanh²)
+            d = (1 - t * t).mul_(g[..., None]).mul_(v[None, :, None, None, :])  # (B, H, c, Lk, d_a)
+            if g_wq is not None:
+                g_wq[:, :, s : s + chunk] = d.sum(3)
+            if g_uk is not None:
+                g_uk += d.sum(2)
+        return g_wq, g_uk, g_v, None
+
+
+@register_score("additive")
+class AdditiveScore(Score):
+    """Bahdanau et al. 2015 (eq. in §A.1.2): logits = vᵀ tanh(W q + U k), per head.
+
+    Parameters ``w_q``, ``w_k`` (H, d_k, d_a) and ``v`` (H, d_a), with the attention dimension d_a = ``d_attn``
+    (default d_k). The (B, H, Lq, Lk, d_a) pre-activation is never held whole: queries are processed in chunks
+    of ``chunk_size`` rows (default: as many as fit ``chunk_elements`` elements), in forward and backward.
+    """
+
+    def __init__(
+        self,
+        d_k: int,
+        num_heads: int,
+        d_attn: int | None = None,
+        chunk_size: int | None = None,
+        chunk_elements: int = 1 << 22,
+    ) -> None:
+        super().__init__(d_k, num_heads)
+        self.d_attn = d_k if d_attn is None else _positive_int("d_attn", d_attn)
+        self.chunk_size = None if chunk_size is None else _positive_int("chunk_size", chunk_size)
+        self.chunk_elements = _positive_int("chunk_elements", chunk_elements)
+        self.w_q = nn.Parameter(torch.randn(num_heads, d_k, self.d_attn) * d_k**-0.5)
+        self.w_k = nn.Parameter(torch.randn(num_heads, d_k, self.d_attn) * d_k**-0.5)
+        self.v = nn.Parameter(torch.randn(num_heads, self.d_attn) * self.d_attn**-0.5)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        wq = torch.matmul(q, self.w_q)  # (B, H, Lq, d_a)
+        uk = torch.matmul(k, self.w_k)  # (B, H, Lk, d_a)
+        B, H, Lq, _ = wq.shape
+        chunk = self.chunk_size or _default_chunk(B * H, Lq, uk.shape[2], self.d_attn, self.chunk_elements)
+        return _AdditiveLogits.apply(wq, uk, self.v, chunk)
+
+    def extra_repr(self) -> str:
+        return f"d_k={self.d_k}, num_heads={self.num_heads}, d_attn={self.d_attn}"
+
+
+# --------------------------------------------------------------------------------------------- relative position
+
+
+@register_score("relative_position")
+class RelativePositionScore(DotProductScore):
+    """Shaw et al. 2018: e_ij = q_i · (k_j + a^K_{ij}) / √d_k, with a^K_{ij} = w^K_{clip(j − i, k)}.
+
+    ``rel_k`` (2·clip + 1, d_k) holds w^K_{−k..k}, shared across heads as in the paper. The bias q_i · a^K_{ij} is
+    computed as q · w^Kᵀ over the 2k + 1 distances, then gathered: no (Lq, Lk, d_k) tensor is built.
+
+    ``value_term=True`` adds Shaw's value-side a^V: z_i = Σ_j α_ij (v_j + w^V_{clip(j − i, k)}), with
+    ``rel_v`` (2·clip + 1, d_v). Off by default: the paper's ablation found a^K alone sufficient.
+    """
+
+    def __init__(
+        self, d_k: int, num_heads: int, d_v: int | None = None, clip: int = 16, value_term: bool = False
+    ) -> None:
+        super().__init__(d_k, num_heads, d_v, scale=d_k**-0.5)
+        if isinstance(clip, bool) or not isinstance(clip, int) or clip < 0:
+            raise ValueError(f"relative_position clip must be an integer >= 0, got {clip!r}")
+        self.clip = clip
+        self.has_value_term = bool(value_term)
+        self.rel_k = nn.Parameter(torch.randn(2 * clip + 1, d_k) * d_k**-0.5)
+        self.rel_v = nn.Parameter(torch.randn(2 * clip + 1, self.d_v) * self.d_v**-0.5) if value_term else None
+
+    def distance_index(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
+        """(Lq, Lk) long tensor clip(j − i, k) + k ∈ [0, 2k], cached."""
+        return self._cached(
+            ("idx", num_queries, num_keys, device),
+            lambda: self.relative_positions(num_queries, num_keys, device).clamp(-self.clip, self.clip) + self.clip,
+        )
+
+    def bias(self, q: Tensor, num_keys: int) -> Tensor:
+        Lq = q.shape[-2]
+        idx = self.distance_index(Lq, num_keys, q.device)  # (Lq, Lk)
+        qa = torch.matmul(q, self.rel_k.t()) * self.scale  # (B, H, Lq, 2k+1)
+        rows = torch.arange(Lq, device=q.device)[:, None]
+        return qa[..., rows, idx]  # (B, H, Lq, Lk)
+
+    def value_term(self, weights: Tensor) -> Tensor | None:
+        if self.rel_v is None:
+            return None
+        Lq, Lk = weights.shape[-2:]
+        idx = self.distance_index(Lq, Lk, weights.device).expand_as(weights)
+        per_distance = weights.new_zeros(*weights.shape[:-1], 2 * self.clip + 1)
+        per_distance.scatter_add_(-1, idx, weights)  # (B, H, Lq, 2k+1): Σ of weights at each clipped distance
+        return torch.matmul(per_distance, self.rel_v)  # (B, H, Lq, d_v)
+
+    def extra_repr(self) -> str:
+        return f"d_k={self.d_k}, num_heads={self.num_heads}, clip={self.clip}, value_term={self.has_value_term}"
+
+
+def t5_relative_bucket(
+    relative_position: Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
+    """T5's bucket of each relative position (key − query), Raffel et al. 2020, as in Mesh TensorFlow.
+
+    Half the buckets (per direction when bidirectional) are exact for small distances; the rest grow
+    logarithmically up to ``max_distance``, beyond which everything shares the last bucket. With
+    ``bidirectional=False`` (causal), keys after the query all fall in bucket 0.
+    """
+    n = -relative_position
+    ret = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        ret = ret + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = (
+        max_exact
+        + (
+            torch.log(n.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
+    large = large.clamp(max=num_buckets - 1)
+    return ret + torch.where(is_small, n, large)
+
+
+@register_score("t5_bias")
+class T5BiasScore(DotProductScore):
+    """Raffel et al. 2020 (T5): logits = q · kᵀ (· 1/√d_k when ``scale``) + b_h[bucket(j − i)].
+
+    ``rel_bias`` (num_buckets, H) is a learned scalar per bucket and head. T5 itself does not scale by √d_k
+    (it folds the scale into W_q's initialisation), so ``scale`` defaults to False.
+    """
+
+    def __init__(
+        self,
+        d_k: int,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        scale: bool = False,
+    ) -> None:
+        super().__init__(d_k, num_heads, scale=d_k**-0.5 if scale else 1.0)
+        self.num_buckets = _positive_int("num_buckets", num_buckets, 2)
+        self.max_distance = _positive_int("max_distance", max_distance, 2)
+        self.bidirectional = bool(bidirectional)
+        self.rel_bias = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.1)
+
+    def buckets(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
+        """(Lq, Lk) long bucket index, cached."""
+        return self._cached(
+            ("bucket", num_queries, num_keys, device),
+            lambda: t5_relative_bucket(
+                self.relative_positions(num_queries, num_keys, device),
+                self.bidirectional,
+                self.num_buckets,
+                self.max_distance,
+            ),
+        )
+
+    def bias(self, q: Tensor, num_keys: int) -> Tensor:
+        idx = self.buckets(q.shape[-2], num_keys, q.device)
+        return self.rel_bias[idx].permute(2, 0, 1).unsqueeze(0).to(q.dtype)  # (1, H, Lq, Lk)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_k={self.d_k}, num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}, scale={self.scale != 1.0}"
+        )
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """ALiBi head slopes (Press et al. 2022): the geometric sequence 2^(−8/n · h), h = 1..n, for n a power of two.
+
+    Otherwise, the slopes of the closest lower power of two, then every other slope of the next power of two.
+    """
+    _positive_int("num_heads", num_heads)
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(closest)
+    if closest != num_heads:
+        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+@register_score("alibi")
+class AlibiScore(DotProductScore):
+    """Press et al. 2022 (ALiBi): logits = q · kᵀ / √d_k − m_h · |j − i|, with fixed slopes m_h.
+
+    The paper's causal bias m_h · (j − i) for j ≤ i is extended symmetrically to the bidirectional encoder.
+    """
+
+    def __init__(self, d_k: int, num_heads: int) -> None:
+        super().__init__(d_k, num_heads, scale=d_k**-0.5)
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # float64: exact slopes
+
+    def bias(self, q: Tensor, num_keys: int) -> Tensor:
+        Lq = q.shape[-2]
+
+        def make() -> Tensor:
+            distance = self.relative_positions(Lq, num_keys, q.device).abs().to(q.dtype)
+            return (-self.slopes.to(q.dtype)[:, None, None] * distance).unsqueeze(0)  # (1, H, Lq, Lk)
+
+        return self._cached(("alibi", Lq, num_keys, q.device, q.dtype), make)

@@ -1,0 +1,224 @@
+"""Shared, attnlab-independent reference implementations for the attention test suite.
+
+Nothing here calls attnlab code: every formula is written out from the papers (Vaswani et al. 2017,
+Luong et al. 2015, Bahdanau et al. 2015, Shaw et al. 2018, Raffel et al. 2020 / Mesh TensorFlow,
+Press et al. 2022) so that the tests compare the package against an independent reference.
+The helpers are exposed through the ``ref`` fixture.
+"""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+# ---------------------------------------------------------------- utilities
+def randomize_(module, seed=0, scale=1.0):
+    """Overwrite every parameter of ``module`` with N(0, scale^2) noise: no term hides behind a zero init."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+    return module
+
+
+def randn(*shape, seed=0, requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randn(*shape, generator=gen, dtype=torch.float64)
+    return t.requires_grad_(requires_grad)
+
+
+def grads(out, inputs, seed=123):
+    """Gradients of <out, c> w.r.t. ``inputs`` for a fixed random cotangent c (None entries -> zeros)."""
+    c = randn(*out.shape, seed=seed).to(out.dtype)
+    gs = torch.autograd.grad(out, inputs, grad_outputs=c, allow_unused=True, retain_graph=True)
+    return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs, strict=True)]
+
+
+# ---------------------------------------------------------------- relative positions
+def rel_index(Lq, Lk, clip):
+    """Shaw et al. table index clamp(j - i, -clip, clip) + clip built with plain Python loops."""
+    return torch.tensor([[min(max(j - i, -clip), clip) + clip for j in range(Lk)] for i in range(Lq)])
+
+
+def t5_bucket(rel, bidirectional=True, num_buckets=32, max_distance=128):
+    """Plain-Python T5 / Mesh TensorFlow relative-position bucket for one relative position (key - query)."""
+    n = -rel
+    ret = 0
+    if bidirectional:
+        num_buckets //= 2
+        ret += num_buckets if n < 0 else 0
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return ret + n
+    val = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return ret + min(val, num_buckets - 1)
+
+
+def alibi_slopes(n):
+    """Press et al. (2022) reference slopes, including the interleaving for non-powers of two."""
+
+    def power_of_two(m):
+        start = 2.0 ** (-(2.0 ** -(math.log2(m) - 3)))
+        return [start * start**i for i in range(m)]
+
+    if math.log2(n).is_integer():
+        return power_of_two(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: n - closest]
+
+
+# ---------------------------------------------------------------- score references
+def qk(q, k):
+    return torch.einsum("bhid,bhjd->bhij", q, k)
+
+
+def additive_loop(q, k, w_q, w_k, v):
+    """Bahdanau score with explicit loops over (b, h, i, j)."""
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    vals = []
+    for b in range(B):
+        for h in range(H):
+            for i in range(Lq):
+                qa = q[b, h, i] @ w_q[h]
+                for j in range(Lk):
+                    vals.append((v[h] * torch.tanh(qa + k[b, h, j] @ w_k[h])).sum())
+    return torch.stack(vals).reshape(B, H, Lq, Lk)
+
+
+def additive_naive_5d(q, k, w_q, w_k, v):
+    """The 'naive 5-D' Bahdanau form: tanh over a (B, H, Lq, Lk, d_a) tensor, then contract with v."""
+    qa = torch.einsum("bhid,hda->bhia", q, w_q)
+    ka = torch.einsum("bhjd,hda->bhja", k, w_k)
+    return torch.einsum("bhija,ha->bhij", torch.tanh(qa[:, :, :, None, :] + ka[:, :, None, :, :]), v)
+
+
+def score_logits(name, params, score, q, k):
+    """Reference logits for built-in score ``name`` built with ``params``, using the module's parameters."""
+    d_k = q.shape[-1]
+    Lq, Lk = q.shape[2], k.shape[2]
+    if name == "dot":
+        return qk(q, k)
+    if name == "scaled_dot":
+        return qk(q, k) / math.sqrt(d_k)
+    if name == "general":
+        return torch.einsum("bhid,hde,bhje->bhij", q, score.weight, k)
+    if name == "additive":
+        return additive_loop(q, k, score.w_q, score.w_k, score.v)
+    if name == "relative_position":
+        clip = params.get("clip", 16)
+        rel = score.rel_k[rel_index(Lq, Lk, clip)]  # (Lq, Lk, d_k)
+        return (qk(q, k) + torch.einsum("bhid,ijd->bhij", q, rel)) / math.sqrt(d_k)
+    if name == "t5_bias":
+        nb = params.get("num_buckets", 32)
+        md = params.get("max_distance", 128)
+        bidir = params.get("bidirectional", True)
+        scale = 1 / math.sqrt(d_k) if params.get("scale", False) else 1.0
+        buckets = torch.tensor([[t5_bucket(j - i, bidir, nb, md) for j in range(Lk)] for i in range(Lq)])
+        bias = score.rel_bias[buckets].permute(2, 0, 1)  # (H, Lq, Lk)
+        return qk(q, k) * scale + bias[None]
+    if name == "alibi":
+        H = q.shape[1]
+        slopes = torch.tensor(alibi_slopes(H), dtype=q.dtype)
+        dist = torch.tensor([[abs(j - i) for j in range(Lk)] for i in range(Lq)], dtype=q.dtype)
+        return qk(q, k) / math.sqrt(d_k) - slopes[:, None, None] * dist
+    raise AssertionError(f"no reference for {name}")
+
+
+def shaw_value_term(weights, rel_v, clip):
+    """sum_j weights[b,h,i,j] * rel_v[clamp(j-i,-clip,clip)+clip] with explicit loops over i, j."""
+    Lq, Lk = weights.shape[-2:]
+    idx = rel_index(Lq, Lk, clip)
+    rows = []
+    for i in range(Lq):
+        acc = 0
+        for j in range(Lk):
+            acc = acc + weights[:, :, i, j, None] * rel_v[idx[i, j]]
+        rows.append(acc)
+    return torch.stack(rows, dim=2)
+
+
+# ---------------------------------------------------------------- attention reference
+def masked_softmax(logits, mask):
+    """Softmax over keys restricted to ``mask`` (True = visible); rows with no visible key are all zero."""
+    if mask is None:
+        mask = torch.ones_like(logits, dtype=torch.bool)
+    mask = mask.expand_as(logits)
+    neg_inf = torch.tensor(float("-inf"), dtype=logits.dtype)
+    mx = torch.where(mask, logits, neg_inf).amax(-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx)).detach()
+    e = torch.exp(logits - mx) * mask
+    denom = e.sum(-1, keepdim=True)
+    return torch.where(denom > 0, e / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(e))
+
+
+def linear(layer, x):
+    y = x @ layer.weight.T
+    return y if layer.bias is None else y + layer.bias
+
+
+def split_heads(t, H):
+    B, L, _ = t.shape
+    return t.reshape(B, L, H, -1).transpose(1, 2)
+
+
+def mha_reference(mha, x, H, logits_fn, key_value=None, mask=None, value_fn=None):
+    """Eager multi-head attention written from the formula.
+
+    ``logits_fn(q, k)`` gives the raw logits from projected (B,H,L,d_k) q/k, ``value_fn(weights)`` an optional
+    per-head value-side term added to weights @ v. Returns (out, weights, logits).
+    """
+    kv = x if key_value is None else key_value
+    q = split_heads(linear(mha.q_proj, x), H)
+    k = split_heads(linear(mha.k_proj, kv), H)
+    v = split_heads(linear(mha.v_proj, kv), H)
+    logits = logits_fn(q, k)
+    w = masked_softmax(logits, mask)
+    heads = w @ v
+    if value_fn is not None:
+        heads = heads + value_fn(w)
+    B, _, Lq, _ = heads.shape
+    out = linear(mha.out_proj, heads.transpose(1, 2).reshape(B, Lq, -1))
+    return out, w, logits
+
+
+def project_qk(mha, x, H, key_value=None):
+    kv = x if key_value is None else key_value
+    return split_heads(linear(mha.q_proj, x), H), split_heads(linear(mha.k_proj, kv), H)
+
+
+@pytest.fixture
+def single_thread():
+    """The attention tests use tiny tensors: intra-op threads only add overhead (and stall badly on a busy
+    2-core machine), so these modules run single-threaded and restore the setting afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def ref():
+    return SimpleNamespace(
+        randomize_=randomize_,
+        randn=randn,
+        grads=grads,
+        rel_index=rel_index,
+        t5_bucket=t5_bucket,
+        alibi_slopes=alibi_slopes,
+        qk=qk,
+        additive_loop=additive_loop,
+        additive_naive_5d=additive_naive_5d,
+        score_logits=score_logits,
+        shaw_value_term=shaw_value_term,
+        masked_softmax=masked_softmax,
+        linear=linear,
+        split_heads=split_heads,
+        mha_reference=mha_reference,
+        project_qk=project_qk,
+    )
