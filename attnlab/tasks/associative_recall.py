@@ -1,0 +1,123 @@
+"""Multi-query associative recall (MQAR), after Zoology (Arora et al., 2023).
+
+A sequence lists ``num_pairs`` key-value pairs, then asks for the values of ``num_queries`` of the keys.
+The model must output, at each query, the value that followed that key in the context. Because a key's
+value is the token right *after* it, the task is order-sensitive: a bag-of-tokens model cannot solve it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from attnlab.tasks.base import IGNORE_INDEX, SequenceTask, check_int
+
+
+class AssociativeRecall(SequenceTask):
+    """MQAR data module (per-token labels).
+
+    Token ids (``vocab_size = vocab_keys + vocab_values + 2``):
+
+    * ``0``: PAD.
+    * ``1 .. vocab_keys``: keys (``key_offset = 1``).
+    * ``vocab_keys + 1 .. vocab_keys + vocab_values``: values (``value_offset = vocab_keys + 1``).
+    * ``vocab_keys + vocab_values + 1``: FILLER (``filler_id``), used only when ``seq_len`` is larger than
+      the minimum ``2 * num_pairs + num_queries``.
+
+    Layout of one sequence, ``n = num_pairs``, ``m = num_queries``, ``S = seq_len``::
+
+        position:  0   1   2   3  ...  2n-2 2n-1 | 2n ... S-1
+        token:     k1  v1  k2  v2 ...  kn   vn   | query region
+        label:    -100 everywhere in the context  | value class at a query, -100 elsewhere
+
+    * Keys ``k1..kn`` are distinct (drawn without replacement from the key range) and so are the values
+      ``v1..vn`` (drawn without replacement from the value range), as in Zoology.
+    * The query region has ``S - 2n`` positions. It holds ``m`` distinct context keys, chosen without
+      replacement and in random order. With the default ``seq_len`` (``S = 2n + m``) the queries are
+      back to back; with a larger ``seq_len`` they sit at sorted, uniformly random distinct positions of
+      the region and every other region position holds FILLER (so the recall distance varies).
+    * The label at a query position is the class ``v - value_offset`` in ``[0, vocab_values)`` of the value
+      ``v`` that followed that key in the context; every other label is ``-100`` (:data:`IGNORE_INDEX`).
+    * Values never appear in the query region, so the labels do not leak to a bidirectional model either.
+    * Sequences are never padded: all splits have length ``seq_len``.
+
+    Args:
+        num_pairs: key-value pairs in the context, ``n >= 1``.
+        num_queries: queries, ``1 <= m <= num_pairs``; ``None`` → ``num_pairs``.
+        vocab_keys: size of the key range, ``>= num_pairs``.
+        vocab_values: size of the value range (= ``num_classes``), ``>= num_pairs``.
+        seq_len: total length ``S >= 2 * num_pairs + num_queries``; ``None`` → exactly that minimum.
+        batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
+
+    Batches: ``tokens LongTensor (B, seq_len)``, ``labels LongTensor (B, seq_len)``.
+    """
+
+    name = "associative_recall"
+    per_token = True
+
+    def __init__(
+        self,
+        num_pairs: int = 8,
+        num_queries: int | None = None,
+        vocab_keys: int = 32,
+        vocab_values: int = 32,
+        seq_len: int | None = None,
+        batch_size: int = 64,
+        num_train: int = 10_000,
+        num_val: int = 1_000,
+        num_test: int = 1_000,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers)
+        self.num_pairs = check_int("num_pairs", num_pairs, minimum=1)
+        if num_queries is None:
+            num_queries = self.num_pairs
+        self.num_queries = check_int("num_queries", num_queries, minimum=1, maximum=self.num_pairs)
+        self.vocab_keys = check_int("vocab_keys", vocab_keys, minimum=self.num_pairs)
+        self.vocab_values = check_int("vocab_values", vocab_values, minimum=self.num_pairs)
+        min_len = 2 * self.num_pairs + self.num_queries
+        if seq_len is None:
+            seq_len = min_len
+        seq_len = check_int("seq_len", seq_len)
+        if seq_len < min_len:
+            raise ValueError(f"seq_len must be >= 2*num_pairs + num_queries = {min_len}, got {seq_len}")
+
+        self.key_offset: int = 1
+        self.value_offset: int = 1 + self.vocab_keys
+        self.filler_id: int = 1 + self.vocab_keys + self.vocab_values
+        self.vocab_size = self.vocab_keys + self.vocab_values + 2
+        self.num_classes = self.vocab_values
+        self.seq_len = seq_len
+        self.max_len = seq_len
+
+    def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``num`` MQAR sequences: tokens ``(num, seq_len)`` and labels ``(num, seq_len)`` (int64)."""
+        n, m, length = self.num_pairs, self.num_queries, self.seq_len
+        region = length - 2 * n
+        # distinct keys / values per row: the first n columns of a random permutation of each range
+        keys = np.argsort(rng.random((num, self.vocab_keys)), axis=1)[:, :n]  # (num, n) in [0, vocab_keys)
+        values = np.argsort(rng.random((num, self.vocab_values)), axis=1)[:, :n]  # (num, n) value classes
+        queried = np.argsort(rng.random((num, n)), axis=1)[:, :m]  # (num, m) pair indices, random order
+        if region == m:
+            positions = np.broadcast_to(np.arange(m), (num, m))
+        else:
+            positions = np.sort(np.argsort(rng.random((num, region)), axis=1)[:, :m], axis=1)
+
+        tokens = np.empty((num, length), dtype=np.int64)
+        tokens[:, 0 : 2 * n : 2] = keys + self.key_offset
+        tokens[:, 1 : 2 * n : 2] = values + self.value_offset
+        labels = np.full((num, length), IGNORE_INDEX, dtype=np.int64)
+
+        query_tokens = np.full((num, region), self.filler_id, dtype=np.int64)
+        query_labels = np.full((num, region), IGNORE_INDEX, dtype=np.int64)
+        np.put_along_axis(query_tokens, positions, np.take_along_axis(keys, queried, 1) + self.key_offset, 1)
+        np.put_along_axis(query_labels, positions, np.take_along_axis(values, queried, 1), 1)
+        tokens[:, 2 * n :] = query_tokens
+        labels[:, 2 * n :] = query_labels
+        return tokens, labels
+
+    def _describe_details(self) -> str:
+        return (
+            f"num_pairs={self.num_pairs}, num_queries={self.num_queries}, "
+            f"vocab_keys={self.vocab_keys}, vocab_values={self.vocab_values}"
+        )

@@ -1,0 +1,97 @@
+"""Handwritten digits as pixel sequences: scikit-learn's bundled ``load_digits`` (no download).
+
+The 1797 images of 8×8 pixels (intensities 0..16) are read in row-major order as sequences of 64 tokens,
+``token = intensity + 1`` so that 0 stays PAD, and classified into the digits 0..9. With ``permute=True``
+the pixels are put in a fixed, seeded random order (like permuted MNIST), which removes the locality a
+convolution-like bias could use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from attnlab.tasks.base import SequenceTask, check_int, split_rng
+
+NUM_IMAGES: int = 1797
+NUM_PIXELS: int = 64
+MAX_INTENSITY: int = 16
+_MIN_SPLIT: int = 10  # a stratified split needs at least one example of each class on each side
+
+
+class Digits(SequenceTask):
+    """sklearn digits, one pixel per token (per-sequence labels, 10 classes).
+
+    Tokens: PAD=0 (never in a sequence: every image has exactly 64 pixels), pixel intensity ``v`` in
+    0..16 → token ``v + 1`` in 1..17; ``vocab_size = 18``. ``seq_len = max_len = 64``.
+
+    Splits (all from ``seed``): ``train_test_split(..., stratify=target, random_state=seed)`` first takes
+    ``num_test`` images out, then ``num_val`` of the rest; the remaining images, in that split's shuffled
+    order, are the training set, truncated to ``num_train`` when it is given. So val/test do not depend on
+    ``num_train``. Defaults: 1257/270/270.
+
+    Args:
+        permute: apply a fixed pixel permutation drawn from ``seed`` (stored as ``permutation``, shape
+            ``(64,)``: token position ``j`` holds pixel ``permutation[j]`` of the row-major image).
+        num_train: training images, ``None`` → all the rest (``1797 - num_val - num_test``).
+        num_val, num_test: >= 10 each (stratification), with at least 10 images left for training.
+        batch_size, seed, num_workers: see :class:`SequenceTask`.
+
+    Batches: ``tokens LongTensor (B, 64)``, ``labels LongTensor (B,)`` in 0..9.
+    """
+
+    name = "digits"
+    per_token = False
+
+    def __init__(
+        self,
+        permute: bool = False,
+        batch_size: int = 64,
+        num_train: int | None = None,
+        num_val: int = 270,
+        num_test: int = 270,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        num_val = check_int("num_val", num_val, minimum=_MIN_SPLIT)
+        num_test = check_int("num_test", num_test, minimum=_MIN_SPLIT)
+        available = NUM_IMAGES - num_val - num_test
+        if available < _MIN_SPLIT:
+            raise ValueError(
+                f"num_val + num_test must be <= {NUM_IMAGES - _MIN_SPLIT} to leave {_MIN_SPLIT} training "
+                f"images, got {num_val} + {num_test} = {num_val + num_test}"
+            )
+        if num_train is None:
+            num_train = available
+        num_train = check_int("num_train", num_train, minimum=1, maximum=available)
+        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers)
+        if not isinstance(permute, (bool, np.bool_)):
+            raise ValueError(f"permute must be True or False, got {permute!r}")
+        self.permute = bool(permute)
+        self.permutation: np.ndarray = (
+            split_rng(self.seed, 3).permutation(NUM_PIXELS) if self.permute else np.arange(NUM_PIXELS)
+        )
+        self.vocab_size = MAX_INTENSITY + 2
+        self.num_classes = 10
+        self.seq_len = NUM_PIXELS
+        self.max_len = NUM_PIXELS
+
+    def split_indices(self) -> dict[str, np.ndarray]:
+        """Indices into ``load_digits()`` of each split, ``{split: array (N_split,)}``."""
+        target = load_digits().target
+        index = np.arange(len(target))
+        rest, test = train_test_split(index, test_size=self.num_test, stratify=target, random_state=self.seed)
+        train, val = train_test_split(rest, test_size=self.num_val, stratify=target[rest], random_state=self.seed)
+        return {"train": train[: self.num_train], "val": val, "test": test}
+
+    def build_splits(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Tokens ``(N, 64)`` = permuted pixels + 1 and labels ``(N,)`` of each split."""
+        data = load_digits()
+        pixels = np.rint(data.data).astype(np.int64)  # (1797, 64), 0..16
+        tokens = pixels[:, self.permutation] + 1
+        target = data.target.astype(np.int64)
+        return {split: (tokens[idx], target[idx]) for split, idx in self.split_indices().items()}
+
+    def _describe_details(self) -> str:
+        return f"8x8 sklearn digits as 64 pixel tokens, permute={self.permute}"

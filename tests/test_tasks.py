@@ -1,0 +1,380 @@
+"""Tests of attnlab.tasks: determinism, label correctness (checked by independent code), shapes, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+from attnlab.tasks import IGNORE_INDEX, TASKS, AssociativeRecall, Digits, ListOps, SequenceTask, make_task
+from attnlab.tasks.listops import detokenize, evaluate, to_tokens
+
+SPLITS = ("train", "val", "test")
+
+# small, fast configurations of every task
+SMALL: dict[str, dict[str, Any]] = {
+    "associative_recall": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
+    "listops": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
+    "digits": dict(num_val=100, num_test=100, batch_size=32),
+}
+
+
+def small(name: str, **kwargs: Any) -> SequenceTask:
+    task = TASKS[name](**{**SMALL[name], **kwargs})
+    task.setup()
+    return task
+
+
+def all_tensors(task: SequenceTask) -> list[torch.Tensor]:
+    return [t for split in SPLITS for t in task.tensors(split)]
+
+
+# ---------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_same_seed_gives_identical_splits(name: str) -> None:
+    a, b = small(name, seed=3), small(name, seed=3)
+    for x, y in zip(all_tensors(a), all_tensors(b), strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_different_seeds_differ(name: str) -> None:
+    a, b = small(name, seed=0), small(name, seed=1)
+    for split in SPLITS:
+        assert not torch.equal(a.tensors(split)[0], b.tensors(split)[0]), split
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_num_train_leaves_val_and_test_unchanged(name: str) -> None:
+    a, b = small(name, num_train=200), small(name, num_train=150)
+    assert len(a.tensors("train")[0]) == 200 and len(b.tensors("train")[0]) == 150
+    for split in ("val", "test"):
+        for x, y in zip(a.tensors(split), b.tensors(split), strict=True):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_train_loader_order_is_seeded(name: str) -> None:
+    def first_batches(seed: int) -> list[torch.Tensor]:
+        loader = small(name, seed=seed).train_dataloader()
+        return [tokens for tokens, _ in list(loader)[:3]]
+
+    for x, y in zip(first_batches(5), first_batches(5), strict=True):
+        assert torch.equal(x, y)
+
+
+# ---------------------------------------------------------------- shapes, dtypes, padding
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_shapes_dtypes_and_padding(name: str) -> None:
+    task = small(name)
+    assert task.pad_id == 0
+    assert task.max_len >= task.seq_len
+    for split in SPLITS:
+        tokens, labels = task.tensors(split)
+        n = task.split_size(split)
+        length = task.split_len(split)
+        assert length <= task.max_len
+        if split in ("train", "val"):
+            assert length == task.seq_len
+        assert tokens.dtype == torch.long and labels.dtype == torch.long
+        assert tokens.shape == (n, length)
+        assert labels.shape == ((n, length) if task.per_token else (n,))
+        assert tokens.min() >= 0 and tokens.max() < task.vocab_size
+        content = tokens != task.pad_id
+        # right padding: once a PAD appears, the rest of the row is PAD; every row has content
+        assert torch.equal(content, content.cummin(dim=1).values)
+        assert content[:, 0].all()
+        if task.per_token:
+            target = labels != IGNORE_INDEX
+            assert (labels[target] >= 0).all() and (labels[target] < task.num_classes).all()
+            assert not (target & ~content).any(), "a padded position has a target"
+            assert target.any(dim=1).all(), "every sequence has at least one target"
+        else:
+            assert labels.min() >= 0 and labels.max() < task.num_classes
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_dataloaders_yield_token_label_batches(name: str) -> None:
+    task = small(name)
+    for split, loader in [
+        ("train", task.train_dataloader()),
+        ("val", task.val_dataloader()),
+        ("test", task.test_dataloader()),
+    ]:
+        tokens, labels = next(iter(loader))
+        assert tokens.shape == (32, task.split_len(split))
+        assert labels.shape[0] == 32 and labels.dtype == torch.long
+    tokens, labels = next(iter(task.val_dataloader()))
+    assert torch.equal(tokens, task.tensors("val")[0][:32])
+
+
+# ---------------------------------------------------------------- probe batch, describe, registry
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_probe_batch_is_first_validation_examples_and_fixed(name: str) -> None:
+    task = small(name)
+    tokens, labels = task.probe_batch(5)
+    val_tokens, val_labels = task.tensors("val")
+    assert torch.equal(tokens, val_tokens[:5]) and torch.equal(labels, val_labels[:5])
+    tokens[:] = 0  # a copy: editing it leaves the data alone
+    assert torch.equal(task.probe_batch(5)[0], val_tokens[:5])
+    other = small(name, num_train=64, batch_size=16)
+    assert torch.equal(other.probe_batch(5)[0], val_tokens[:5])
+    assert task.probe_batch()[0].shape[0] == 8
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_describe_is_one_line(name: str) -> None:
+    text = TASKS[name](**SMALL[name]).describe()
+    assert name in text and "\n" not in text
+
+
+def test_make_task() -> None:
+    assert isinstance(make_task("listops", max_depth=2), ListOps)
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        make_task("nope")
+
+
+# ---------------------------------------------------------------- associative recall
+
+
+def test_associative_recall_labels_by_plain_scan() -> None:
+    n, m = 6, 4
+    task = small("associative_recall", num_pairs=n, num_queries=m, vocab_keys=10, vocab_values=12)
+    keys = range(1, 11)
+    values = range(11, 23)
+    for split in SPLITS:
+        tokens, labels = task.tensors(split)
+        for row, row_labels in zip(tokens.tolist(), labels.tolist(), strict=True):
+            assert len(row) == 2 * n + m
+            memory: dict[int, int] = {}
+            for i in range(0, 2 * n, 2):
+                key, value = row[i], row[i + 1]
+                assert key in keys and value in values
+                assert key not in memory, "keys repeat in the context"
+                memory[key] = value
+                assert row_labels[i] == IGNORE_INDEX and row_labels[i + 1] == IGNORE_INDEX
+            assert len(set(memory.values())) == n, "values repeat in the context"
+            queries = row[2 * n :]
+            assert len(set(queries)) == m
+            for token, label in zip(queries, row_labels[2 * n :], strict=True):
+                assert token in memory
+                assert label == memory[token] - 11
+
+
+def test_associative_recall_longer_seq_len_spreads_queries_between_fillers() -> None:
+    n, m, length = 4, 3, 40
+    task = small("associative_recall", num_pairs=n, num_queries=m, seq_len=length)
+    assert task.seq_len == task.max_len == length
+    tokens, labels = task.tensors("val")
+    region_tokens, region_labels = tokens[:, 2 * n :], labels[:, 2 * n :]
+    is_query = region_tokens != task.filler_id
+    assert (is_query.sum(dim=1) == m).all()
+    assert torch.equal(is_query, region_labels != IGNORE_INDEX)
+    assert (tokens[:, : 2 * n] != task.filler_id).all()
+    # the query positions vary between sequences
+    assert len({tuple(row.nonzero().flatten().tolist()) for row in is_query}) > 1
+    for row, row_labels in zip(tokens.tolist(), labels.tolist(), strict=True):
+        memory = {row[i]: row[i + 1] for i in range(0, 2 * n, 2)}
+        for token, label in zip(row[2 * n :], row_labels[2 * n :], strict=True):
+            if token != task.filler_id:
+                assert label == memory[token] - task.value_offset
+
+
+def test_associative_recall_attributes() -> None:
+    task = AssociativeRecall()
+    assert (task.num_pairs, task.num_queries, task.seq_len) == (8, 8, 24)
+    assert task.vocab_size == 32 + 32 + 2 and task.num_classes == 32 and task.per_token
+
+
+# ---------------------------------------------------------------- listops
+
+
+def reference_value(text: str) -> int:
+    """Independent ListOps evaluator over the space-separated text form."""
+    words = text.split()
+
+    def parse(pos: int) -> tuple[int, int]:
+        word = words[pos]
+        if word.isdigit():
+            return int(word), pos + 1
+        op, pos = word, pos + 1
+        args: list[int] = []
+        while words[pos] != "]":
+            value, pos = parse(pos)
+            args.append(value)
+        if op == "[MIN":
+            result = min(args)
+        elif op == "[MAX":
+            result = max(args)
+        elif op == "[SM":
+            result = sum(args) % 10
+        elif op == "[MED":
+            ordered = sorted(args)
+            k = len(ordered)
+            result = ordered[k // 2] if k % 2 == 1 else int((ordered[k // 2 - 1] + ordered[k // 2]) / 2)
+        else:
+            raise AssertionError(f"unknown operator {op}")
+        return result, pos + 1
+
+    value, end = parse(0)
+    assert end == len(words), f"trailing tokens in {text!r}"
+    return value
+
+
+def test_listops_labels_match_independent_evaluator() -> None:
+    task = small("listops", num_val=300, test_min_length=30, test_max_length=96, test_max_depth=4)
+    for split in ("val", "test"):
+        tokens, labels = task.tensors(split)
+        for row, label in zip(tokens, labels.tolist(), strict=True):
+            assert reference_value(detokenize(row)) == label
+
+
+def test_listops_lengths_and_test_split_for_length_generalisation() -> None:
+    task = small("listops", min_length=8, max_length=40, test_min_length=41, test_max_length=80, test_max_depth=4)
+    assert (task.seq_len, task.max_len) == (40, 80)
+    for split, (lo, hi) in [("train", (8, 40)), ("val", (8, 40)), ("test", (41, 80))]:
+        tokens, _ = task.tensors(split)
+        assert tokens.shape[1] == hi
+        lengths = (tokens != 0).sum(dim=1)
+        assert lengths.min() >= lo and lengths.max() <= hi
+        # brackets balance and every sequence is a bracketed expression
+        opens = (tokens >= 11) & (tokens <= 14)
+        assert torch.equal(opens.sum(dim=1), (tokens == 15).sum(dim=1))
+        assert ((tokens[:, 0] >= 11) & (tokens[:, 0] <= 14)).all()
+
+
+def test_listops_helpers() -> None:
+    tree = ("[MAX", [2, 9, ("[MIN", [4, 7]), 0])
+    assert detokenize(to_tokens(tree)) == "[MAX 2 9 [MIN 4 7 ] 0 ]"
+    assert detokenize([*to_tokens(tree), 0, 0]) == "[MAX 2 9 [MIN 4 7 ] 0 ]"
+    assert evaluate(tree) == 9
+    assert evaluate(("[MED", [1, 2])) == 1  # int(np.median([1, 2])) = int(1.5)
+    assert evaluate(("[MED", [3, 8, 4, 1])) == 3  # int(3.5)
+    assert evaluate(("[MED", [5, 0, 9])) == 5
+    assert evaluate(("[SM", [9, 8, 7])) == 4
+    assert ListOps.evaluate(tree) == 9
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        args = rng.integers(0, 10, size=rng.integers(2, 7)).tolist()
+        assert evaluate(("[MED", args)) == int(np.median(args))
+
+
+def test_listops_labels_cover_all_classes() -> None:
+    _, labels = small("listops").tensors("train")
+    assert set(labels.tolist()) == set(range(10))
+
+
+# ---------------------------------------------------------------- digits
+
+
+def test_digits_match_sklearn() -> None:
+    data = load_digits()
+    pixels = data.data.astype(np.int64)
+    task = small("digits")
+    index = task.split_indices()
+    seen: set[int] = set()
+    for split in SPLITS:
+        tokens, labels = task.tensors(split)
+        idx = index[split]
+        assert not seen & set(idx.tolist())
+        seen |= set(idx.tolist())
+        for row in range(0, len(idx), 37):
+            assert tokens[row].tolist() == [p + 1 for p in pixels[idx[row]].tolist()]
+            assert labels[row].item() == data.target[idx[row]]
+    # every image of the data set is somewhere, with its own label
+    lookup: dict[tuple[int, ...], set[int]] = {}
+    for image, target in zip(pixels.tolist(), data.target.tolist(), strict=True):
+        lookup.setdefault(tuple(image), set()).add(target)
+    tokens, labels = task.tensors("val")
+    for row, label in zip(tokens.tolist(), labels.tolist(), strict=True):
+        assert label in lookup[tuple(p - 1 for p in row)]
+
+
+def test_digits_default_split_is_stratified() -> None:
+    task = Digits()
+    assert (task.num_train, task.num_val, task.num_test) == (1257, 270, 270)
+    assert (task.vocab_size, task.num_classes, task.seq_len) == (18, 10, 64)
+    task.setup()
+    for split in ("val", "test"):
+        counts = np.bincount(task.tensors(split)[1].numpy(), minlength=10)
+        assert counts.min() >= 25 and counts.max() <= 29
+
+
+def test_digits_permute_is_a_fixed_seeded_permutation() -> None:
+    plain, permuted = small("digits"), small("digits", permute=True)
+    perm = permuted.permutation
+    assert sorted(perm.tolist()) == list(range(64)) and not np.array_equal(perm, np.arange(64))
+    assert np.array_equal(perm, small("digits", permute=True).permutation)
+    assert not np.array_equal(perm, small("digits", permute=True, seed=1).permutation)
+    tokens, labels = plain.tensors("val")
+    p_tokens, p_labels = permuted.tensors("val")
+    assert torch.equal(p_tokens, tokens[:, torch.from_numpy(perm)]) and torch.equal(p_labels, labels)
+
+
+# ---------------------------------------------------------------- argument errors
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "message"),
+    [
+        (AssociativeRecall, dict(batch_size=0), "batch_size must be >= 1, got 0"),
+        (AssociativeRecall, dict(num_val=0), "num_val must be >= 1, got 0"),
+        (AssociativeRecall, dict(seed=-1), "seed must be >= 0, got -1"),
+        (AssociativeRecall, dict(num_workers=1.5), "num_workers must be an integer, got 1.5"),
+        (AssociativeRecall, dict(num_pairs=0), "num_pairs must be >= 1, got 0"),
+        (AssociativeRecall, dict(num_pairs=4, num_queries=5), "num_queries must be <= 4, got 5"),
+        (AssociativeRecall, dict(num_pairs=8, vocab_keys=6), "vocab_keys must be >= 8, got 6"),
+        (AssociativeRecall, dict(num_pairs=8, vocab_values=7), "vocab_values must be >= 8, got 7"),
+        (
+            AssociativeRecall,
+            dict(num_pairs=4, seq_len=10),
+            "seq_len must be >= 2*num_pairs + num_queries = 12, got 10",
+        ),
+        (ListOps, dict(max_depth=0), "max_depth must be >= 1, got 0"),
+        (ListOps, dict(max_args=1), "max_args must be >= 2, got 1"),
+        (ListOps, dict(leaf_prob=1.5), "leaf_prob must be in [0, 1], got 1.5"),
+        (ListOps, dict(max_length=3), "max_length must be >= 4, got 3"),
+        (ListOps, dict(min_length=70), "min_length must be <= 64, got 70"),
+        (ListOps, dict(test_max_length=2), "test_max_length must be >= 4, got 2"),
+        (ListOps, dict(max_depth=1, max_args=3, min_length=6), "min_length (6) is longer than any tree"),
+        (Digits, dict(num_val=5), "num_val must be >= 10, got 5"),
+        (Digits, dict(num_train=2000), "num_train must be <= 1257, got 2000"),
+        (Digits, dict(num_val=900, num_test=900), "num_val + num_test must be <= 1787"),
+        (Digits, dict(permute="yes"), "permute must be True or False, got 'yes'"),
+    ],
+)
+def test_bad_arguments_raise_one_line_value_errors(cls: type, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        cls(**kwargs)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_batch_larger_than_training_set_fails_in_setup() -> None:
+    task = ListOps(num_train=300, batch_size=512)
+    with pytest.raises(ValueError, match=r"^batch_size \(512\) is larger than the training set \(300\)$"):
+        task.setup()
+
+
+def test_unreachable_lengths_fail_with_a_clear_message() -> None:
+    # possible (the longest tree has 106 tokens) but far too rare to reach
+    task = ListOps(num_train=10, num_val=10, num_test=10, batch_size=8, min_length=100, max_length=100)
+    with pytest.raises(ValueError, match=r"trees had a length in \[100, 100\]"):
+        task.setup()
+
+
+def test_probe_batch_size_is_checked() -> None:
+    task = small("associative_recall")
+    with pytest.raises(ValueError, match="n must be <= 100, got 101"):
+        task.probe_batch(101)
+    with pytest.raises(ValueError, match="split must be one of train, val, test, got 'dev'"):
+        task.tensors("dev")
