@@ -54,7 +54,8 @@ class Mask:
         tokens: Tensor | None = None,
         lengths: Tensor | None = None,
     ) -> Tensor:
-        """The mask in its smallest broadcastable 4-D shape: (B or 1, 1, Lq or 1, Lk). Cached if position-only."""
+        """The mask in its smallest broadcastable 4-D shape: (B or 1, 1, Lq or 1, Lk). Cached if position-only, so
+        treat it as read-only (``materialize`` returns a copy)."""
         device = torch.device(device) if device is not None else torch.device("cpu")
         if self.position_only:
             cache = self.__dict__.setdefault("_dense_cache", {})
@@ -75,9 +76,9 @@ class Mask:
         tokens: Tensor | None = None,
         lengths: Tensor | None = None,
     ) -> Tensor:
-        """The full mask (B or 1, 1, Lq, Lk), bool, True = may attend."""
+        """The full mask (B or 1, 1, Lq, Lk), bool, True = may attend (a fresh tensor, safe to modify)."""
         m = self.dense(num_queries, num_keys, device, tokens=tokens, lengths=lengths)
-        return m.expand(m.shape[0], 1, num_queries, num_keys)
+        return m.expand(m.shape[0], 1, num_queries, num_keys).clone()
 
     def _evaluate(
         self,
