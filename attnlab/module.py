@@ -1,0 +1,167 @@
+"""EncoderModule: the attnlab :class:`~attnlab.encoder.Encoder` plus a classification head, as a LightningModule.
+
+Per-sequence tasks pool the encoder output (mean over non-pad tokens) into (B, C) logits; per-token tasks give
+(B, L, C) logits and ignore labels equal to ``IGNORE_INDEX`` (−100). AdamW with linear warm-up then cosine decay,
+stepped every optimizer step. Accuracy is torchmetrics' micro-averaged multiclass accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from attnlab.encoder import Encoder
+from attnlab.tasks.base import IGNORE_INDEX
+
+__all__ = ["IGNORE_INDEX", "EncoderModule", "warmup_cosine"]
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> float:
+    """Learning-rate multiplier: linear 0 → 1 over ``warmup_steps``, then cosine 1 → ``min_ratio`` at
+    ``total_steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class EncoderModule(L.LightningModule):
+    """Encoder + linear head, trained with cross-entropy.
+
+    Args:
+        vocab_size, num_classes, per_token, pad_id, max_len: from the task.
+        d_model, num_heads, num_layers, d_k, d_v, d_ff: sizes (d_k default d_model // num_heads).
+        score, score_params: the attention variant.
+        mask: structural mask spec (name, spec dict or Mask).
+        pos_encoding, norm_first, dropout: encoder options.
+        lr, weight_decay, warmup_steps, max_steps, betas: AdamW with warm-up + cosine decay over ``max_steps``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_classes: int,
+        per_token: bool,
+        pad_id: int | None,
+        max_len: int,
+        d_model: int = 64,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        d_ff: int | None = None,
+        score: str = "scaled_dot",
+        score_params: dict[str, Any] | None = None,
+        mask: Any = None,
+        pos_encoding: str = "sinusoidal",
+        norm_first: bool = True,
+        dropout: float = 0.0,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 50,
+        max_steps: int = 1000,
+        betas: tuple[float, float] = (0.9, 0.98),
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = Encoder(
+            vocab_size,
+            d_model,
+            num_heads,
+            num_layers,
+            d_k=d_k,
+            d_v=d_v,
+            d_ff=d_ff,
+            score=score,
+            score_params=dict(score_params or {}),
+            mask=mask,
+            pad_id=pad_id,
+            pos_encoding=pos_encoding,
+            max_len=max_len,
+            dropout=dropout,
+            norm_first=norm_first,
+        )
+        self.head = nn.Linear(d_model, num_classes)
+        self.per_token = per_token
+        self.pad_id = pad_id
+        self.num_parameters = sum(p.numel() for p in self.parameters())
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE_INDEX)
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE_INDEX)
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE_INDEX)
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    # ----------------------------------------------------------------------------------------- forward
+
+    def pool(self, h: Tensor, tokens: Tensor) -> Tensor:
+        """Mean over non-pad positions: h (B, L, d_model) → (B, d_model)."""
+        if self.pad_id is None:
+            return h.mean(dim=1)
+        keep = (tokens != self.pad_id).unsqueeze(-1).to(h.dtype)  # (B, L, 1)
+        return (h * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, L) → logits (B, L, C) for per-token tasks, (B, C) otherwise."""
+        h = self.encoder(tokens)  # (B, L, d_model)
+        return self.head(h if self.per_token else self.pool(h, tokens))
+
+    def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        tokens, labels = batch
+        logits = self(tokens)
+        flat_logits = logits.reshape(-1, logits.shape[-1])
+        flat_labels = labels.reshape(-1)
+        loss = F.cross_entropy(flat_logits.float(), flat_labels, ignore_index=IGNORE_INDEX)
+        return loss, flat_logits, flat_labels
+
+    # ----------------------------------------------------------------------------------------- steps
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        loss, logits, labels = self._loss(batch)
+        self.train_acc(logits, labels)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc, prog_bar=False)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, logits, labels = self._loss(batch)
+        self.val_loss(loss, weight=(labels != IGNORE_INDEX).sum())
+        self.val_acc(logits, labels)
+        self.log("val/loss", self.val_loss)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if self.trainer.sanity_checking:
+            return
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        loss, logits, labels = self._loss(batch)
+        self.test_loss(loss, weight=(labels != IGNORE_INDEX).sum())
+        self.test_acc(logits, labels)
+        self.log("test/loss", self.test_loss)
+        self.log("test/acc", self.test_acc)
+
+    # ----------------------------------------------------------------------------------------- optimisation
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            (decay if p.dim() >= 2 and "embed" not in name and "pos" not in name else no_decay).append(p)
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, hp.warmup_steps, hp.max_steps)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

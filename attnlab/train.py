@@ -1,0 +1,280 @@
+"""The Hydra entry point: compose ``conf/``, seed, build the task and the module, fit, test with the best
+checkpoint, write the run files, and return the optimized metric (for Hydra sweepers).
+
+    python train.py variant=additive d_k=64 num_heads=1
+    python train.py -m variant=additive,dot,scaled_dot d_k=8,64,512 num_heads=1,4
+
+Every run folder ends with ``config.yaml`` (resolved), ``metrics.jsonl`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import secrets
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.callbacks import AttentionDiagnostics
+from attnlab.module import EncoderModule
+from attnlab.tracking import SUMMARY_FILE, JsonlLogger, write_json_atomic
+
+__all__ = ["CONF_DIR", "build_module", "main", "resolve_d_k", "run"]
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+# Lightning's own deprecation noise (torch's pytree API), not actionable by users.
+warnings.filterwarnings("ignore", message=r".*treespec.*")
+
+
+def _launch_uid() -> str:
+    """A random id drawn once per launch and inherited by the jobs it starts (through the environment)."""
+    uid = os.environ.get("ATTNLAB_UID")
+    if not uid:
+        uid = os.environ["ATTNLAB_UID"] = secrets.token_hex(3)
+    return uid
+
+
+OmegaConf.register_new_resolver("attnlab_uid", _launch_uid, replace=True)
+
+
+def resolve_d_k(cfg: DictConfig) -> int:
+    """``d_k`` or, when it is null, ``d_model // num_heads`` (which must then divide evenly)."""
+    if cfg.d_k is not None:
+        return int(cfg.d_k)
+    if cfg.d_model % cfg.num_heads:
+        raise ValueError(f"d_model ({cfg.d_model}) is not divisible by num_heads ({cfg.num_heads}); set d_k explicitly")
+    return cfg.d_model // cfg.num_heads
+
+
+def set_threads(cfg: DictConfig) -> int:
+    """Set torch's CPU threads from ``cfg.threads``: an integer, or ``auto`` = all cores divided among the jobs that
+    a parallel launcher (joblib) runs at once, so that two jobs on two cores do not fight over four threads."""
+    threads = cfg.get("threads", "auto")
+    if threads in (None, "auto"):
+        cores = os.cpu_count() or 1
+        parallel = 1
+        if HydraConfig.initialized():
+            launcher = HydraConfig.get().launcher
+            if "joblib" in str(launcher.get("_target_", "")).lower():
+                n_jobs = launcher.get("n_jobs", -1) or -1
+                parallel = cores if n_jobs < 0 else n_jobs
+        threads = max(1, cores // max(1, parallel))
+    torch.set_num_threads(int(threads))
+    return int(threads)
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def build_module(cfg: DictConfig, datamodule: Any) -> EncoderModule:
+    """The EncoderModule for ``cfg`` sized to the task ``datamodule``."""
+    m = cfg.model
+    return EncoderModule(
+        vocab_size=datamodule.vocab_size,
+        num_classes=datamodule.num_classes,
+        per_token=datamodule.per_token,
+        pad_id=datamodule.pad_id,
+        max_len=datamodule.max_len,
+        d_model=cfg.d_model,
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        d_k=resolve_d_k(cfg),
+        d_v=m.d_v,
+        d_ff=m.d_ff,
+        score=cfg.variant.name,
+        score_params=_plain(cfg.variant.get("params")) or {},
+        mask=_plain(cfg.mask),
+        pos_encoding=m.pos_encoding,
+        norm_first=m.norm_first,
+        dropout=m.dropout,
+        lr=cfg.lr,
+        weight_decay=m.weight_decay,
+        warmup_steps=min(m.warmup_steps, max(1, cfg.max_steps // 5)),
+        max_steps=cfg.max_steps,
+        betas=tuple(m.betas),
+    )
+
+
+def _wandb_logger(cfg: DictConfig, out: Path) -> Any:
+    """A WandbLogger whose files live in the run folder, offline unless asked otherwise, grouped by sweep, with
+    the variant as job type, a name built from the overrides and the full resolved config."""
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    group, name = None, out.name
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        name = hc.job.override_dirname or name
+        if hc.mode == RunMode.MULTIRUN:
+            group = Path(hc.sweep.dir).name
+    lc = cfg.logger
+    return WandbLogger(
+        project=lc.project,
+        entity=lc.get("entity"),
+        save_dir=str(out),
+        name=name,
+        group=group,
+        job_type=cfg.variant.name,
+        mode=lc.mode,
+        tags=list(lc.get("tags") or []),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        settings=wandb.Settings(console="off", silent=True),
+    )
+
+
+def _loggers(cfg: DictConfig, out: Path) -> list[Any]:
+    """The local JSONL logger, always, plus the configured one."""
+    loggers: list[Any] = [JsonlLogger(out)]
+    name = cfg.logger.name
+    if name == "csv":
+        loggers.append(CSVLogger(save_dir=str(out), name="csv", version=""))
+    elif name == "wandb":
+        loggers.append(_wandb_logger(cfg, out))
+    elif name != "none":
+        raise ValueError(f"unknown logger '{name}'; allowed: wandb, csv, none")
+    return loggers
+
+
+def _finish_wandb(failed: bool) -> None:
+    """Close this job's W&B run (if any) so the next job of a sweep never reuses it."""
+    import sys
+
+    if "wandb" not in sys.modules:
+        return
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish(exit_code=1 if failed else 0)
+
+
+def _summary_base(cfg: DictConfig) -> dict[str, Any]:
+    return {
+        "status": "running",
+        "reason": None,
+        "variant": cfg.variant.name,
+        "mask": cfg.mask.name,
+        "task": cfg.task.name,
+        "d_k": cfg.d_k if cfg.d_k is not None else (cfg.d_model // max(1, cfg.num_heads)),
+        "num_heads": cfg.num_heads,
+        "d_model": cfg.d_model,
+        "num_layers": cfg.num_layers,
+        "seed": cfg.seed,
+        "lr": cfg.lr,
+        "batch_size": cfg.batch_size,
+        "max_steps": cfg.max_steps,
+        "pos_encoding": cfg.model.pos_encoding,
+        "variant_params": _plain(cfg.variant.get("params")) or {},
+    }
+
+
+def _metric_values(trainer: L.Trainer) -> dict[str, float]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+
+
+def print_results(summary: dict[str, Any]) -> None:
+    """The short results table printed at the end of a run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    metrics = summary.get("metrics", {})
+    table = Table(title=f"attnlab · {summary['task']} · {summary['status']}", title_justify="left")
+    for col in ("variant", "d_k", "heads", "params", "best val acc", "test acc", "wall time"):
+        table.add_column(col, justify="right" if col != "variant" else "left")
+
+    def pct(key: str) -> str:
+        v = metrics.get(key)
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    table.add_row(
+        str(summary["variant"]),
+        str(summary["d_k"]),
+        str(summary["num_heads"]),
+        f"{summary.get('params', 0):,}",
+        pct("val/acc_best"),
+        pct("test/acc"),
+        f"{summary.get('wall_time_s', 0):.1f} s",
+    )
+    Console().print(table)
+
+
+def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float:
+    """Train and test one configuration; write ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` into
+    ``output_dir`` (default: Hydra's run folder). Returns ``cfg.optimized_metric``."""
+    start = time.perf_counter()
+    out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / "config.yaml", resolve=True)
+    summary = _summary_base(cfg)
+    summary["run_dir"] = str(out)
+    summary["launch_id"] = os.environ.get("ATTNLAB_UID")
+
+    for module_name in cfg.get("imports") or []:
+        importlib.import_module(module_name)
+    summary["threads"] = set_threads(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    datamodule = instantiate(cfg.task.datamodule)
+    module = build_module(cfg, datamodule)
+    summary["d_k"] = module.hparams.d_k
+    summary["params"] = module.num_parameters
+
+    checkpoint = ModelCheckpoint(
+        dirpath=out / "checkpoints", filename="best", monitor="val/acc", mode="max", save_last=True
+    )
+    callbacks: list[Any] = [checkpoint]
+    diagnostics = None
+    if cfg.diagnostics.enabled:
+        d = cfg.diagnostics
+        diagnostics = AttentionDiagnostics(d.every_n_steps, d.probe_size, d.threshold, d.heatmaps, out)
+        callbacks.append(diagnostics)
+    failed = True
+    try:
+        trainer: L.Trainer = instantiate(
+            cfg.trainer, logger=_loggers(cfg, out), callbacks=callbacks, default_root_dir=str(out)
+        )
+        summary["device"] = str(trainer.strategy.root_device)
+        trainer.fit(module, datamodule=datamodule)
+        fit_metrics = _metric_values(trainer)
+        best = checkpoint.best_model_path or None
+        trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
+        failed = False
+    finally:
+        _finish_wandb(failed)
+    metrics = {**fit_metrics, **_metric_values(trainer)}
+    if "val/acc_best" not in metrics and "val/acc" in metrics:
+        metrics["val/acc_best"] = metrics["val/acc"]
+    if diagnostics is not None:
+        metrics.update(diagnostics.model_means(diagnostics.final))
+        summary["attn_init"] = diagnostics.model_means(diagnostics.initial)
+
+    summary.update(
+        status="ok",
+        metrics=metrics,
+        steps=trainer.global_step,
+        best_checkpoint=best,
+        wall_time_s=time.perf_counter() - start,
+        torch=torch.__version__,
+    )
+    write_json_atomic(out / SUMMARY_FILE, summary)
+    if cfg.get("results_table", True):
+        print_results(summary)
+    return float(metrics.get(cfg.optimized_metric, float("nan")))
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> float:
+    """``python train.py ...``: see the README for the knobs."""
+    return run(cfg)
