@@ -1,0 +1,154 @@
+"""Attention diagnostics during training.
+
+:class:`AttentionDiagnostics` runs the encoder's eager path on a fixed probe batch from the validation data at
+step 0 (initialisation, before any update), every ``every_n_steps`` optimizer steps, and at the end of training,
+and logs :func:`attnlab.metrics.attention_stats` for every layer and head:
+``attn/L{layer}H{head}/{metric}``, layer means ``attn/L{layer}/{metric}`` and model means ``attn/{metric}``.
+At the end it also saves ``attention_maps.png`` (layers × heads heatmaps of one probe sequence) in the run folder
+and logs it to W&B when that logger is on. Between those steps the training forward takes the fast path and
+computes no weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from torch import Tensor
+
+from attnlab.metrics import attention_stats, flatten_stats
+
+__all__ = ["AttentionDiagnostics", "plot_attention_maps"]
+
+
+def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | None, path: str | Path) -> Path:
+    """Save a (layers × heads) grid of heatmaps of one sequence's attention weights.
+
+    Args:
+        weights: one (H, L, L) tensor per layer.
+        tokens: (L,) the sequence, used to trim padding.
+        pad_id: padding token or None.
+        path: the PNG to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = int((tokens != pad_id).sum()) if pad_id is not None else tokens.shape[0]
+    num_layers, num_heads = len(weights), weights[0].shape[0]
+    fig, axes = plt.subplots(
+        num_layers, num_heads, figsize=(2.2 * num_heads, 2.2 * num_layers), squeeze=False, constrained_layout=True
+    )
+    for layer, w in enumerate(weights):
+        for head in range(num_heads):
+            ax = axes[layer][head]
+            ax.imshow(w[head, :n, :n].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            ax.set_title(f"L{layer} H{head}", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.supxlabel("key position")
+    fig.supylabel("query position")
+    path = Path(path)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+class AttentionDiagnostics(L.Callback):
+    """Entropy, saturation and friends per layer and head on a fixed probe batch.
+
+    Args:
+        every_n_steps: log every N optimizer steps (besides step 0 and the end); 0 = only step 0 and the end.
+        probe_size: number of validation sequences in the probe batch.
+        threshold: the max-weight threshold of ``saturation``.
+        heatmaps: save ``attention_maps.png`` at the end (and log it to W&B).
+        output_dir: where the heatmaps go (default: the trainer's ``default_root_dir``).
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 100,
+        probe_size: int = 8,
+        threshold: float = 0.99,
+        heatmaps: bool = True,
+        output_dir: str | Path | None = None,
+    ) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"diagnostics.every_n_steps must be >= 0, got {every_n_steps}")
+        if probe_size < 1:
+            raise ValueError(f"diagnostics.probe_size must be >= 1, got {probe_size}")
+        self.every_n_steps = every_n_steps
+        self.probe_size = probe_size
+        self.threshold = threshold
+        self.heatmaps = heatmaps
+        self.output_dir = output_dir
+        self.initial: dict[str, float] = {}
+        self.final: dict[str, float] = {}
+        self._probe: Tensor | None = None
+        self._last_step = -1
+
+    # ------------------------------------------------------------------------------------------ compute
+
+    @torch.no_grad()
+    def compute(self, pl_module: L.LightningModule) -> tuple[dict[str, float], list[Tensor]]:
+        """Diagnostics of the current model on the probe batch → (flat log dict, per-layer weights (B, H, L, L))."""
+        encoder = pl_module.encoder
+        tokens = self._probe
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            _, records = encoder(tokens, return_attention=True)
+            prepared = encoder.build_mask(tokens)
+            key_mask = None if prepared is None else prepared.allowed
+            per_layer = [attention_stats(r.weights, r.logits, key_mask, self.threshold) for r in records]
+        finally:
+            pl_module.train(was_training)
+        return flatten_stats(per_layer), [r.weights for r in records]
+
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
+        step = trainer.global_step
+        if step == self._last_step or self._probe is None:
+            return {}
+        self._last_step = step
+        stats, _ = self.compute(pl_module)
+        for logger in trainer.loggers:
+            logger.log_metrics(stats, step=step)
+        return stats
+
+    # ------------------------------------------------------------------------------------------ hooks
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "probe_batch"):
+            raise ValueError("AttentionDiagnostics needs a datamodule with probe_batch(n)")
+        tokens, _ = datamodule.probe_batch(self.probe_size)
+        self._probe = tokens.to(pl_module.device)
+        stats = self._log(trainer, pl_module)
+        if trainer.global_step == 0:
+            self.initial = stats
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            self.final = self._log(trainer, pl_module) or self.final
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.final = self._log(trainer, pl_module) or self.final
+        if self.heatmaps and trainer.is_global_zero and self._probe is not None:
+            _, weights = self.compute(pl_module)
+            out = Path(self.output_dir or trainer.default_root_dir)
+            pad_id = getattr(pl_module, "pad_id", None)
+            path = plot_attention_maps([w[0] for w in weights], self._probe[0], pad_id, out / "attention_maps.png")
+            for logger in trainer.loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.log_image("attn/maps", images=[str(path)], step=trainer.global_step)
+
+    def model_means(self, stats: dict[str, float]) -> dict[str, float]:
+        """Only the model-level ``attn/{metric}`` entries of a flat stats dict."""
+        return {k: v for k, v in stats.items() if k.count("/") == 1}

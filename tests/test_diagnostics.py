@@ -1,0 +1,160 @@
+"""Attention diagnostics during training: the callback's schedule and log names, the fast path between probes,
+and W&B offline runs read back from disk (no mocks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import attnlab.attention
+from attnlab.callbacks import AttentionDiagnostics
+from attnlab.module import EncoderModule
+from attnlab.tasks import Digits
+from attnlab.tracking import JsonlLogger, read_metrics
+from attnlab.train import CONF_DIR, run
+
+REPO = Path(__file__).resolve().parents[1]
+METRICS = ("entropy", "entropy_norm", "max_prob", "saturation", "attn_distance", "logit_std", "logit_max")
+
+
+def _tiny_fit(tmp_path: Path, every: int, max_steps: int, num_layers: int = 2, num_heads: int = 3):
+    torch.manual_seed(0)
+    dm = Digits(batch_size=16, num_train=64, num_val=16, num_test=16)
+    dm.setup("fit")
+    module = EncoderModule(
+        dm.vocab_size,
+        dm.num_classes,
+        dm.per_token,
+        dm.pad_id,
+        dm.max_len,
+        d_model=12,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        max_steps=max_steps,
+    )
+    diag = AttentionDiagnostics(every_n_steps=every, probe_size=4, output_dir=tmp_path)
+    logger = JsonlLogger(tmp_path)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        logger=logger,
+        callbacks=[diag],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        enable_model_summary=False,
+        accelerator="cpu",
+        log_every_n_steps=1,
+    )
+    trainer.fit(module, datamodule=dm)
+    logger.finalize("success")
+    return diag, read_metrics(tmp_path / "metrics.jsonl")
+
+
+def test_diagnostics_log_at_step_zero_every_n_steps_and_at_the_end(tmp_path):
+    diag, rows = _tiny_fit(tmp_path, every=2, max_steps=5)
+    steps = [r["step"] for r in rows if "attn/entropy" in r]
+    assert steps == [0, 2, 4, 5]
+    row = next(r for r in rows if "attn/entropy" in r)
+    for metric in METRICS:
+        assert f"attn/{metric}" in row
+        for layer in range(2):
+            assert f"attn/L{layer}/{metric}" in row
+            for head in range(3):
+                assert f"attn/L{layer}H{head}/{metric}" in row
+    # the model mean is the mean over every layer and head
+    heads = [row[f"attn/L{layer}H{head}/entropy"] for layer in range(2) for head in range(3)]
+    assert row["attn/entropy"] == pytest.approx(sum(heads) / len(heads))
+    assert (tmp_path / "attention_maps.png").stat().st_size > 1000
+    assert diag.initial["attn/entropy_norm"] > 0.5  # near-uniform at initialisation
+    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in METRICS}
+
+
+def test_training_forward_takes_the_fast_path_between_probes(tmp_path, monkeypatch):
+    """The eager path (which computes weights) runs only when the callback probes: 2 layers × (step 0, 3, 6 +
+    the heatmap pass at the end)."""
+    calls = []
+    original = attnlab.attention.MultiHeadAttention.attend
+
+    def counting_attend(self, *args, **kwargs):
+        calls.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(attnlab.attention.MultiHeadAttention, "attend", counting_attend)
+    _tiny_fit(tmp_path, every=3, max_steps=6)
+    assert len(calls) == 2 * 4
+
+
+def _read_wandb(run_dir: Path) -> tuple[dict, list[dict]]:
+    """Records of the single offline W&B run under ``run_dir/wandb``, read by wandb's own reader."""
+    runs = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(runs[0])], capture_output=True, text=True, check=True
+    ).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.strip()]
+    run_record = next(r["run"] for r in records if r["type"] == "run")
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    exits = [r["exit"] for r in records if r["type"] == "exit"]
+    assert exits and exits[-1].get("exit_code", 0) == 0
+    return run_record, history
+
+
+@pytest.mark.slow
+def test_multirun_jobs_get_distinct_offline_wandb_runs_with_diagnostics(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WANDB_MODE", None)
+    sweep = tmp_path / "sweep"
+    cmd = [
+        sys.executable,
+        "train.py",
+        "-m",
+        "variant=dot,scaled_dot",
+        "debug=fast",
+        "results_table=false",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 2
+    run_ids, groups = set(), set()
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["status"] == "ok"
+        assert 0.0 <= summary["metrics"]["attn/saturation"] <= 1.0
+        assert "attn/entropy_norm" in summary["attn_init"]
+        run_record, history = _read_wandb(job)
+        run_ids.add(run_record["run_id"])
+        groups.add(run_record.get("run_group"))
+        assert run_record["job_type"] == summary["variant"]
+        assert run_record["config"]["update"]["variant"]["name"] == summary["variant"]  # full resolved config
+        logged = {k for item in history for k in item}
+        assert {"attn/entropy", "attn/saturation", "attn/L0H0/entropy_norm", "train/loss", "val/acc"} <= logged
+        step0 = [item for item in history if item.get("trainer/global_step") == 0 and "attn/entropy" in item]
+        assert step0, "diagnostics at initialisation (step 0) are in the W&B history"
+    assert len(run_ids) == 2  # one W&B run per job, never shared
+    assert len(groups) == 1 and None not in groups  # grouped by sweep
+
+
+@pytest.mark.parametrize("logger", ["csv", "none"])
+def test_csv_and_none_loggers_still_write_local_metrics_and_summary(tmp_path, logger):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["debug=fast", f"logger={logger}", "results_table=false"])
+    run(cfg, tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    for key in ("attn/entropy", "attn/entropy_norm", "attn/max_prob", "attn/saturation"):
+        assert key in summary["metrics"]
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert any("attn/L1H3/saturation" in r for r in rows)
+    assert (tmp_path / "csv" / "metrics.csv").exists() == (logger == "csv")
+    assert not (tmp_path / "wandb").exists()
