@@ -1,0 +1,397 @@
+"""Tests for attnlab.dashboard on synthetic run folders written here (no training), and in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from attnlab import dashboard
+from attnlab.dashboard import aggregate, build_html, find_run_dirs, load_runs, main, mean_ci, t_critical
+
+EVIL = "<script>alert(1)</script>"
+T975_DF1 = 12.706204736  # t_{0.975, 1}
+T975_DF2 = 4.302652730  # t_{0.975, 2}
+D_KS = (8, 64, 512)
+LAYERS, HEADS = 2, 2
+
+
+# ---------------------------------------------------------------------------------------------------- fixtures
+def _png(width: int = 4, height: int = 3) -> bytes:
+    """A tiny valid grey-gradient PNG, written by hand (no Pillow)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    raw = b"".join(b"\x00" + bytes((x * 60 + y * 20) % 256 for x in range(width)) for y in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def acc_of(variant: str, d_k: int, seed: int) -> float:
+    """The synthetic final test accuracy (dot degrades with d_k; seed 1 is 0.1 better than seed 0)."""
+    base = 0.8 if variant != "dot" else 0.9 - 0.05 * math.log2(d_k) / 3
+    return round(base + 0.1 * seed, 6)
+
+
+def saturation(variant: str, d_k: int, step: int) -> float:
+    """Synthetic saturation: grows with d_k for unscaled dot, flat for scaled dot."""
+    grow = math.log2(d_k) / 9 if variant == "dot" else 0.05
+    return round(min(1.0, grow * (1.0 if step == 0 else 1.2)), 6)
+
+
+def _diag_row(variant: str, d_k: int, step: int) -> dict:
+    sat = saturation(variant, d_k, step)
+    ent = round(1.0 - sat, 6)
+    row: dict = {"step": step}
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            row[f"attn/L{layer}H{head}/entropy_norm"] = round(ent - 0.01 * (layer + head), 6)
+            row[f"attn/L{layer}H{head}/saturation"] = round(sat + 0.01 * (layer + head), 6)
+        row[f"attn/L{layer}/entropy_norm"] = ent
+    row.update({"attn/entropy_norm": ent, "attn/saturation": sat, "attn/max_prob": 0.5 + sat / 2})
+    row.update({"attn/logit_std": d_k**0.5, "attn/logit_max": 3 * d_k**0.5, "attn/entropy": None})
+    return row
+
+
+def write_run(
+    folder: Path,
+    variant: str,
+    d_k: int | None,
+    seed: int,
+    status: str | None = "ok",
+    reason: str | None = None,
+    torn: bool = False,
+    image: bool = False,
+    num_heads: int = HEADS,
+) -> Path:
+    """One synthetic run folder; ``status=None`` leaves out summary.json (a crashed run)."""
+    folder.mkdir(parents=True)
+    d_model = 64
+    resolved = d_k if d_k is not None else d_model // num_heads
+    config = (
+        f"variant:\n  name: {json.dumps(variant)}\n  params: {{}}\nmask:\n  name: none\ntask:\n  name: digits\n"
+        f"d_model: {d_model}\nd_k: {'null' if d_k is None else d_k}\nnum_heads: {num_heads}\nnum_layers: {LAYERS}\n"
+        f"lr: 0.003\nbatch_size: 32\nmax_steps: 100\nseed: {seed}\nmodel:\n  pos_encoding: sinusoidal\n"
+    )
+    (folder / "config.yaml").write_text(config)
+    acc = acc_of(variant, resolved, seed)
+    rows = [_diag_row(variant, resolved, 0)]
+    rows += [{"step": s, "train/loss": 2.3 - s / 60, "train/acc": min(1.0, s / 120)} for s in range(10, 101, 10)]
+    rows += [{"step": 50, "val/loss": 1.5, "val/acc": acc - 0.1, "val/acc_best": acc - 0.1}]
+    rows += [{"step": 100, "val/loss": 1.0, "val/acc": acc, "val/acc_best": acc}, _diag_row(variant, resolved, 100)]
+    rows += [{"step": 100, "test/acc": acc, "test/loss": 0.9}]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if torn:
+        text += '{"step": 110, "train/loss": 0.'  # a killed run's half-written last line
+    (folder / "metrics.jsonl").write_text(text)
+    if status is not None:
+        summary = {
+            "status": status,
+            "reason": reason,
+            "variant": variant,
+            "mask": "none",
+            "task": "digits",
+            "d_k": resolved,
+            "num_heads": num_heads,
+            "d_model": d_model,
+            "num_layers": LAYERS,
+            "seed": seed,
+            "lr": 0.003,
+            "batch_size": 32,
+            "max_steps": 100,
+            "pos_encoding": "sinusoidal",
+            "variant_params": {},
+            "params": 12345 + resolved,
+            "wall_time_s": 12.5 + seed,
+            "steps": 100,
+        }
+        if status == "ok":
+            final = {k: v for k, v in _diag_row(variant, resolved, 100).items() if k.count("/") == 1}
+            summary["metrics"] = {"val/acc_best": acc, "val/acc": acc, "test/acc": acc, "test/loss": 0.9, **final}
+            summary["attn_init"] = {k: v for k, v in _diag_row(variant, resolved, 0).items() if k.count("/") == 1}
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    if image:
+        (folder / "attention_maps.png").write_bytes(_png())
+        (folder / "attention").mkdir()
+        (folder / "attention" / "step_100.png").write_bytes(_png(2, 2))
+    # things the search must not mistake for runs
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text("variant: ${oc.env:NOPE}\n")
+    (folder / "checkpoints").mkdir()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of two sweeps: 2 variants x 3 d_k x 2 seeds finished, plus a failed run, a run without summary
+    (and a torn metrics line), and a finished run whose variant name is a script tag."""
+    root = tmp_path_factory.mktemp("sweeps")
+    job = 0
+    for variant, sweep in (("dot", "sweep_a"), ("scaled_dot", "sweep_b")):
+        (root / sweep).mkdir()
+        (root / sweep / "multirun.yaml").write_text("hydra: {}\n")
+        for d_k in D_KS:
+            for seed in (0, 1):
+                name = f"{job}_d_k={d_k},seed={seed},variant={variant}"
+                write_run(root / sweep / name, variant, d_k, seed, image=(d_k == 8 and seed == 0))
+                job += 1
+    write_run(root / "sweep_b" / f"{job}_failed", "scaled_dot", 64, 2, status="failed", reason="NaN loss at step 37")
+    write_run(root / "sweep_b" / f"{job + 1}_crashed", "dot", 512, 2, status=None, torn=True)
+    write_run(root / "sweep_b" / f"{job + 2}_variant=evil<script>alert(2)", EVIL, 64, 0)
+    wandb = root / "sweep_a" / "wandb" / "offline-run-1"
+    wandb.mkdir(parents=True)
+    (wandb / "config.yaml").write_text("wandb_version: 1\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def page(sweeps: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("page") / "dashboard.html"
+    assert main([str(sweeps), "-o", str(out)]) == 0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+def test_t_critical_scipy_and_fallback_table_agree() -> None:
+    assert t_critical(1, use_scipy=False) == pytest.approx(T975_DF1, abs=1e-9)
+    assert t_critical(2, use_scipy=False) == pytest.approx(T975_DF2, abs=1e-9)
+    assert t_critical(1) == pytest.approx(T975_DF1, abs=1e-6)
+    pytest.importorskip("scipy")
+    for df in (*range(1, 40), 60, 120, 1000):
+        assert t_critical(df, use_scipy=False) == pytest.approx(t_critical(df), abs=2e-4), df
+    with pytest.raises(ValueError):
+        t_critical(0)
+
+
+def test_mean_ci_by_hand() -> None:
+    mean, half, n = mean_ci([0.5, 0.7, 0.9, None, float("nan")])
+    # mean 0.7, s = 0.2, half = t_{0.975,2} * 0.2 / sqrt(3)
+    assert (n, mean) == (3, pytest.approx(0.7))
+    assert half == pytest.approx(T975_DF2 * 0.2 / math.sqrt(3), rel=1e-6)
+    assert mean_ci([0.4]) == (0.4, None, 1)
+    mean, half, n = mean_ci([])
+    assert math.isnan(mean) and half is None and n == 0
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+def test_find_run_dirs_skips_hydra_wandb_and_checkpoints(sweeps: Path) -> None:
+    names = [p.relative_to(sweeps).as_posix() for p in find_run_dirs(sweeps)]
+    assert len(names) == 15
+    assert not any(part in name for name in names for part in (".hydra", "wandb", "checkpoints"))
+    # natural order inside a sweep: 2_... before 10_...
+    assert names[:2] == ["sweep_a/0_d_k=8,seed=0,variant=dot", "sweep_a/1_d_k=8,seed=1,variant=dot"]
+    one = find_run_dirs(sweeps / "sweep_a" / "0_d_k=8,seed=0,variant=dot")
+    assert one == [sweeps / "sweep_a" / "0_d_k=8,seed=0,variant=dot"]
+
+
+def test_load_runs_statuses_fallbacks_and_torn_line(sweeps: Path) -> None:
+    runs = {r.name.split("/")[-1]: r for r in load_runs(sweeps)}
+    failed, crashed = runs["12_failed"], runs["13_crashed"]
+    assert (failed.status, failed.reason, failed.ok) == ("failed", "NaN loss at step 37", False)
+    assert crashed.status == "failed (no summary)" and crashed.summary is None and "summary.json" in crashed.reason
+    # config-only run: fields from config.yaml, metrics from the last complete metrics.jsonl rows
+    assert (crashed.variant, crashed.d_k, crashed.num_heads, crashed.seed) == ("dot", 512, HEADS, 2)
+    assert crashed.rows[-1] == {"step": 100, "test/acc": acc_of("dot", 512, 2), "test/loss": 0.9}
+    assert crashed.final("test/acc") == acc_of("dot", 512, 2)
+    assert crashed.init("attn/saturation") == saturation("dot", 512, 0)  # from the step-0 row
+    ok = runs["5_d_k=512,seed=1,variant=dot"]
+    assert ok.init("attn/saturation") == saturation("dot", 512, 0)  # from summary attn_init
+    assert ok.final("attn/entropy") is None  # null everywhere
+    steps, values = ok.curve("attn/saturation")
+    assert steps.tolist() == [0.0, 100.0]
+    assert values.tolist() == [saturation("dot", 512, 0), saturation("dot", 512, 100)]
+    grid = ok.head_grid("saturation")
+    assert grid is not None and grid.shape == (LAYERS, HEADS)
+    assert grid[1, 1] == pytest.approx(saturation("dot", 512, 100) + 0.02)
+    assert ok.images() == []
+    assert [p.name for p in runs["0_d_k=8,seed=0,variant=dot"].images()] == ["attention_maps.png", "step_100.png"]
+
+
+def test_d_k_null_resolves_and_pools_a_heads_sweep(tmp_path: Path) -> None:
+    for i, (heads, seed) in enumerate([(1, 0), (1, 1), (4, 0), (4, 1)]):
+        write_run(tmp_path / f"{i}_h={heads}", "dot", None, seed, num_heads=heads)
+    runs = load_runs(tmp_path)
+    assert [r.d_k for r in runs] == [64, 64, 16, 16] and all(r.d_k_auto for r in runs)
+    (series,) = aggregate(runs, "num_heads", "test/acc")  # d_k moves with heads: one line, not two
+    assert series.label == "dot" and [p.x for p in series.points] == [1.0, 4.0]
+    assert [p.n for p in series.points] == [2, 2]
+
+
+def test_partial_runs_still_make_a_page(tmp_path: Path) -> None:
+    """A still-running run and a config-only run (plain-string variant, no metrics.jsonl, no summary)."""
+    write_run(tmp_path / "0_running", "alibi", 16, 0, status="running")
+    old = tmp_path / "1_old"
+    old.mkdir()
+    (old / "config.yaml").write_text("variant: additive\nd_model: 32\nd_k: null\nnum_heads: 4\nseed: 3\n")
+    running, config_only = load_runs(tmp_path)
+    assert (running.status, running.ok, running.final("test/acc")) == ("running", False, acc_of("alibi", 16, 0))
+    assert (config_only.variant, config_only.d_k, config_only.seed, config_only.rows) == ("additive", 8, 3, [])
+    assert config_only.final("test/acc") is None and config_only.head_grid("saturation") is None
+    html = build_html([running, config_only])
+    assert '<tr class="running"' in html and '<tr class="failed"' in html
+    assert "d_k has 0 value(s)" in html and "No step-0 diagnostics" in html
+    assert 'id="fig-curves"' in html and 'id="fig-heads-0"' in html  # the running run's rows are shown
+
+
+# ---------------------------------------------------------------------------------------------------- aggregation
+def test_aggregate_mean_and_ci_by_hand(sweeps: Path) -> None:
+    runs = load_runs(sweeps)
+    by_label = {s.label: s for s in aggregate(runs, "d_k", "test/acc")}
+    assert set(by_label) == {"dot", "scaled_dot", EVIL}
+    point = next(p for p in by_label["dot"].points if p.x == 64)
+    a, b = acc_of("dot", 64, 0), acc_of("dot", 64, 1)  # 0.8 and 0.9: seeds 0, 1; the no-summary run is out
+    assert point.n == 2 and sorted(point.values) == [a, b]
+    assert point.mean == pytest.approx((a + b) / 2, abs=1e-12)
+    # s = |a - b| / sqrt(2), half-width = t_{0.975,1} * s / sqrt(2) = 12.706 * |a - b| / 2
+    assert point.half_width == pytest.approx(T975_DF1 * abs(a - b) / 2, rel=1e-6)
+    assert point.half_width == pytest.approx(0.6353102368, rel=1e-6)
+    # the failed scaled_dot run (seed 2) does not enter the d_k = 64 point
+    assert next(p for p in by_label["scaled_dot"].points if p.x == 64).n == 2
+    evil = by_label[EVIL].points
+    assert len(evil) == 1 and evil[0].half_width is None  # one seed: no interval
+    init = {s.label: s for s in aggregate(runs, "d_k", "attn/saturation", init=True)}
+    assert [p.mean for p in init["dot"].points] == pytest.approx([saturation("dot", d, 0) for d in D_KS])
+
+
+# ---------------------------------------------------------------------------------------------------- the page
+def test_page_is_self_contained_escaped_and_lists_every_run(page: Path, sweeps: Path, capsys) -> None:
+    html = page.read_text()
+    from plotly.offline import get_plotlyjs
+
+    plotly_js = get_plotlyjs()
+    assert html.count(plotly_js[:200]) == 1 and plotly_js in html  # plotly.js inline, exactly once
+    assert html.count("<script src") == 0 and 'src="http' not in html and "<link" not in html
+    assert "cdn.plot.ly/plotly" not in html and "cdn.jsdelivr" not in html.replace(plotly_js, "")
+    assert "Content-Security-Policy" in html
+    # escaping: the script-tag variant and folder name never appear raw
+    assert "<script>alert" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "evil&lt;script&gt;alert(2)" in html
+    # runs table: every run, the failed ones marked with the reason as tooltip
+    table = html[html.index('<table class="runs sortable"') : html.index("</table>")]
+    rows = re.findall(r"<tr class=\"(\w+)\"([^>]*)>", table)
+    assert len(rows) == 15
+    assert [cls for cls, _ in rows].count("failed") == 2 and [cls for cls, _ in rows].count("ok") == 13
+    assert 'title="NaN loss at step 37"' in table and "failed (no summary)" in table
+    for header in ("variant", "mask", "task", "d_k", "heads", "d_model", "seed", "params", "best val acc"):
+        assert f'data-key="{header}"' in table
+    for header in ("test acc", "entropy_norm", "saturation", "status", "wall time"):
+        assert f'data-key="{header}"' in table
+    # figures: comparisons vs d_k and at init, curves, one heatmap per variant, and the images as data URIs
+    for div in ("fig-vs-dk", "fig-init", "fig-curves", "fig-heads-0", "fig-heads-1", "fig-heads-2"):
+        assert f'id="{div}"' in html
+    assert "num_heads has 1 value(s)" in html
+    assert html.count('<img src="data:image/png;base64,') == 2  # one image per variant that saved one
+
+
+def test_page_size_is_plotly_plus_a_little(page: Path) -> None:
+    from plotly.offline import get_plotlyjs
+
+    extra = page.stat().st_size - len(get_plotlyjs().encode())
+    assert 0 < extra < 600_000, extra
+
+
+def test_cli_default_output_and_bad_paths(sweeps: Path, tmp_path: Path, capsys) -> None:
+    single = sweeps / "sweep_a" / "0_d_k=8,seed=0,variant=dot"
+    copy = tmp_path / "one_run"
+    shutil.copytree(single, copy)
+    assert main([str(copy)]) == 0
+    assert (copy / "dashboard.html").is_file()
+    out = capsys.readouterr().out
+    assert "attnlab · 1 runs" in out and "85.0%" in out and f"wrote {copy / 'dashboard.html'}" in out
+    (tmp_path / "empty").mkdir()
+    for bad in (tmp_path / "empty", tmp_path / "missing"):
+        assert main([str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and str(bad) in err
+    with pytest.raises(ValueError):
+        dashboard.write_dashboard(tmp_path / "empty")
+    with pytest.raises(ValueError):
+        build_html([])
+
+
+def test_terminal_table_lists_every_run_untruncated(sweeps: Path, capsys) -> None:
+    dashboard.print_table(load_runs(sweeps))
+    out = capsys.readouterr().out
+    assert "failed (no summary)" in out and "scaled_dot" in out and "<script>alert(1)</script>" in out
+    assert out.count(" ok ") == 13 and "100.0%" in out and "0.940" in out
+
+
+def test_python_m_entry_point_exit_code_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnlab.dashboard", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no runs" in proc.stderr
+    assert not (tmp_path / "dashboard.html").exists()
+
+
+# ---------------------------------------------------------------------------------------------------- browser
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
+    """Open the page in a real browser: every plotly div gets its SVG, no JS error, and the table sorts."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("chromium not installed: apt-get install chromium")
+    html = page.read_text()
+    click = "<script>document.querySelector('#runs-table th[data-key=\"d_k\"]').click();</script>"
+    probe = tmp_path / "probe.html"
+    probe.write_text(html.replace("</body>", click + "</body>"))
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    elapsed = time.perf_counter() - started
+    dom = proc.stdout
+    assert proc.returncode == 0 and "</html>" in dom, proc.stderr[-2000:]
+    # no JS error, no CSP violation (the page's own window.onerror sink) and no "Uncaught" on the console
+    errors = re.search(r'<div id="js-errors">(.*?)</div>', dom, re.S)
+    assert errors is not None and errors.group(1).strip() == "", errors.group(1) if errors else dom[:500]
+    assert "Uncaught" not in proc.stderr, proc.stderr[-2000:]
+    assert "Content Security Policy" not in proc.stderr, proc.stderr[-2000:]
+    # every figure rendered its SVG
+    div_ids = re.findall(r'<div id="(fig-[\w-]+)" class="plotly-graph-div"', html)
+    assert len(div_ids) == 6
+    for i, div in enumerate(div_ids):
+        start = dom.index(f'id="{div}"')
+        end = dom.index(f'id="{div_ids[i + 1]}"') if i + 1 < len(div_ids) else len(dom)
+        assert 'class="main-svg"' in dom[start:end], div
+    # the click sorted the table by d_k
+    table = dom[dom.index('id="runs-table"') : dom.index("</table>", dom.index('id="runs-table"'))]
+    cells = [re.findall(r'<td[^>]*data-v="([^"]*)"', row) for row in table.split("<tr")[2:]]
+    d_ks = [int(row[4]) for row in cells]
+    assert len(d_ks) == 15 and d_ks == sorted(d_ks), d_ks
+    assert elapsed < 60
