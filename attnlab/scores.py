@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from attnlab.registry import Registry
 
@@ -234,42 +235,60 @@ def _default_chunk(batch_heads: int, num_queries: int, num_keys: int, d_attn: in
 
 
 class _AdditiveLogits(torch.autograd.Function):
-    """logits[b,h,i,j] = Σ_a v[h,a] tanh(wq[b,h,i,a] + uk[b,h,j,a]), over query chunks.
+    """logits[b,h,i,j] = Σ_a v[h,a] tanh(wq[b,h,i,a] + uk[b,h,j,a]), over chunks of query rows.
 
-    Neither pass keeps the (B, H, Lq, Lk, d_a) tensor: the backward recomputes tanh chunk by chunk, so peak memory
-    is one chunk, (B, H, chunk, Lk, d_a), instead of the whole.
+    The (B, H, Lq, Lk, d_a) activation t = tanh(·) is needed again in the backward pass. When it fits in
+    ``save_elements`` it is kept (fast); otherwise only the (B, H, ·, d_a) inputs are kept and the backward pass
+    recomputes t chunk by chunk, so peak memory is one chunk (B, H, chunk, Lk, d_a) instead of the whole.
+
+    Backward, with g = ∂L/∂logits and t² summed against g (no (·, d_a) temporaries beyond one chunk):
+        ∂L/∂v_a    = Σ_{b,i,j} g_ij t_ija
+        ∂L/∂wq_ia  = v_a (Σ_j g_ij − Σ_j g_ij t²_ija)
+        ∂L/∂uk_ja  = v_a (Σ_i g_ij − Σ_i g_ij t²_ija)
     """
 
     @staticmethod
-    def forward(ctx: Any, wq: Tensor, uk: Tensor, v: Tensor, chunk: int) -> Tensor:
-        B, H, Lq, _ = wq.shape
-        out = wq.new_empty(B, H, Lq, uk.shape[2])
+    def forward(ctx: Any, wq: Tensor, uk: Tensor, v: Tensor, chunk: int, save_elements: int) -> Tensor:
+        B, H, Lq, A = wq.shape
+        Lk = uk.shape[2]
+        out = wq.new_empty(B, H, Lq, Lk)
+        keep = B * H * Lq * Lk * A <= save_elements
+        saved: list[Tensor] = []
+        v_col = v.view(1, H, A, 1)
         for s in range(0, Lq, chunk):
-            t = torch.tanh(wq[:, :, s : s + chunk, None, :] + uk[:, :, None, :, :])  # (B, H, c, Lk, d_a)
-            out[:, :, s : s + chunk] = torch.einsum("bhqka,ha->bhqk", t, v)
-        ctx.save_for_backward(wq, uk, v)
+            t = torch.add(wq[:, :, s : s + chunk, None, :], uk[:, :, None, :, :]).tanh_()  # (B, H, c, Lk, A)
+            c = t.shape[2]
+            out[:, :, s : s + chunk] = torch.matmul(t.view(B, H, c * Lk, A), v_col).view(B, H, c, Lk)
+            if keep:
+                saved.append(t)
+        ctx.save_for_backward(wq, uk, v, *saved)
         ctx.chunk = chunk
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        wq, uk, v = ctx.saved_tensors
+        wq, uk, v, *saved = ctx.saved_tensors
+        B, H, Lq, A = wq.shape
+        Lk = uk.shape[2]
         chunk = ctx.chunk
-        g_wq = torch.empty_like(wq) if ctx.needs_input_grad[0] else None
-        g_uk = torch.zeros_like(uk) if ctx.needs_input_grad[1] else None
-        g_v = torch.zeros_like(v) if ctx.needs_input_grad[2] else None
-        for s in range(0, wq.shape[2], chunk):
-            t = torch.tanh(wq[:, :, s : s + chunk, None, :] + uk[:, :, None, :, :])  # (B, H, c, Lk, d_a)
+        grad = grad.contiguous()
+        g_wq = torch.empty_like(wq)
+        g_uk = torch.zeros_like(uk)
+        g_v = torch.zeros(B, H, 1, A, dtype=v.dtype, device=v.device)
+        for n, s in enumerate(range(0, Lq, chunk)):
+            if saved:
+                t = saved[n]
+            else:
+                t = torch.add(wq[:, :, s : s + chunk, None, :], uk[:, :, None, :, :]).tanh_()
+            c = t.shape[2]
             g = grad[:, :, s : s + chunk]  # (B, H, c, Lk)
-            if g_v is not None:
-                g_v += torch.einsum("bhqka,bhqk->ha", t, g)
-            # d logits / d pre-activation = v (1 − tanh²)
-            d = (1 - t * t).mul_(g[..., None]).mul_(v[None, :, None, None, :])  # (B, H, c, Lk, d_a)
-            if g_wq is not None:
-                g_wq[:, :, s : s + chunk] = d.sum(3)
-            if g_uk is not None:
-                g_uk += d.sum(2)
-        return g_wq, g_uk, g_v, None
+            g_v += torch.matmul(g.reshape(B, H, 1, c * Lk), t.view(B, H, c * Lk, A))  # Σ g t
+            gt2 = torch.mul(t, t).mul_(g.unsqueeze(-1))  # g t², (B, H, c, Lk, A)
+            g_wq[:, :, s : s + chunk] = g.sum(3, keepdim=True) - gt2.sum(3)
+            g_uk += g.sum(2).unsqueeze(-1) - gt2.sum(2)
+        v_row = v.view(1, H, 1, A)
+        return g_wq.mul_(v_row), g_uk.mul_(v_row), g_v.sum(0).view(H, A), None, None
 
 
 @register_score("additive")
@@ -277,8 +296,10 @@ class AdditiveScore(Score):
     """Bahdanau et al. 2015 (eq. in §A.1.2): logits = vᵀ tanh(W q + U k), per head.
 
     Parameters ``w_q``, ``w_k`` (H, d_k, d_a) and ``v`` (H, d_a), with the attention dimension d_a = ``d_attn``
-    (default d_k). The (B, H, Lq, Lk, d_a) pre-activation is never held whole: queries are processed in chunks
-    of ``chunk_size`` rows (default: as many as fit ``chunk_elements`` elements), in forward and backward.
+    (default d_k). Queries are processed in chunks of ``chunk_size`` rows (default: as many as fit
+    ``chunk_elements`` elements). The (B, H, Lq, Lk, d_a) activation is kept for the backward pass only when it
+    has at most ``save_elements`` elements (128 MB in float32 by default); beyond that it is recomputed chunk by
+    chunk in the backward pass, so memory stays bounded at long L. Either way the result equals the naive form.
     """
 
     def __init__(
@@ -288,11 +309,13 @@ class AdditiveScore(Score):
         d_attn: int | None = None,
         chunk_size: int | None = None,
         chunk_elements: int = 1 << 22,
+        save_elements: int = 1 << 25,
     ) -> None:
         super().__init__(d_k, num_heads)
         self.d_attn = d_k if d_attn is None else _positive_int("d_attn", d_attn)
         self.chunk_size = None if chunk_size is None else _positive_int("chunk_size", chunk_size)
         self.chunk_elements = _positive_int("chunk_elements", chunk_elements)
+        self.save_elements = int(save_elements)
         self.w_q = nn.Parameter(torch.randn(num_heads, d_k, self.d_attn) * d_k**-0.5)
         self.w_k = nn.Parameter(torch.randn(num_heads, d_k, self.d_attn) * d_k**-0.5)
         self.v = nn.Parameter(torch.randn(num_heads, self.d_attn) * self.d_attn**-0.5)
@@ -302,7 +325,7 @@ class AdditiveScore(Score):
         uk = torch.matmul(k, self.w_k)  # (B, H, Lk, d_a)
         B, H, Lq, _ = wq.shape
         chunk = self.chunk_size or _default_chunk(B * H, Lq, uk.shape[2], self.d_attn, self.chunk_elements)
-        return _AdditiveLogits.apply(wq, uk, self.v, chunk)
+        return _AdditiveLogits.apply(wq, uk, self.v, chunk, self.save_elements)
 
     def extra_repr(self) -> str:
         return f"d_k={self.d_k}, num_heads={self.num_heads}, d_attn={self.d_attn}"
