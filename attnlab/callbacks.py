@@ -21,7 +21,7 @@ from torch import Tensor
 
 from attnlab.metrics import attention_stats, flatten_stats
 
-__all__ = ["AttentionDiagnostics", "plot_attention_maps"]
+__all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_attention_maps"]
 
 
 def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | None, path: str | Path) -> Path:
@@ -152,3 +152,36 @@ class AttentionDiagnostics(L.Callback):
     def model_means(self, stats: dict[str, float]) -> dict[str, float]:
         """Only the model-level ``attn/{metric}`` entries of a flat stats dict."""
         return {k: v for k, v in stats.items() if k.count("/") == 1}
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a non-finite loss or gradient."""
+
+
+class DivergenceGuard(L.Callback):
+    """Stop at once when the loss or the gradient norm becomes NaN or inf.
+
+    Checked after the backward pass and before the optimizer step (so a bad update is never applied), every
+    ``every_n_steps`` steps. The check is one fused ``isfinite`` on the loss and the total gradient norm: a single
+    host-device sync per checked step.
+    """
+
+    def __init__(self, every_n_steps: int = 1) -> None:
+        self.every_n_steps = max(1, int(every_n_steps))
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        step = trainer.global_step
+        if step % self.every_n_steps:
+            return
+        loss = getattr(pl_module, "last_loss", None)
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        grad_norm = (
+            torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else None
+        )
+        checks = [t for t in (loss, grad_norm) if t is not None]
+        if not checks or bool(torch.isfinite(torch.stack([c.float() for c in checks])).all()):
+            return
+        if loss is not None and not torch.isfinite(loss):
+            raise DivergenceError(f"training diverged at step {step}: loss is {loss.item()}")
+        bad = next(n for n, p in pl_module.named_parameters() if p.grad is not None and not p.grad.isfinite().all())
+        raise DivergenceError(f"training diverged at step {step}: gradient is {grad_norm.item()} (first in {bad})")

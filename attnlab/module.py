@@ -124,6 +124,7 @@ class EncoderModule(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         loss, logits, labels = self._loss(batch)
+        self.last_loss = loss.detach()  # read by DivergenceGuard before the optimizer step
         self.train_acc(logits, labels)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/acc", self.train_acc, prog_bar=False)

@@ -10,8 +10,10 @@ Every run folder ends with ``config.yaml`` (resolved), ``metrics.jsonl`` and ``s
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import secrets
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -21,17 +23,20 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.callbacks import AttentionDiagnostics
+from attnlab.callbacks import AttentionDiagnostics, DivergenceError, DivergenceGuard
 from attnlab.module import EncoderModule
 from attnlab.tracking import SUMMARY_FILE, JsonlLogger, write_json_atomic
+from attnlab.validate import ConfigError, check_group_choices, validate_config
 
-__all__ = ["CONF_DIR", "build_module", "main", "resolve_d_k", "run"]
+__all__ = ["CONF_DIR", "SweepReport", "build_module", "hydra_main", "main", "resolve_d_k", "run"]
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -60,9 +65,12 @@ def resolve_d_k(cfg: DictConfig) -> int:
 
 
 def set_threads(cfg: DictConfig) -> int:
-    """Set torch's CPU threads from ``cfg.threads``: an integer, or ``auto`` = all cores divided among the jobs that
-    a parallel launcher (joblib) runs at once, so that two jobs on two cores do not fight over four threads."""
+    """Set torch's CPU threads from ``cfg.threads``: an integer, or ``auto`` = ``$OMP_NUM_THREADS`` when set, else
+    all cores divided among the jobs that a parallel launcher (joblib) runs at once, so that two jobs on two cores
+    do not fight over four threads."""
     threads = cfg.get("threads", "auto")
+    if threads in (None, "auto") and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"])
     if threads in (None, "auto"):
         cores = os.cpu_count() or 1
         parallel = 1
@@ -109,7 +117,7 @@ def build_module(cfg: DictConfig, datamodule: Any) -> EncoderModule:
     )
 
 
-def _wandb_logger(cfg: DictConfig, out: Path) -> Any:
+def _wandb_logger(cfg: DictConfig, out: Path, resume: bool = False) -> Any:
     """A WandbLogger whose files live in the run folder, offline unless asked otherwise, grouped by sweep, with
     the variant as job type, a name built from the overrides and the full resolved config."""
     import wandb
@@ -122,7 +130,15 @@ def _wandb_logger(cfg: DictConfig, out: Path) -> Any:
         if hc.mode == RunMode.MULTIRUN:
             group = Path(hc.sweep.dir).name
     lc = cfg.logger
+    id_file = out / "wandb_id.txt"
+    if resume and id_file.exists():
+        run_id = id_file.read_text().strip()  # continue the same W&B run
+    else:
+        run_id = secrets.token_hex(4)
+        id_file.write_text(run_id + "\n")
     return WandbLogger(
+        id=run_id,
+        resume="allow",
         project=lc.project,
         entity=lc.get("entity"),
         save_dir=str(out),
@@ -136,14 +152,14 @@ def _wandb_logger(cfg: DictConfig, out: Path) -> Any:
     )
 
 
-def _loggers(cfg: DictConfig, out: Path) -> list[Any]:
+def _loggers(cfg: DictConfig, out: Path, resume: bool = False) -> list[Any]:
     """The local JSONL logger, always, plus the configured one."""
     loggers: list[Any] = [JsonlLogger(out)]
     name = cfg.logger.name
     if name == "csv":
         loggers.append(CSVLogger(save_dir=str(out), name="csv", version=""))
     elif name == "wandb":
-        loggers.append(_wandb_logger(cfg, out))
+        loggers.append(_wandb_logger(cfg, out, resume))
     elif name != "none":
         raise ValueError(f"unknown logger '{name}'; allowed: wandb, csv, none")
     return loggers
@@ -151,8 +167,6 @@ def _loggers(cfg: DictConfig, out: Path) -> list[Any]:
 
 def _finish_wandb(failed: bool) -> None:
     """Close this job's W&B run (if any) so the next job of a sweep never reuses it."""
-    import sys
-
     if "wandb" not in sys.modules:
         return
     import wandb
@@ -211,9 +225,42 @@ def print_results(summary: dict[str, Any]) -> None:
     Console().print(table)
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, ConfigError | DivergenceError) else f"{type(exc).__name__}: {text}"
+
+
+def _is_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _resume_checkpoint(cfg: DictConfig, out: Path) -> str | None:
+    """``resume=true`` or ``ckpt_path=last`` → the run folder's last.ckpt; ``ckpt_path=<file>`` → that file."""
+    path = cfg.get("ckpt_path")
+    if cfg.get("resume") or path == "last":
+        path = out / "checkpoints" / "last.ckpt"
+        if not path.exists():
+            raise ConfigError(
+                f"resume=true but there is no checkpoint at {path}; pass the run folder with hydra.run.dir=<folder>"
+            )
+    if path is not None and not Path(path).exists():
+        raise ConfigError(f"ckpt_path {path} does not exist")
+    return None if path is None else str(path)
+
+
+def _checkpoint_step(path: str) -> int:
+    return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
+
+
 def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float:
     """Train and test one configuration; write ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` into
-    ``output_dir`` (default: Hydra's run folder). Returns ``cfg.optimized_metric``."""
+    ``output_dir`` (default: Hydra's run folder). Returns ``cfg.optimized_metric``.
+
+    Any failure (a bad config, a diverged loss, any other exception) ends the run with ``status: failed`` and its
+    reason in summary.json, a failed W&B run, and one line on stderr. In a multirun the job then returns NaN so that
+    the sweep goes on; a single run exits with code 2 (bad config) or 1 (anything else).
+    ``HYDRA_FULL_ERROR=1`` re-raises with the traceback.
+    """
     start = time.perf_counter()
     out = Path(output_dir) if output_dir is not None else Path(HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -221,45 +268,65 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float:
     summary = _summary_base(cfg)
     summary["run_dir"] = str(out)
     summary["launch_id"] = os.environ.get("ATTNLAB_UID")
-
-    for module_name in cfg.get("imports") or []:
-        importlib.import_module(module_name)
-    summary["threads"] = set_threads(cfg)
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    datamodule = instantiate(cfg.task.datamodule)
-    module = build_module(cfg, datamodule)
-    summary["d_k"] = module.hparams.d_k
-    summary["params"] = module.num_parameters
-
-    checkpoint = ModelCheckpoint(
-        dirpath=out / "checkpoints", filename="best", monitor="val/acc", mode="max", save_last=True
-    )
-    callbacks: list[Any] = [checkpoint]
-    diagnostics = None
-    if cfg.diagnostics.enabled:
-        d = cfg.diagnostics
-        diagnostics = AttentionDiagnostics(d.every_n_steps, d.probe_size, d.threshold, d.heatmaps, out)
-        callbacks.append(diagnostics)
-    failed = True
+    trainer = None
     try:
-        trainer: L.Trainer = instantiate(
-            cfg.trainer, logger=_loggers(cfg, out), callbacks=callbacks, default_root_dir=str(out)
+        for module_name in cfg.get("imports") or []:
+            importlib.import_module(module_name)
+        validate_config(cfg)
+        ckpt_path = _resume_checkpoint(cfg, out)
+        summary["threads"] = set_threads(cfg)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        try:
+            datamodule = instantiate(cfg.task.datamodule)
+            datamodule.setup("fit")
+        except InstantiationException as exc:
+            raise ConfigError(_one_line(exc.__cause__ or exc)) from exc
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        module = build_module(cfg, datamodule)
+        summary["d_k"] = module.hparams.d_k
+        summary["params"] = module.num_parameters
+
+        checkpoint = ModelCheckpoint(
+            dirpath=out / "checkpoints", filename="best", monitor="val/acc", mode="max", save_last=True
         )
+        callbacks: list[Any] = [checkpoint, DivergenceGuard()]
+        diagnostics = None
+        if cfg.diagnostics.enabled:
+            d = cfg.diagnostics
+            diagnostics = AttentionDiagnostics(d.every_n_steps, d.probe_size, d.threshold, d.heatmaps, out)
+            callbacks.append(diagnostics)
+        loggers = _loggers(cfg, out, resume=ckpt_path is not None)
+        if ckpt_path is not None:
+            loggers[0].truncate_from(_checkpoint_step(ckpt_path) + 1)
+            summary["resumed_from"] = ckpt_path
+        trainer = instantiate(cfg.trainer, logger=loggers, callbacks=callbacks, default_root_dir=str(out))
         summary["device"] = str(trainer.strategy.root_device)
-        trainer.fit(module, datamodule=datamodule)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
         fit_metrics = _metric_values(trainer)
         best = checkpoint.best_model_path or None
-        trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
-        failed = False
-    finally:
-        _finish_wandb(failed)
+        trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)
+    except Exception as exc:
+        _finish_wandb(failed=True)
+        reason = _one_line(exc)
+        summary.update(status="failed", reason=reason, wall_time_s=time.perf_counter() - start)
+        if trainer is not None:
+            summary.update(steps=trainer.global_step, metrics=_metric_values(trainer))
+        write_json_atomic(out / SUMMARY_FILE, summary)
+        print(f"error: {reason}", file=sys.stderr, flush=True)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if _is_multirun() or output_dir is not None:
+            return float("nan")
+        raise SystemExit(2 if isinstance(exc, ConfigError) else 1) from None
+    _finish_wandb(failed=False)
+
     metrics = {**fit_metrics, **_metric_values(trainer)}
     if "val/acc_best" not in metrics and "val/acc" in metrics:
         metrics["val/acc_best"] = metrics["val/acc"]
     if diagnostics is not None:
         metrics.update(diagnostics.model_means(diagnostics.final))
         summary["attn_init"] = diagnostics.model_means(diagnostics.initial)
-
     summary.update(
         status="ok",
         metrics=metrics,
@@ -274,7 +341,36 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float:
     return float(metrics.get(cfg.optimized_metric, float("nan")))
 
 
+class SweepReport(Callback):
+    """A Hydra callback: at the end of a multirun, print how many jobs finished ok and which failed (with why)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        ok, failed = [], []
+        for path in sorted(sweep.glob("*/summary.json")):
+            try:
+                summary = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                summary = {"status": "failed", "reason": "unreadable summary.json"}
+            (ok if summary.get("status") == "ok" else failed).append((path.parent.name, summary.get("reason")))
+        print(f"sweep {sweep}: {len(ok)} ok, {len(failed)} failed", flush=True)
+        for name, reason in failed:
+            print(f"  failed: {name}: {reason}", flush=True)
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> float:
-    """``python train.py ...``: see the README for the knobs."""
+def hydra_main(cfg: DictConfig) -> float:
+    """The Hydra task function."""
     return run(cfg)
+
+
+def main() -> None:
+    """``python train.py ...`` (and the ``attnlab-train`` console script): see the README for the knobs.
+
+    Config group choices on the command line are checked before Hydra composes, so a typo costs one line."""
+    try:
+        check_group_choices(sys.argv[1:], CONF_DIR)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    hydra_main()
