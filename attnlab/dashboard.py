@@ -876,11 +876,54 @@ def write_dashboard(path: str | Path, output: str | Path | None = None, runs: Se
     return out
 
 
+CSV_METRICS = (
+    "val/acc_best",
+    "test/acc",
+    "test/loss",
+    "attn/entropy_norm",
+    "attn/saturation",
+    "attn/max_prob",
+    "attn/logit_std",
+    "attn/attn_distance",
+)
+
+
+def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
+    """One row per run: identity, key config values, final metrics, step-0 (``init/...``) diagnostics."""
+    import csv
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = ["run", "variant", "variant_params", "mask", "task", "pos_encoding", "d_k", "num_heads", "d_model"]
+    columns += ["seed", "params", "status", "reason", "wall_time_s", *CSV_METRICS]
+    columns += [f"init/{m}" for m in CSV_METRICS if m.startswith("attn/")]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for run in runs:
+            row = [
+                run.name,
+                run.variant,
+                run.field_value("variant_params"),
+                run.mask,
+                run.task,
+                run.field_value("pos_encoding"),
+                run.d_k,
+            ]
+            row += [run.num_heads, run.d_model, run.seed, run.params, run.status, run.reason or ""]
+            row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
+            row += [run.final(m) for m in CSV_METRICS]
+            row += [run.init(m) for m in CSV_METRICS if m.startswith("attn/")]
+            writer.writerow(["" if v is None else v for v in row])
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``attnlab-dashboard PATH [-o FILE]``: write the page and print the runs table; 2 on a bad PATH."""
     parser = argparse.ArgumentParser(prog="attnlab-dashboard", description=__doc__.split("\n\n")[0])
     parser.add_argument("path", type=Path, help="a run folder, a multirun folder, or a folder of sweeps")
     parser.add_argument("-o", "--output", type=Path, default=None, help=f"output file (default PATH/{DEFAULT_OUTPUT})")
+    parser.add_argument("--csv", type=Path, default=None, help="also write one CSV row per run to this file")
     args = parser.parse_args(argv)
     try:
         runs = load_runs(args.path) if args.path.is_dir() else []
@@ -890,6 +933,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print_table(runs)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    if args.csv is not None:
+        print(f"wrote {write_csv(runs, args.csv)}")
     return 0
 
 

@@ -395,3 +395,19 @@ def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     d_ks = [int(row[4]) for row in cells]
     assert len(d_ks) == 15 and d_ks == sorted(d_ks), d_ks
     assert elapsed < 60
+
+
+def test_csv_export_has_one_row_per_run_with_final_and_init_metrics(tmp_path: Path) -> None:
+    import csv
+
+    sweep = tmp_path / "sweep"
+    write_run(sweep / "0_dot", "dot", 8, 0)
+    write_run(sweep / "1_scaled", "scaled_dot", 64, 1, status="failed", reason="training diverged at step 3")
+    out = tmp_path / "summary.csv"
+    assert dashboard.main([str(sweep), "-o", str(tmp_path / "page.html"), "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["variant"] for r in rows] == ["dot", "scaled_dot"]
+    assert rows[0]["d_k"] == "8" and rows[0]["seed"] == "0" and rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "failed" and rows[1]["reason"] == "training diverged at step 3"
+    assert float(rows[0]["test/acc"]) == pytest.approx(acc_of("dot", 8, 0))
+    assert rows[0]["init/attn/saturation"] != ""

@@ -40,12 +40,20 @@ class AssociativeRecall(SequenceTask):
     * Values never appear in the query region, so the labels do not leak to a bidirectional model either.
     * Sequences are never padded: all splits have length ``seq_len``.
 
+    With ``fused_pairs=True`` each context pair is one token, ``pair_offset + key * vocab_values + value``
+    (``vocab_keys * vocab_values`` extra ids after FILLER), so the context is ``n`` positions long
+    (``S >= n + m``) and a single attention layer can answer a query by retrieving, by content, the one pair token
+    that holds its key: a sharp-attention lookup without the two-layer induction circuit that the interleaved
+    layout needs (which small models take thousands of steps to learn).
+
     Args:
         num_pairs: key-value pairs in the context, ``n >= 1``.
         num_queries: queries, ``1 <= m <= num_pairs``; ``None`` → ``num_pairs``.
         vocab_keys: size of the key range, ``>= num_pairs``.
         vocab_values: size of the value range (= ``num_classes``), ``>= num_pairs``.
-        seq_len: total length ``S >= 2 * num_pairs + num_queries``; ``None`` → exactly that minimum.
+        seq_len: total length ``S >= 2 * num_pairs + num_queries`` (``num_pairs + num_queries`` with fused pairs);
+            ``None`` → exactly that minimum.
+        fused_pairs: one token per key-value pair (see above).
         batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
 
     Batches: ``tokens LongTensor (B, seq_len)``, ``labels LongTensor (B, seq_len)``.
@@ -61,6 +69,7 @@ class AssociativeRecall(SequenceTask):
         vocab_keys: int = 32,
         vocab_values: int = 32,
         seq_len: int | None = None,
+        fused_pairs: bool = False,
         batch_size: int = 64,
         num_train: int = 10_000,
         num_val: int = 1_000,
@@ -75,17 +84,23 @@ class AssociativeRecall(SequenceTask):
         self.num_queries = check_int("num_queries", num_queries, minimum=1, maximum=self.num_pairs)
         self.vocab_keys = check_int("vocab_keys", vocab_keys, minimum=self.num_pairs)
         self.vocab_values = check_int("vocab_values", vocab_values, minimum=self.num_pairs)
-        min_len = 2 * self.num_pairs + self.num_queries
+        self.fused_pairs = bool(fused_pairs)
+        self.context_len = self.num_pairs * (1 if self.fused_pairs else 2)
+        min_len = self.context_len + self.num_queries
         if seq_len is None:
             seq_len = min_len
         seq_len = check_int("seq_len", seq_len)
         if seq_len < min_len:
-            raise ValueError(f"seq_len must be >= 2*num_pairs + num_queries = {min_len}, got {seq_len}")
+            what = "num_pairs" if self.fused_pairs else "2*num_pairs"
+            raise ValueError(f"seq_len must be >= {what} + num_queries = {min_len}, got {seq_len}")
 
         self.key_offset: int = 1
         self.value_offset: int = 1 + self.vocab_keys
         self.filler_id: int = 1 + self.vocab_keys + self.vocab_values
+        self.pair_offset: int = self.filler_id + 1
         self.vocab_size = self.vocab_keys + self.vocab_values + 2
+        if self.fused_pairs:
+            self.vocab_size += self.vocab_keys * self.vocab_values
         self.num_classes = self.vocab_values
         self.seq_len = seq_len
         self.max_len = seq_len
@@ -93,7 +108,8 @@ class AssociativeRecall(SequenceTask):
     def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``num`` MQAR sequences: tokens ``(num, seq_len)`` and labels ``(num, seq_len)`` (int64)."""
         n, m, length = self.num_pairs, self.num_queries, self.seq_len
-        region = length - 2 * n
+        c = self.context_len
+        region = length - c
         # distinct keys / values per row: the first n columns of a random permutation of each range
         keys = np.argsort(rng.random((num, self.vocab_keys)), axis=1)[:, :n]  # (num, n) in [0, vocab_keys)
         values = np.argsort(rng.random((num, self.vocab_values)), axis=1)[:, :n]  # (num, n) value classes
@@ -104,20 +120,23 @@ class AssociativeRecall(SequenceTask):
             positions = np.sort(np.argsort(rng.random((num, region)), axis=1)[:, :m], axis=1)
 
         tokens = np.empty((num, length), dtype=np.int64)
-        tokens[:, 0 : 2 * n : 2] = keys + self.key_offset
-        tokens[:, 1 : 2 * n : 2] = values + self.value_offset
+        if self.fused_pairs:
+            tokens[:, :n] = self.pair_offset + keys * self.vocab_values + values
+        else:
+            tokens[:, 0 : 2 * n : 2] = keys + self.key_offset
+            tokens[:, 1 : 2 * n : 2] = values + self.value_offset
         labels = np.full((num, length), IGNORE_INDEX, dtype=np.int64)
 
         query_tokens = np.full((num, region), self.filler_id, dtype=np.int64)
         query_labels = np.full((num, region), IGNORE_INDEX, dtype=np.int64)
         np.put_along_axis(query_tokens, positions, np.take_along_axis(keys, queried, 1) + self.key_offset, 1)
         np.put_along_axis(query_labels, positions, np.take_along_axis(values, queried, 1), 1)
-        tokens[:, 2 * n :] = query_tokens
-        labels[:, 2 * n :] = query_labels
+        tokens[:, c:] = query_tokens
+        labels[:, c:] = query_labels
         return tokens, labels
 
     def _describe_details(self) -> str:
         return (
             f"num_pairs={self.num_pairs}, num_queries={self.num_queries}, "
-            f"vocab_keys={self.vocab_keys}, vocab_values={self.vocab_values}"
+            f"vocab_keys={self.vocab_keys}, vocab_values={self.vocab_values}, fused_pairs={self.fused_pairs}"
         )
