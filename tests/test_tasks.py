@@ -378,3 +378,32 @@ def test_probe_batch_size_is_checked() -> None:
         task.probe_batch(101)
     with pytest.raises(ValueError, match="split must be one of train, val, test, got 'dev'"):
         task.tensors("dev")
+
+
+def test_fused_pair_recall_labels_match_a_plain_scan() -> None:
+    """With fused_pairs, context token = pair_offset + key * vocab_values + value; every query's label is the value
+    of the one context pair holding its key, recomputed here by a plain loop."""
+    task = AssociativeRecall(
+        num_pairs=5,
+        vocab_keys=7,
+        vocab_values=6,
+        fused_pairs=True,
+        num_train=50,
+        num_val=20,
+        batch_size=10,
+        num_test=20,
+        seed=3,
+    )
+    task.setup("fit")
+    tokens, labels = task.tensors("train")
+    assert tokens.shape == (50, 5 + 5) and task.vocab_size == 7 + 6 + 2 + 7 * 6
+    for row_tokens, row_labels in zip(tokens.tolist(), labels.tolist(), strict=True):
+        pairs = {}
+        for t in row_tokens[:5]:
+            key, value = divmod(t - task.pair_offset, 6)
+            assert 0 <= key < 7 and 0 <= value < 6
+            pairs[key] = value
+        assert len(pairs) == 5  # distinct keys
+        for t, label in zip(row_tokens[5:], row_labels[5:], strict=True):
+            assert label == pairs[t - task.key_offset]
+        assert all(label == -100 for label in row_labels[:5])
