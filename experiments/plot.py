@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,10 +20,18 @@ import matplotlib.pyplot as plt
 from attnlab.dashboard import mean_ci
 
 
+def _value(row: dict[str, str], column: str) -> str | None:
+    """A CSV column, or a key inside the JSON ``variant_params`` column (``variant_params.clip``)."""
+    if column.startswith("variant_params."):
+        params = json.loads(row["variant_params"] or "{}")
+        return params.get(column.split(".", 1)[1])
+    return row[column] or None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", type=Path)
-    parser.add_argument("--x", required=True, help="column on the x axis")
+    parser.add_argument("--x", required=True, help="column on the x axis (or variant_params.<key>)")
     parser.add_argument("--group", nargs="+", default=["variant"], help="columns that name a line")
     parser.add_argument("--metrics", nargs="+", required=True)
     parser.add_argument("--logx", action="store_true")
@@ -34,9 +43,10 @@ def main(argv: list[str] | None = None) -> None:
     for ax, metric in zip(axes[0], args.metrics, strict=True):
         lines: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in rows:
-            if r.get(metric, "") != "":
+            x = _value(r, args.x)
+            if r.get(metric, "") != "" and x is not None:
                 label = " ".join(r[g] for g in args.group if r[g])
-                lines[label][float(r[args.x])].append(float(r[metric]))
+                lines[label][float(x)].append(float(r[metric]))
         for label, points in sorted(lines.items()):
             xs = sorted(points)
             stats = [mean_ci(points[x]) for x in xs]
