@@ -90,6 +90,7 @@ class AttentionDiagnostics(L.Callback):
         self.final: dict[str, float] = {}
         self._probe: Tensor | None = None
         self._last_step = -1
+        self._resumed: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------------------ compute
 
@@ -127,9 +128,13 @@ class AttentionDiagnostics(L.Callback):
             raise ValueError("AttentionDiagnostics needs a datamodule with probe_batch(n)")
         tokens, _ = datamodule.probe_batch(self.probe_size)
         self._probe = tokens.to(pl_module.device)
-        stats = self._log(trainer, pl_module)
+        if self._resumed is not None:  # a resumed run: its step-0 diagnostics were logged before, and saved
+            self.initial = dict(self._resumed.get("initial", {}))
+            self.final = dict(self._resumed.get("final", {}))
+            self._last_step = int(self._resumed.get("last_step", -1))
+            self._resumed = None
         if trainer.global_step == 0:
-            self.initial = stats
+            self.initial = self._log(trainer, pl_module)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -148,6 +153,18 @@ class AttentionDiagnostics(L.Callback):
             for logger in trainer.loggers:
                 if isinstance(logger, WandbLogger):
                     logger.log_image("attn/maps", images=[str(path)], step=trainer.global_step)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in every checkpoint, so that a resumed run reports the step-0 diagnostics (``attn_init``) and
+        does not log a step twice."""
+        return {"initial": dict(self.initial), "final": dict(self.final), "last_step": self._last_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # applied when training starts: Lightning also loads callback states for trainer.test(ckpt_path=...),
+        # where they must not replace the diagnostics of the run that just ended
+        self._resumed = dict(state_dict)
 
     def model_means(self, stats: dict[str, float]) -> dict[str, float]:
         """Only the model-level ``attn/{metric}`` entries of a flat stats dict."""

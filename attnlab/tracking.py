@@ -63,8 +63,10 @@ class JsonlLogger(Logger):
     """A Lightning logger that appends ``{"step": ..., "epoch": ..., <name>: <value>, ...}`` rows to
     ``<save_dir>/metrics.jsonl``, one per logging call, flushed at once.
 
-    On resume, rows at or after the resumed step are dropped first (``truncate_from``), so the file has no
-    duplicated and no lost steps.
+    ``rows`` counts the rows in the file. Every checkpoint records it, and a resumed run first cuts the file back
+    to that many rows (``truncate``): the rows logged between the checkpoint and the interruption go, whatever
+    their step, and the resumed run logs them again, so the file has no duplicated and no lost rows. Only rank 0
+    writes (distributed runs).
     """
 
     def __init__(self, save_dir: str | Path) -> None:
@@ -73,6 +75,7 @@ class JsonlLogger(Logger):
         self._save_dir.mkdir(parents=True, exist_ok=True)
         self.path = self._save_dir / METRICS_FILE
         self._file = None
+        self._rows: int | None = None
 
     @property
     def name(self) -> str:
@@ -90,15 +93,35 @@ class JsonlLogger(Logger):
     def log_dir(self) -> str:
         return str(self._save_dir)
 
-    @rank_zero_only
-    def truncate_from(self, step: int) -> None:
-        """Drop rows with ``step >= step`` (resume support)."""
-        if not self.path.exists():
-            return
-        rows = [r for r in read_metrics(self.path) if r.get("step", -1) < step]
-        with open(self.path, "w") as f:
+    @property
+    def rows(self) -> int:
+        """Complete rows in ``metrics.jsonl`` (0 before the first)."""
+        if self._rows is None:
+            self._rows = len(read_metrics(self.path)) if self.path.exists() else 0
+        return self._rows
+
+    def _rewrite(self, rows: list[dict[str, Any]]) -> None:
+        self.finalize("resume")
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+        os.replace(tmp, self.path)
+        self._rows = len(rows)
+
+    @rank_zero_only
+    def truncate(self, rows: int) -> None:
+        """Keep only the first ``rows`` rows (and drop a torn last line): ``truncate(0)`` starts the file anew,
+        a resumed run cuts it back to the row count recorded in its checkpoint."""
+        kept = read_metrics(self.path)[: max(0, rows)] if self.path.exists() else []
+        self._rewrite(kept)
+
+    @rank_zero_only
+    def truncate_from(self, step: int) -> None:
+        """Drop rows with ``step >= step`` (resume from a checkpoint that has no row count)."""
+        if not self.path.exists():
+            return
+        self._rewrite([r for r in read_metrics(self.path) if r.get("step", -1) < step])
 
     def _handle(self):
         if self._file is None:
@@ -113,7 +136,9 @@ class JsonlLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         row: dict[str, Any] = {"step": step}
         row.update({k: _plain(v) for k, v in metrics.items()})
+        rows = self.rows
         self._handle().write(json.dumps(row) + "\n")
+        self._rows = rows + 1
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
