@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.masks import Mask
+from attnlab.masks import Causal, Mask
 from attnlab.scores import DotProductScore, Score, build_score
 
 __all__ = ["AttentionOutput", "MultiHeadAttention", "PreparedMask", "prepare_mask"]
@@ -45,16 +45,36 @@ class PreparedMask(NamedTuple):
     visible: Tensor
 
 
-def prepare_mask(
-    mask: Tensor | Mask | PreparedMask | None, num_queries: int, num_keys: int, device: torch.device
-) -> PreparedMask | None:
-    """Turn a bool tensor (True = may attend) or a position-only :class:`Mask` into a :class:`PreparedMask`."""
-    if mask is None or isinstance(mask, PreparedMask):
-        return mask
-    if isinstance(mask, Mask):
-        if mask.is_trivial:
-            return None
-        mask = mask.dense(num_queries, num_keys, device)
+class _StaticMask(PreparedMask):
+    """A :class:`PreparedMask` of a position-only :class:`Mask`, built once per (Lq, Lk, device) and cached on the
+    mask, with two facts found once at build time: ``causal`` (exactly j ≤ i with Lq = Lk: the fast path then
+    passes ``is_causal=True`` to SDPA instead of a mask tensor) and ``all_visible`` (no row is fully hidden: the
+    fast path skips zeroing the output of such rows)."""
+
+    causal: bool = False
+    all_visible: bool = False
+    hidden: Tensor | None = None  # ~safe, built once
+
+
+def _masked_bias(bias: Tensor, pm: PreparedMask, static_bias: bool) -> Tensor:
+    """The additive float mask: ``bias`` (…, Lq, Lk) with the hidden positions at −inf. With a cached prepared
+    mask and a score whose bias is a cached constant (``static_bias``, e.g. ALiBi), the result is cached on the
+    mask too, so that no step allocates it again."""
+    hidden = getattr(pm, "hidden", None)
+    if hidden is None:
+        return bias.masked_fill(~pm.safe, float("-inf"))
+    if not static_bias or bias.requires_grad:
+        return bias.masked_fill(hidden, float("-inf"))
+    cache = pm.__dict__.setdefault("_masked_bias", {})
+    entry = cache.get(id(bias))
+    if entry is None or entry[0] is not bias:
+        if len(cache) > 16:
+            cache.clear()
+        entry = cache[id(bias)] = (bias, bias.masked_fill(hidden, float("-inf")))
+    return entry[1]
+
+
+def _prepare_tensor(mask: Tensor) -> PreparedMask:
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         raise TypeError(
             f"mask must be a bool tensor (True = may attend), an attnlab Mask or None, got "
@@ -64,6 +84,36 @@ def prepare_mask(
         mask = mask.unsqueeze(0)
     visible = mask.any(dim=-1, keepdim=True)  # (…, Lq, 1)
     return PreparedMask(allowed=mask, safe=mask | ~visible, visible=visible)
+
+
+def prepare_mask(
+    mask: Tensor | Mask | PreparedMask | None, num_queries: int, num_keys: int, device: torch.device
+) -> PreparedMask | None:
+    """Turn a bool tensor (True = may attend) or a position-only :class:`Mask` into a :class:`PreparedMask`.
+
+    A position-only Mask's PreparedMask is built once per (Lq, Lk, device) and cached on the mask (treat it as
+    read-only)."""
+    if mask is None or isinstance(mask, PreparedMask):
+        return mask
+    if isinstance(mask, Mask):
+        if mask.is_trivial:
+            return None
+        if not mask.position_only:
+            return _prepare_tensor(mask.dense(num_queries, num_keys, device))
+        device = torch.device(device)
+        cache = mask.__dict__.setdefault("_prepared_cache", {})
+        key = (num_queries, num_keys, device)
+        prepared = cache.get(key)
+        if prepared is None:
+            if len(cache) > 16:
+                cache.clear()
+            prepared = _StaticMask(*_prepare_tensor(mask.dense(num_queries, num_keys, device)))
+            prepared.causal = type(mask) is Causal and num_queries == num_keys
+            prepared.all_visible = bool(prepared.visible.all())  # one host sync per shape, at build time
+            prepared.hidden = ~prepared.safe
+            cache[key] = prepared
+        return prepared
+    return _prepare_tensor(mask)
 
 
 def _positive(name: str, value: Any) -> int:
@@ -151,20 +201,22 @@ class MultiHeadAttention(nn.Module):
         pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
         score: DotProductScore = self.score  # type: ignore[assignment]
         bias = score.bias(q, k.shape[2])
+        causal = bias is None and getattr(pm, "causal", False)
         if bias is None:
-            attn_mask = None if pm is None else pm.safe
+            attn_mask = None if pm is None or causal else pm.safe
         else:
-            attn_mask = bias if pm is None else bias.masked_fill(~pm.safe, float("-inf"))
+            attn_mask = bias if pm is None else _masked_bias(bias, pm, score.static_bias)
         z = F.scaled_dot_product_attention(
             score.query_map(q),
             k,
             v,
             attn_mask=attn_mask,
             dropout_p=self.dropout if self.training else 0.0,
+            is_causal=causal,
             scale=score.scale,
         )  # (B, H, Lq, d_v)
-        if pm is not None:
-            z = z * pm.visible
+        if pm is not None and not getattr(pm, "all_visible", False):
+            z = z * pm.visible  # rows with no visible key: zero output
         return self._merge(z), None
 
     def attend(

@@ -71,6 +71,11 @@ POSITIONAL_ENCODINGS: dict[str, type[nn.Module] | None] = {
 }
 
 
+def _dropout(x: Tensor, p: float) -> Tensor:
+    """F.dropout, skipped entirely when p = 0."""
+    return F.dropout(x, p) if p > 0.0 else x
+
+
 class EncoderLayer(nn.Module):
     """One encoder block: self-attention and a position-wise FFN (d_model → d_ff → d_model, GELU), each with
     dropout and a residual, pre-LN (``norm_first=True``, default) or post-LN."""
@@ -116,12 +121,12 @@ class EncoderLayer(nn.Module):
         drop = self.dropout if self.training else 0.0
         if self.norm_first:
             a, record = self._attn(self.norm1(x), mask, need_attention)
-            x = x + F.dropout(a, drop)
-            x = x + F.dropout(self.ff(self.norm2(x)), drop)
+            x = x + _dropout(a, drop)
+            x = x + _dropout(self.ff(self.norm2(x)), drop)
         else:
             a, record = self._attn(x, mask, need_attention)
-            x = self.norm1(x + F.dropout(a, drop))
-            x = self.norm2(x + F.dropout(self.ff(x), drop))
+            x = self.norm1(x + _dropout(a, drop))
+            x = self.norm2(x + _dropout(self.ff(x), drop))
         return x, record
 
 
@@ -184,14 +189,26 @@ class Encoder(nn.Module):
         self.dropout = float(dropout)
         structural = build_mask("none") if mask is None else build_mask(mask)
         self.mask = structural if pad_id is None else structural & Padding(pad_id)
+        self._structural = structural
+        self._padding = Padding(pad_id)
 
     def build_mask(self, tokens: Tensor, lengths: Tensor | None = None) -> PreparedMask | None:
-        """The prepared (B or 1, 1, L or 1, L) mask for a batch, shared by all layers."""
-        if self.mask.is_trivial and lengths is None:
-            return None
-        mask = self.mask if lengths is None else self.mask & Padding(pad_id=None)
-        L = tokens.shape[1]
-        return prepare_mask(mask.dense(L, L, tokens.device, tokens=tokens, lengths=lengths), L, L, tokens.device)
+        """The prepared (B or 1, 1, L or 1, L) mask for a batch, shared by all layers.
+
+        The structural mask is built once per length and device (position-only masks are cached); per batch only
+        the key padding (B, 1, 1, L) is computed, and combined with it when the structural mask is not trivial."""
+        L, device = tokens.shape[1], tokens.device
+        structural = self._structural
+        if self.pad_id is None and lengths is None:
+            if structural.is_trivial:
+                return None
+            if structural.position_only:
+                return prepare_mask(structural, L, L, device)  # cached, with its causal / all-visible facts
+            return prepare_mask(structural.dense(L, L, device, tokens=tokens), L, L, device)
+        allowed = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
+        if not structural.is_trivial:
+            allowed = allowed & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
+        return prepare_mask(allowed, L, L, device)
 
     def forward(
         self, tokens: Tensor, lengths: Tensor | None = None, return_attention: bool = False
@@ -201,7 +218,7 @@ class Encoder(nn.Module):
         h = self.embed(tokens)  # (B, L, d_model)
         if self.pos is not None:
             h = h + self.pos(tokens.shape[1])
-        h = F.dropout(h, self.dropout if self.training else 0.0)
+        h = _dropout(h, self.dropout if self.training else 0.0)
         mask = self.build_mask(tokens, lengths)
         records: list[AttentionOutput] = []
         for layer in self.layers:

@@ -78,7 +78,13 @@ class Score(nn.Module):
 
 
 class DotProductScore(Score):
-    """logits = scale · query_map(q) · kᵀ + bias(q, Lk). Eligible for the SDPA fast path."""
+    """logits = scale · query_map(q) · kᵀ + bias(q, Lk). Eligible for the SDPA fast path.
+
+    ``static_bias``: the bias depends on positions only (no parameters, no q) and ``bias`` returns the same cached
+    tensor for the same shapes, so the fast path may cache its combination with a cached mask too (ALiBi).
+    """
+
+    static_bias: bool = False
 
     def __init__(self, d_k: int, num_heads: int, d_v: int | None = None, scale: float = 1.0) -> None:
         super().__init__(d_k, num_heads, d_v)
@@ -366,9 +372,9 @@ class RelativePositionScore(DotProductScore):
     def bias(self, q: Tensor, num_keys: int) -> Tensor:
         Lq = q.shape[-2]
         idx = self.distance_index(Lq, num_keys, q.device)  # (Lq, Lk)
-        qa = torch.matmul(q, self.rel_k.t()) * self.scale  # (B, H, Lq, 2k+1)
-        rows = torch.arange(Lq, device=q.device)[:, None]
-        return qa[..., rows, idx]  # (B, H, Lq, Lk)
+        qa = torch.matmul(q, self.rel_k.t() * self.scale)  # (B, H, Lq, 2k+1)
+        # gather along the last dimension (its backward is one scatter-add; advanced indexing's is 3x slower)
+        return torch.gather(qa, -1, idx.expand(*qa.shape[:-1], num_keys))  # (B, H, Lq, Lk)
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         if self.rel_v is None:
@@ -450,8 +456,12 @@ class T5BiasScore(DotProductScore):
         )
 
     def bias(self, q: Tensor, num_keys: int) -> Tensor:
-        idx = self.buckets(q.shape[-2], num_keys, q.device)
-        return self.rel_bias[idx].permute(2, 0, 1).unsqueeze(0).to(q.dtype)  # (1, H, Lq, Lk)
+        Lq = q.shape[-2]
+        idx = self.buckets(Lq, num_keys, q.device).view(1, Lq * num_keys)
+        # a gather per head row of rel_bias (H, buckets) gives a contiguous (H, Lq·Lk); its backward is one
+        # scatter-add (indexing rel_bias[idx] gives (Lq, Lk, H), read strided, and a slower backward)
+        table = self.rel_bias.t().to(q.dtype)  # (H, num_buckets)
+        return torch.gather(table, 1, idx.expand(self.num_heads, -1)).view(1, self.num_heads, Lq, num_keys)
 
     def extra_repr(self) -> str:
         return (
@@ -484,6 +494,8 @@ class AlibiScore(DotProductScore):
 
     The paper's causal bias m_h · (j − i) for j ≤ i is extended symmetrically to the bidirectional encoder.
     """
+
+    static_bias = True
 
     def __init__(self, d_k: int, num_heads: int) -> None:
         super().__init__(d_k, num_heads, scale=d_k**-0.5)

@@ -1,0 +1,105 @@
+"""The benchmark harness runs (``--quick``) and writes its files; its measured ratios are never asserted (targets
+are checked by the harness itself, not by timed tests). Plus the fused-kernel check, on the CPU and on CUDA."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.bench import FusedKernelUnavailable, check_fused_sdpa, naive_additive_logits
+from attnlab.scores import AdditiveScore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnlab.bench", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| target |" in proc.stdout
+
+    results = json.loads((tmp_path / "bench.json").read_text())
+    machine = results["machine"]
+    for key in ("date", "platform", "cpu_model", "usable_cores", "torch", "threads", "device", "dtype"):
+        assert machine[key] not in (None, ""), key
+    assert machine["threads"] == 1
+
+    rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
+    encoder = [r for r in rows if r["section"] == "encoder"]
+    assert {r["score"] for r in encoder} >= {"torch", "scaled_dot", "relative_position", "t5_bias", "alibi", "additive"}
+    for r in encoder:
+        assert float(r["median_ms"]) > 0 and float(r["tokens_per_s"]) > 0
+        assert float(r["ratio_scaled_dot"]) > 0
+        assert r["sdpa_kernel"]
+    assert all(float(r["ratio_torch"]) > 0 for r in rows if r["section"] == "mha")
+
+    targets = list(csv.DictReader((tmp_path / "targets.csv").open()))
+    by_id = {}
+    for t in targets:
+        by_id.setdefault(t["id"], []).append(t)
+    for tid in ("1", "2", "3", "4", "4b"):
+        for t in by_id[tid]:
+            assert float(t["value"]) > 0, t
+    assert len(by_id["3"]) == 3
+    assert results["additive_memory"]["max_rel_diff"] < 1e-4
+    assert results["diagnostics"]["wall_with_s"] and results["diagnostics"]["wall_without_s"]
+
+
+def test_fused_kernel_check_on_cpu_finds_flash_and_explains_a_refusal(single_thread):
+    assert check_fused_sdpa("cpu", torch.float32, length=16) == "flash"
+    # T5's learned bias needs a gradient: SDPA can only run it in the math kernel, and the check says so
+    with pytest.raises(FusedKernelUnavailable, match="could not dispatch attnlab 't5_bias' to a fused kernel"):
+        check_fused_sdpa("cpu", torch.float32, score="t5_bias", length=16)
+
+
+def test_naive_additive_reference_equals_the_chunked_score(single_thread):
+    """The harness's memory baseline computes the same thing as AdditiveScore (float64, values and gradients)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    score = AdditiveScore(4, 3, d_attn=3, chunk_size=2, save_elements=0).double()
+    params = [q, k, score.w_q, score.w_k, score.v]
+    a, b = score(q, k), naive_additive_logits(q, k, score.w_q, score.w_k, score.v)
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    c = torch.randn(a.shape, generator=gen, dtype=torch.float64)
+    for ga, gb in zip(torch.autograd.grad(a, params, c), torch.autograd.grad(b, params, c), strict=True):
+        torch.testing.assert_close(ga, gb, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_scaled_dot_dispatches_to_a_fused_kernel_on_cuda_bf16():
+    assert check_fused_sdpa("cuda", torch.bfloat16) in ("flash", "efficient", "cudnn")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_quick_bench_runs_on_cuda_bf16(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnlab.bench", "--quick", "--device", "cuda", "--dtype", "bf16", "--out", tmp_path],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert results["fused"]["kernel"] in ("flash", "efficient", "cudnn")
