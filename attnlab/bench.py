@@ -16,8 +16,8 @@ Sections (each a function below; ``--only`` picks some):
 * ``diagnostics``: real Lightning training of the default config (``attnlab.train.run``, logger none) with the
   attention diagnostics callback on and off, interleaved, whole-run wall times.
 * ``additive_memory``: peak memory of the additive score's forward + backward against the naive form that
-  materialises (B, H, L, L, d_a), each in a fresh subprocess (``ru_maxrss`` high-water mark), and the largest
-  difference between their results.
+  materialises (B, H, L, L, d_a), each in a fresh subprocess (peak RSS: VmHWM reset before the measurement, or
+  ``ru_maxrss``), and the largest difference between their results.
 * ``default_run``: wall time of the default ``python train.py`` (a subprocess; skipped with ``--quick``).
 * ``fused``: SDPA restricted to the fused kernels (flash, memory-efficient) must accept ``scaled_dot``.
 
