@@ -222,3 +222,33 @@ def ref():
         mha_reference=mha_reference,
         project_qk=project_qk,
     )
+
+
+# ---------------------------------------------------------------------------------------------- training tests
+
+
+@pytest.fixture(scope="module")
+def hydra_ctx():
+    """Hydra's compose API pointed at the repository's conf/ for the whole module."""
+    from hydra import initialize_config_dir
+
+    from attnlab.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+@pytest.fixture
+def restore_process_state():
+    """Tiny models run faster on one thread (and the machine is shared); ``run`` sets torch's threads and may
+    draw a launch id into os.environ: put both back afterwards."""
+    import os
+
+    threads, uid = torch.get_num_threads(), os.environ.get("ATTNLAB_UID")
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    if uid is None:
+        os.environ.pop("ATTNLAB_UID", None)
+    else:
+        os.environ["ATTNLAB_UID"] = uid

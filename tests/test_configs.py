@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -56,12 +56,6 @@ def _keep_launch_uid() -> Iterator[None]:
         os.environ.pop("ATTNLAB_UID", None)
     else:
         os.environ["ATTNLAB_UID"] = before
-
-
-@pytest.fixture(scope="module")
-def hydra_ctx() -> Iterator[None]:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        yield
 
 
 def compose_cfg(*overrides: str, hydra_cfg: bool = False) -> DictConfig:

@@ -16,13 +16,12 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from hydra import compose
 
 import attnlab.train as T
 from attnlab.callbacks import DivergenceGuard
@@ -48,22 +47,7 @@ SMALL = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state() -> Iterator[None]:
-    threads, uid = torch.get_num_threads(), os.environ.get("ATTNLAB_UID")
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    if uid is None:
-        os.environ.pop("ATTNLAB_UID", None)
-    else:
-        os.environ["ATTNLAB_UID"] = uid
-
-
-@pytest.fixture(scope="module")
-def hydra_ctx() -> Iterator[None]:
-    with initialize_config_dir(config_dir=str(T.CONF_DIR), version_base="1.3"):
-        yield
+pytestmark = pytest.mark.usefixtures("restore_process_state")
 
 
 def summary_of(folder: Path) -> dict:

@@ -13,13 +13,12 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
@@ -38,12 +37,6 @@ def need(extra: str) -> None:
     }[extra]
     for module in modules:
         pytest.importorskip(module, reason=f"{module} is not installed (pip install -e .[{extra}])")
-
-
-@pytest.fixture(scope="module")
-def hydra_ctx() -> Iterator[None]:
-    with initialize_config_dir(config_dir=str(T.CONF_DIR), version_base="1.3"):
-        yield
 
 
 def _env() -> dict[str, str]:

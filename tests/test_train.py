@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
+from hydra import compose
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,25 +36,7 @@ SUBPROCESS_TIMEOUT = 300
 # ------------------------------------------------------------------------------------ fixtures and helpers
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state() -> Iterator[None]:
-    """Tiny models run faster on one thread (and the machine is shared); ``run`` sets torch's threads and may
-    draw a launch id into os.environ: put both back afterwards."""
-    threads = torch.get_num_threads()
-    uid = os.environ.get("ATTNLAB_UID")
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    if uid is None:
-        os.environ.pop("ATTNLAB_UID", None)
-    else:
-        os.environ["ATTNLAB_UID"] = uid
-
-
-@pytest.fixture(scope="module")
-def hydra_ctx() -> Iterator[None]:
-    with initialize_config_dir(config_dir=str(T.CONF_DIR), version_base="1.3"):
-        yield
+pytestmark = pytest.mark.usefixtures("restore_process_state")
 
 
 def compose_cfg(*overrides: str) -> DictConfig:
