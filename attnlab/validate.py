@@ -8,7 +8,7 @@ Both raise :class:`ConfigError`, whose message is a single line naming what is w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +114,3 @@ def validate_config(cfg: DictConfig) -> None:
 
     if cfg.task.name not in TASKS:
         raise ConfigError(unknown_name_message("task", cfg.task.name, list(TASKS)))
-
-
-def split_overrides(argv: Sequence[str]) -> list[str]:
-    """The ``key=value`` arguments of a ``train.py`` command line."""
-    return [a for a in argv if "=" in a and not a.startswith("-")]
