@@ -1,6 +1,6 @@
-"""Train one attention variant (or sweep many with -m). A thin shim over attnlab.train.main; see the README."""
+"""Train one attention variant (or sweep many with -m). A thin shim over attnlab.training.cli.main; see the README."""
 
-from attnlab.train import main
+from attnlab.training.cli import main
 
 if __name__ == "__main__":
     main()

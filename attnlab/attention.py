@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.checks import check_int, check_prob
 from attnlab.masks import Causal, Mask
 from attnlab.scores import DotProductScore, Score, build_score
 
@@ -116,12 +117,6 @@ def prepare_mask(
     return _prepare_tensor(mask)
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return value
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017, §3.2.2) with any registered score.
 
@@ -148,13 +143,11 @@ class MultiHeadAttention(nn.Module):
         **score_params: Any,
     ) -> None:
         super().__init__()
-        self.d_model = _positive("d_model", d_model)
-        self.num_heads = _positive("num_heads", num_heads)
-        self.d_k = _positive("d_k", d_k)
-        self.d_v = self.d_k if d_v is None else _positive("d_v", d_v)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.dropout = float(dropout)
+        self.d_model = check_int("d_model", d_model, minimum=1)
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.d_k = check_int("d_k", d_k, minimum=1)
+        self.d_v = self.d_k if d_v is None else check_int("d_v", d_v, minimum=1)
+        self.dropout = check_prob("dropout", dropout, high_open=True)
         self.q_proj = nn.Linear(d_model, num_heads * self.d_k, bias=bias)
         self.k_proj = nn.Linear(d_model, num_heads * self.d_k, bias=bias)
         self.v_proj = nn.Linear(d_model, num_heads * self.d_v, bias=bias)

@@ -4,9 +4,9 @@
 step 0 (initialisation, before any update), every ``every_n_steps`` optimizer steps, and at the end of training,
 and logs :func:`attnlab.metrics.attention_stats` for every layer and head:
 ``attn/L{layer}H{head}/{metric}``, layer means ``attn/L{layer}/{metric}`` and model means ``attn/{metric}``.
-At the end it also saves ``attention_maps.png`` (layers × heads heatmaps of one probe sequence) in the run folder
-and logs it to W&B when that logger is on. Between those steps the training forward takes the fast path and
-computes no weights.
+At the end it also saves ``maps.png`` (layers × heads heatmaps of one probe sequence) in the run folder's
+``attention/`` and logs it to W&B when that logger is on. Between those steps the training forward takes the fast
+path and computes no weights.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 
+from attnlab.checks import check_int, check_number
 from attnlab.metrics import attention_stats, flatten_stats
 
 __all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_attention_maps"]
@@ -65,8 +66,8 @@ class AttentionDiagnostics(L.Callback):
         every_n_steps: log every N optimizer steps (besides step 0 and the end); 0 = only step 0 and the end.
         probe_size: number of validation sequences in the probe batch.
         threshold: the max-weight threshold of ``saturation``.
-        heatmaps: save ``attention_maps.png`` at the end (and log it to W&B).
-        output_dir: where the heatmaps go (default: the trainer's ``default_root_dir``).
+        heatmaps: save ``maps.png`` at the end (and log it to W&B).
+        output_dir: the folder the heatmaps go to (default: ``attention/`` in the trainer's ``default_root_dir``).
     """
 
     def __init__(
@@ -77,13 +78,9 @@ class AttentionDiagnostics(L.Callback):
         heatmaps: bool = True,
         output_dir: str | Path | None = None,
     ) -> None:
-        if every_n_steps < 0:
-            raise ValueError(f"diagnostics.every_n_steps must be >= 0, got {every_n_steps}")
-        if probe_size < 1:
-            raise ValueError(f"diagnostics.probe_size must be >= 1, got {probe_size}")
-        self.every_n_steps = every_n_steps
-        self.probe_size = probe_size
-        self.threshold = threshold
+        self.every_n_steps = check_int("diagnostics.every_n_steps", every_n_steps, minimum=0)
+        self.probe_size = check_int("diagnostics.probe_size", probe_size, minimum=1)
+        self.threshold = check_number("diagnostics.threshold", threshold, 0.0, 1.0, low_open=True, high_open=True)
         self.heatmaps = heatmaps
         self.output_dir = output_dir
         self.initial: dict[str, float] = {}
@@ -147,9 +144,10 @@ class AttentionDiagnostics(L.Callback):
         self.final = self._log(trainer, pl_module) or self.final
         if self.heatmaps and trainer.is_global_zero and self._probe is not None:
             _, weights = self.compute(pl_module)
-            out = Path(self.output_dir or trainer.default_root_dir)
+            out = Path(self.output_dir or Path(trainer.default_root_dir) / "attention")
+            out.mkdir(parents=True, exist_ok=True)
             pad_id = getattr(pl_module, "pad_id", None)
-            path = plot_attention_maps([w[0] for w in weights], self._probe[0], pad_id, out / "attention_maps.png")
+            path = plot_attention_maps([w[0] for w in weights], self._probe[0], pad_id, out / "maps.png")
             for logger in trainer.loggers:
                 if isinstance(logger, WandbLogger):
                     logger.log_image("attn/maps", images=[str(path)], step=trainer.global_step)
@@ -165,6 +163,15 @@ class AttentionDiagnostics(L.Callback):
         # applied when training starts: Lightning also loads callback states for trainer.test(ckpt_path=...),
         # where they must not replace the diagnostics of the run that just ended
         self._resumed = dict(state_dict)
+
+    def results(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(step-0, final) model means, read right after fitting. A run resumed at its last step trains no more,
+        so its restored state is taken over here rather than at train start."""
+        if self._resumed is not None:
+            self.initial = dict(self._resumed.get("initial", {}))
+            self.final = dict(self._resumed.get("final", {}))
+            self._resumed = None
+        return self.model_means(self.initial), self.model_means(self.final)
 
     def model_means(self, stats: dict[str, float]) -> dict[str, float]:
         """Only the model-level ``attn/{metric}`` entries of a flat stats dict."""

@@ -22,7 +22,6 @@ import functools
 import html
 import json
 import math
-import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, find_runs
+from attnlab.runs import load_run as read_run_folder
 
 __all__ = [
     "DEFAULT_OUTPUT",
@@ -51,10 +53,6 @@ __all__ = [
 ]
 
 DEFAULT_OUTPUT = "dashboard.html"
-CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "summary.json"  # the same names as attnlab.tracking, which is not imported (it pulls in Lightning)
-METRICS_FILE = "metrics.jsonl"
-SKIP_DIRS = frozenset({"wandb", "checkpoints", "csv", "attention", "__pycache__"})
 NO_SUMMARY = "failed (no summary)"
 
 ACC_METRICS = ("test/acc", "val/acc_best")
@@ -105,37 +103,6 @@ def _dig(mapping: Any, dotted: str) -> Any:
     return node
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a ``metrics.jsonl`` file; blank, torn or non-object lines are skipped (as ``tracking.read_metrics``)."""
-    rows: list[dict[str, Any]] = []
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping, or {} when the file is missing or unreadable."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 @dataclass
 class Run:
     """One run folder: its resolved config, its summary (None when the run never wrote one) and its metric rows."""
@@ -145,6 +112,7 @@ class Run:
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
 
     # -------------------------------------------------------------------------------- identity
     def _get(self, summary_key: str, config_key: str | None = None) -> Any:
@@ -315,36 +283,22 @@ def _natural_key(text: str) -> list[Any]:
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:
-    """Run folders under ``root`` (``root`` itself included): folders that hold ``summary.json`` or
-    ``config.yaml``. Hidden folders (``.hydra``), ``wandb/``, ``checkpoints/`` and a run's own subfolders are not
-    searched. Sorted naturally (``2_...`` before ``10_...``)."""
+    """Run folders under ``root`` (``root`` itself included; see :func:`attnlab.runs.find_runs`), sorted
+    naturally (``2_...`` before ``10_...``)."""
     root = Path(root)
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        if SUMMARY_FILE in filenames or CONFIG_FILE in filenames:
-            found.append(Path(dirpath))
-            dirnames[:] = []
-            continue
-        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS]
-    return sorted(found, key=lambda p: _natural_key(p.relative_to(root).as_posix()))
+    return sorted(find_runs(root), key=lambda p: _natural_key(p.relative_to(root).as_posix()))
 
 
 def load_run(path: str | Path, root: str | Path | None = None) -> Run:
-    """Read one run folder; its name is the path relative to ``root`` (or the folder's name)."""
+    """Read one run folder through :func:`attnlab.runs.load_run` (a missing, empty or corrupt file is one of the
+    run's ``problems``, never an error); its name is the path relative to ``root`` (or the folder's name)."""
     path = Path(path)
     name = path.name
     if root is not None:
         rel = path.resolve().relative_to(Path(root).resolve()).as_posix()
         name = Path(root).resolve().name if rel == "." else rel
-    summary: dict[str, Any] | None = None
-    if (path / SUMMARY_FILE).is_file():
-        try:
-            loaded = json.loads((path / SUMMARY_FILE).read_text())
-            summary = loaded if isinstance(loaded, dict) else None
-        except (OSError, json.JSONDecodeError):
-            summary = {"status": "failed", "reason": "summary.json is unreadable"}
-    rows = _read_jsonl(path / METRICS_FILE) if (path / METRICS_FILE).is_file() else []
-    return Run(path=path, name=name, config=_read_yaml(path / CONFIG_FILE), summary=summary, rows=rows)
+    loaded = read_run_folder(path)
+    return Run(path, name, loaded.config, loaded.summary, loaded.rows, loaded.problems)
 
 
 def load_runs(root: str | Path) -> list[Run]:
@@ -931,6 +885,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"attnlab-dashboard: error: {err}", file=sys.stderr)
         return 2
+    for run in runs:
+        for problem in run.problems:
+            print(f"attnlab-dashboard: warning: run {run.name}: {problem}", file=sys.stderr)
     print_table(runs)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     if args.csv is not None:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import AttentionOutput, MultiHeadAttention, PreparedMask, prepare_mask
+from attnlab.checks import check_choice, check_int, default_d_k
 from attnlab.masks import Mask, Padding, build_mask
 
 __all__ = [
@@ -94,10 +95,7 @@ class EncoderLayer(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
-        if d_k is None:
-            if d_model % num_heads:
-                raise ValueError(f"d_model ({d_model}) is not divisible by num_heads ({num_heads}); set d_k explicitly")
-            d_k = d_model // num_heads
+        d_k = default_d_k(d_model, num_heads, d_k)
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.self_attn = MultiHeadAttention(
             d_model, num_heads, d_k, d_v, score=score, bias=bias, dropout=dropout, **(score_params or {})
@@ -173,10 +171,8 @@ class Encoder(nn.Module):
             ("num_layers", num_layers),
             ("max_len", max_len),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if pos_encoding not in POSITIONAL_ENCODINGS:
-            raise ValueError(f"unknown pos_encoding '{pos_encoding}'; allowed: {', '.join(POSITIONAL_ENCODINGS)}")
+            check_int(name, value, minimum=1)
+        check_choice("pos_encoding", pos_encoding, POSITIONAL_ENCODINGS)
         self.d_model, self.num_heads, self.pad_id = d_model, num_heads, pad_id
         self.embed = nn.Embedding(vocab_size, d_model)
         pe_cls = POSITIONAL_ENCODINGS[pos_encoding]

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlab.checks import check_int
 from attnlab.registry import Registry
 
 __all__ = [
@@ -199,9 +200,7 @@ class SlidingWindow(Mask):
     """
 
     def __init__(self, window: int) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"sliding_window window must be an integer >= 1, got {window!r}")
-        self.window = window
+        self.window = check_int("window", window, minimum=1)
 
     def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
         return (q_idx - kv_idx).abs() < self.window

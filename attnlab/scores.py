@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from attnlab.checks import check_int
 from attnlab.registry import Registry
 
 __all__ = [
@@ -191,12 +192,6 @@ def list_scores() -> list[str]:
     return _SCORES.names()
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 # --------------------------------------------------------------------------------------------- Luong / Vaswani
 
 
@@ -318,9 +313,9 @@ class AdditiveScore(Score):
         save_elements: int = 1 << 25,
     ) -> None:
         super().__init__(d_k, num_heads)
-        self.d_attn = d_k if d_attn is None else _positive_int("d_attn", d_attn)
-        self.chunk_size = None if chunk_size is None else _positive_int("chunk_size", chunk_size)
-        self.chunk_elements = _positive_int("chunk_elements", chunk_elements)
+        self.d_attn = d_k if d_attn is None else check_int("d_attn", d_attn, minimum=1)
+        self.chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
+        self.chunk_elements = check_int("chunk_elements", chunk_elements, minimum=1)
         self.save_elements = int(save_elements)
         self.w_q = nn.Parameter(torch.randn(num_heads, d_k, self.d_attn) * d_k**-0.5)
         self.w_k = nn.Parameter(torch.randn(num_heads, d_k, self.d_attn) * d_k**-0.5)
@@ -355,9 +350,7 @@ class RelativePositionScore(DotProductScore):
         self, d_k: int, num_heads: int, d_v: int | None = None, clip: int = 16, value_term: bool = False
     ) -> None:
         super().__init__(d_k, num_heads, d_v, scale=d_k**-0.5)
-        if isinstance(clip, bool) or not isinstance(clip, int) or clip < 0:
-            raise ValueError(f"relative_position clip must be an integer >= 0, got {clip!r}")
-        self.clip = clip
+        self.clip = check_int("clip", clip, minimum=0)
         self.has_value_term = bool(value_term)
         self.rel_k = nn.Parameter(torch.randn(2 * clip + 1, d_k) * d_k**-0.5)
         self.rel_v = nn.Parameter(torch.randn(2 * clip + 1, self.d_v) * self.d_v**-0.5) if value_term else None
@@ -438,8 +431,8 @@ class T5BiasScore(DotProductScore):
         scale: bool = False,
     ) -> None:
         super().__init__(d_k, num_heads, scale=d_k**-0.5 if scale else 1.0)
-        self.num_buckets = _positive_int("num_buckets", num_buckets, 2)
-        self.max_distance = _positive_int("max_distance", max_distance, 2)
+        self.num_buckets = check_int("num_buckets", num_buckets, minimum=2)
+        self.max_distance = check_int("max_distance", max_distance, minimum=2)
         self.bidirectional = bool(bidirectional)
         self.rel_bias = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.1)
 
@@ -475,7 +468,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
     Otherwise, the slopes of the closest lower power of two, then every other slope of the next power of two.
     """
-    _positive_int("num_heads", num_heads)
+    check_int("num_heads", num_heads, minimum=1)
 
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-8 / n)

@@ -33,6 +33,9 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| target |" in proc.stdout
+    # quick numbers are labelled as such and never judged against the goals
+    assert "QUICK RUN (--quick)" in proc.stdout and "not judged against the goals" in proc.stdout
+    assert "targets were missed" not in proc.stdout
 
     results = json.loads((tmp_path / "bench.json").read_text())
     machine = results["machine"]
@@ -57,6 +60,7 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
         for t in by_id[tid]:
             assert float(t["value"]) > 0, t
     assert len(by_id["3"]) == 3
+    assert all(t["met"] == "" for tid in ("1", "2", "3", "4") for t in by_id[tid])  # not judged
     assert results["additive_memory"]["max_rel_diff"] < 1e-4
     assert results["diagnostics"]["wall_with_s"] and results["diagnostics"]["wall_without_s"]
 
@@ -103,3 +107,14 @@ def test_quick_bench_runs_on_cuda_bf16(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "bench.json").read_text())
     assert results["fused"]["kernel"] in ("flash", "efficient", "cudnn")
+
+
+def test_every_bench_run_gets_its_own_results_folder_and_latest_points_to_it(tmp_path):
+    from attnlab.bench import new_results_dir
+
+    first = new_results_dir(tmp_path, quick=False)
+    (first / "bench.json").write_text("{}")
+    second = new_results_dir(tmp_path, quick=True)
+    assert first != second and first.is_dir() and second.name.endswith("-quick")
+    assert (first / "bench.json").read_text() == "{}"  # an earlier run's results are never overwritten
+    assert (tmp_path / "latest").resolve() == second.resolve()

@@ -23,9 +23,11 @@ import pytest
 import torch
 from hydra import compose
 
-import attnlab.train as T
+import attnlab.callbacks
+from attnlab import training as T
 from attnlab.callbacks import DivergenceGuard
-from attnlab.tracking import METRICS_FILE, SUMMARY_FILE, JsonlLogger, read_metrics
+from attnlab.runs import METRICS_FILE, SUMMARY_FILE, load_run, read_metrics
+from attnlab.training.loggers import JsonlLogger
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 # peaks at step 18 and is lower at 24 and 30, so a resume from 24 must restore the best-so-far.
 SMALL = (
     "debug=fast",
+    "d_model=32",
     "logger=none",
     "results_table=false",
     "lr=3e-2",
@@ -125,7 +128,7 @@ def test_run_crashed_twice_resumes_to_the_uninterrupted_result(
     """Crash at step 15 (last checkpoint at 12, mid-epoch), resume, crash at 26 (last checkpoint at 24, an epoch's
     end), resume: the result is the reference run's, exactly."""
     out = tmp_path / "run"
-    monkeypatch.setattr(T, "DivergenceGuard", _CrashAt)
+    monkeypatch.setattr(attnlab.callbacks, "DivergenceGuard", _CrashAt)
     monkeypatch.setattr(_CrashAt, "steps", [15, 26])
     value = T.run(compose("config", overrides=list(SMALL)), out)
     assert math.isnan(value)
@@ -150,12 +153,14 @@ def test_run_crashed_twice_resumes_to_the_uninterrupted_result(
     assert final["val/acc"] < final["val/acc_best"]  # the best came before the last resume, which restored it
 
 
-def test_resume_needs_a_checkpoint(hydra_ctx: None, tmp_path: Path) -> None:
-    value = T.run(compose("config", overrides=[*SMALL, "resume=true"]), tmp_path)
+def test_resume_of_a_folder_without_a_run_is_refused_and_leaves_nothing(
+    hydra_ctx: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    value = T.run(compose("config", overrides=[*SMALL, "resume=true"]), out)
     assert math.isnan(value)
-    summary = summary_of(tmp_path)
-    assert summary["status"] == "failed"
-    assert summary["reason"].startswith("resume=true but there is no checkpoint at ")
+    assert not out.exists()  # the folder made for the refused run is gone again
+    assert f"error: nothing to resume in {out}: it holds no run" in capsys.readouterr().err
 
 
 def test_checkpoints_load_with_weights_only(reference: Path) -> None:
@@ -255,7 +260,8 @@ def test_killed_run_resumes_at_the_same_step_with_the_same_result(tmp_path: Path
         proc.wait()
     killed_at = _checkpoint_step(last)
     assert 20 <= killed_at < 100
-    assert not (run / SUMMARY_FILE).exists()  # killed: nothing was finished
+    killed = load_run(run)  # killed: the summary still says running, and readers see that nobody runs it
+    assert summary_of(run)["status"] == "running" and killed.summary["status"] == "interrupted"
     wandb_id = (run / "wandb_id.txt").read_text().strip()
 
     resumed = _train(*KILL_ARGS, f"hydra.run.dir={run}", "resume=true")

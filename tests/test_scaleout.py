@@ -23,8 +23,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import attnlab.train as T
-from attnlab.tracking import METRICS_FILE, SUMMARY_FILE, read_metrics
+from attnlab import training as T
+from attnlab.runs import METRICS_FILE, SUMMARY_FILE, read_metrics
+from attnlab.training.cli import check_plugins
+from attnlab.training.lifecycle import _failed_value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,11 +47,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _train(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _train(*args: str, timeout: int = 300, returncode: int = 0) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout
     )
-    assert proc.returncode == 0, f"train.py {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == returncode, f"train.py {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return proc
 
 
@@ -105,10 +107,10 @@ def test_optuna_search_space_and_direction(hydra_ctx: None) -> None:
     # a failed trial returns the worst value for the direction (Optuna 2.x stops the whole search on NaN)
     HydraConfig.instance().set_config(cfg)
     try:
-        assert T._failed_value() == -math.inf
+        assert _failed_value() == -math.inf
     finally:
         HydraConfig.instance().cfg = None
-    assert math.isnan(T._failed_value())  # no sweeper direction: NaN
+    assert math.isnan(_failed_value())  # no sweeper direction: NaN
 
 
 def test_a_missing_plugin_costs_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,8 +119,20 @@ def test_a_missing_plugin_costs_one_line(monkeypatch: pytest.MonkeyPatch) -> Non
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if "optuna" in name else real(name, *a))
     with pytest.raises(T.ConfigError, match=r"hparams_search=optuna needs the optuna extra: pip install -e"):
-        T.check_plugins(["-m", "hparams_search=optuna", "debug=fast"])
-    T.check_plugins(["hydra/launcher=slurm", "variant=dot"])  # installed here: no error
+        check_plugins(["-m", "hparams_search=optuna", "debug=fast"])
+    check_plugins(["hydra/launcher=local", "variant=dot"])  # installed here: no error
+
+
+def test_the_slurm_launcher_without_a_cluster_costs_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No srun on PATH (as on this machine): one line that names the local launcher, before Hydra starts."""
+    need("slurm")
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    with pytest.raises(T.ConfigError, match=r"hydra/launcher=slurm needs a SLURM cluster.*use hydra/launcher=local"):
+        check_plugins(["-m", "hydra/launcher=slurm", "variant=dot"])
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: f"/usr/bin/{name}")
+    check_plugins(["-m", "hydra/launcher=slurm", "variant=dot"])  # with a cluster: no error
 
 
 # ------------------------------------------------------------------------------------ real sweeps (slow)
@@ -139,6 +153,7 @@ def test_optuna_search_goes_on_past_a_diverging_trial(tmp_path: Path) -> None:
         "logger=none",
         "results_table=false",
         f"hydra.sweep.dir={sweep}",
+        returncode=1,  # the search went on, and the exit code says that trials failed
     )
     jobs = _jobs(sweep)
     assert len(jobs) == 3, [j.name for j in jobs]
@@ -217,7 +232,8 @@ def test_ddp_on_two_cpu_processes_has_one_writer_and_reduced_metrics(tmp_path: P
     datamodule = instantiate(cfg.task.datamodule)
     datamodule.setup("test")
     module = T.build_module(cfg, datamodule)
-    ckpt = torch.load(summary["best_checkpoint"], map_location="cpu", weights_only=True)
+    assert summary["best_checkpoint"] == "checkpoints/best.ckpt"  # relative to the run folder
+    ckpt = torch.load(run / summary["best_checkpoint"], map_location="cpu", weights_only=True)
     module.load_state_dict(ckpt["state_dict"])
     module.eval()
     tokens, labels = datamodule.tensors("test")
@@ -238,6 +254,7 @@ def test_ddp_in_a_sweep_fails_with_one_line(tmp_path: Path) -> None:
         "debug=fast",
         "logger=none",
         f"hydra.sweep.dir={sweep}",
+        returncode=1,
     )
     (job,) = _jobs(sweep)
     summary = _summary(job)

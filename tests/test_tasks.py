@@ -326,28 +326,28 @@ def test_digits_permute_is_a_fixed_seeded_permutation() -> None:
 @pytest.mark.parametrize(
     ("cls", "kwargs", "message"),
     [
-        (AssociativeRecall, dict(batch_size=0), "batch_size must be >= 1, got 0"),
-        (AssociativeRecall, dict(num_val=0), "num_val must be >= 1, got 0"),
-        (AssociativeRecall, dict(seed=-1), "seed must be >= 0, got -1"),
-        (AssociativeRecall, dict(num_workers=1.5), "num_workers must be an integer, got 1.5"),
-        (AssociativeRecall, dict(num_pairs=0), "num_pairs must be >= 1, got 0"),
-        (AssociativeRecall, dict(num_pairs=4, num_queries=5), "num_queries must be <= 4, got 5"),
-        (AssociativeRecall, dict(num_pairs=8, vocab_keys=6), "vocab_keys must be >= 8, got 6"),
-        (AssociativeRecall, dict(num_pairs=8, vocab_values=7), "vocab_values must be >= 8, got 7"),
+        (AssociativeRecall, dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+        (AssociativeRecall, dict(num_val=0), "num_val must be an integer >= 1, got 0"),
+        (AssociativeRecall, dict(seed=-1), "seed must be an integer >= 0, got -1"),
+        (AssociativeRecall, dict(num_workers=1.5), "num_workers must be an integer >= 0, got 1.5"),
+        (AssociativeRecall, dict(num_pairs=0), "num_pairs must be an integer >= 1, got 0"),
+        (AssociativeRecall, dict(num_pairs=4, num_queries=5), "num_queries must be an integer in [1, 4], got 5"),
+        (AssociativeRecall, dict(num_pairs=8, vocab_keys=6), "vocab_keys must be an integer >= 8, got 6"),
+        (AssociativeRecall, dict(num_pairs=8, vocab_values=7), "vocab_values must be an integer >= 8, got 7"),
         (
             AssociativeRecall,
             dict(num_pairs=4, seq_len=10),
             "seq_len must be >= 2*num_pairs + num_queries = 12, got 10",
         ),
-        (ListOps, dict(max_depth=0), "max_depth must be >= 1, got 0"),
-        (ListOps, dict(max_args=1), "max_args must be >= 2, got 1"),
-        (ListOps, dict(leaf_prob=1.5), "leaf_prob must be in [0, 1], got 1.5"),
-        (ListOps, dict(max_length=3), "max_length must be >= 4, got 3"),
-        (ListOps, dict(min_length=70), "min_length must be <= 64, got 70"),
-        (ListOps, dict(test_max_length=2), "test_max_length must be >= 4, got 2"),
+        (ListOps, dict(max_depth=0), "max_depth must be an integer >= 1, got 0"),
+        (ListOps, dict(max_args=1), "max_args must be an integer >= 2, got 1"),
+        (ListOps, dict(leaf_prob=1.5), "leaf_prob must be a finite number in [0, 1], got 1.5"),
+        (ListOps, dict(max_length=3), "max_length must be an integer >= 4, got 3"),
+        (ListOps, dict(min_length=70), "min_length must be an integer in [1, 64], got 70"),
+        (ListOps, dict(test_max_length=2), "test_max_length must be an integer >= 4, got 2"),
         (ListOps, dict(max_depth=1, max_args=3, min_length=6), "min_length (6) is longer than any tree"),
-        (Digits, dict(num_val=5), "num_val must be >= 10, got 5"),
-        (Digits, dict(num_train=2000), "num_train must be <= 1257, got 2000"),
+        (Digits, dict(num_val=5), "num_val must be an integer >= 10, got 5"),
+        (Digits, dict(num_train=2000), "num_train must be an integer in [1, 1257], got 2000"),
         (Digits, dict(num_val=900, num_test=900), "num_val + num_test must be <= 1787"),
         (Digits, dict(permute="yes"), "permute must be True or False, got 'yes'"),
     ],
@@ -374,7 +374,7 @@ def test_unreachable_lengths_fail_with_a_clear_message() -> None:
 
 def test_probe_batch_size_is_checked() -> None:
     task = small("associative_recall")
-    with pytest.raises(ValueError, match="n must be <= 100, got 101"):
+    with pytest.raises(ValueError, match=r"n must be an integer in \[1, 100\], got 101"):
         task.probe_batch(101)
     with pytest.raises(ValueError, match="split must be one of train, val, test, got 'dev'"):
         task.tensors("dev")

@@ -23,9 +23,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import attnlab
-import attnlab.train as T
+from attnlab import training as T
 from attnlab.module import IGNORE_INDEX, EncoderModule
-from attnlab.tracking import METRICS_FILE, SUMMARY_FILE, read_metrics
+from attnlab.runs import METRICS_FILE, SUMMARY_FILE, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
@@ -192,9 +192,9 @@ def test_run_in_process_writes_the_run_files(hydra_ctx: None, tmp_path: Path, re
     assert summary["variant"] == cfg.variant.name == "scaled_dot"
     assert summary["mask"] == cfg.mask.name
     assert summary["task"] == cfg.task.name
-    assert summary["d_k"] == cfg.d_model // cfg.num_heads == 8  # d_k: null resolved
+    assert summary["d_k"] == cfg.d_model // cfg.num_heads == 16  # d_k: null resolved
     assert summary["num_heads"] == cfg.num_heads
-    assert summary["d_model"] == cfg.d_model == 32
+    assert summary["d_model"] == cfg.d_model == 64  # debug=fast keeps the configured model
     assert summary["seed"] == cfg.seed
     assert isinstance(summary["params"], int) and summary["params"] > 0
     assert isinstance(summary["wall_time_s"], float) and summary["wall_time_s"] > 0
@@ -236,7 +236,6 @@ def test_multirun_sweep_over_variant_and_d_k(tmp_path: Path, repo_stays_clean: N
     for folder in folders:
         summary = load_summary(folder)
         assert_ok(summary)
-        assert Path(summary["run_dir"]) == folder
         assert (folder / "config.yaml").is_file() and (folder / METRICS_FILE).is_file()
         combos.add((summary["variant"], summary["d_k"]))
     assert combos == {("additive", 8), ("additive", 64), ("scaled_dot", 8), ("scaled_dot", 64)}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnlab.tasks.base import IGNORE_INDEX, SequenceTask, check_int
+from attnlab.checks import check_int
+from attnlab.tasks.base import IGNORE_INDEX, SequenceTask
 
 
 class AssociativeRecall(SequenceTask):
@@ -61,6 +62,7 @@ class AssociativeRecall(SequenceTask):
 
     name = "associative_recall"
     per_token = True
+    length_keys = ("seq_len", "num_pairs")
 
     def __init__(
         self,

@@ -17,13 +17,14 @@ when ``num_train`` changes.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+
+from attnlab.checks import check_int
 
 IGNORE_INDEX: int = -100
 """Label at positions without a target (per-token tasks); matches ``cross_entropy``'s default."""
@@ -33,31 +34,6 @@ PAD_ID: int = 0
 
 SPLITS: tuple[str, str, str] = ("train", "val", "test")
 """Split names, in the order of their seed-stream index."""
-
-
-def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Return ``value`` as ``int`` or raise a one-line ``ValueError`` naming it and the allowed range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
-    return value
-
-
-def check_prob(name: str, value: object, low_open: bool = False, high_open: bool = False) -> float:
-    """Return ``value`` as ``float`` in [0, 1] (ends optionally open) or raise a one-line ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-    value = float(value)
-    lo_ok = value > 0.0 if low_open else value >= 0.0
-    hi_ok = value < 1.0 if high_open else value <= 1.0
-    if not (lo_ok and hi_ok):
-        interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
-        raise ValueError(f"{name} must be in {interval}, got {value}")
-    return value
 
 
 def split_rng(seed: int, split_index: int) -> np.random.Generator:
@@ -92,6 +68,7 @@ class SequenceTask(L.LightningDataModule):
         per_token: True → labels ``(B, L)`` with -100 where there is no target; False → labels ``(B,)``.
         seq_len: length ``L`` of the training sequences (tensors are padded to it).
         max_len: largest ``L`` over all splits (size positional tables with it).
+        length_keys: the constructor arguments that set the sequence length (named in config errors).
 
     Args:
         batch_size: examples per batch, >= 1 (and not more than ``num_train``; checked in ``setup``).
@@ -109,6 +86,7 @@ class SequenceTask(L.LightningDataModule):
     per_token: bool
     seq_len: int
     max_len: int
+    length_keys: tuple[str, ...] = ()
 
     def __init__(
         self,

@@ -12,7 +12,8 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from attnlab.tasks.base import SequenceTask, check_int, split_rng
+from attnlab.checks import check_int
+from attnlab.tasks.base import SequenceTask, split_rng
 
 NUM_IMAGES: int = 1797
 NUM_PIXELS: int = 64

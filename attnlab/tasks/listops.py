@@ -20,7 +20,8 @@ from typing import Union
 import numpy as np
 import torch
 
-from attnlab.tasks.base import PAD_ID, SequenceTask, check_int, check_prob, pad_sequences
+from attnlab.checks import check_int, check_prob
+from attnlab.tasks.base import PAD_ID, SequenceTask, pad_sequences
 
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
 OPERATORS: tuple[str, ...] = (MIN, MAX, MED, SUM_MOD)
@@ -174,6 +175,7 @@ class ListOps(SequenceTask):
 
     name = "listops"
     per_token = False
+    length_keys = ("max_length", "test_max_length")
     evaluate = staticmethod(evaluate)
     to_tokens = staticmethod(to_tokens)
     detokenize = staticmethod(detokenize)

@@ -1,0 +1,105 @@
+"""The command line: ``python train.py [overrides]`` and ``python train.py -m [sweep]`` (also ``attnlab-train``).
+
+Before Hydra composes anything, the overrides are checked (an unknown group choice, a plugin that is not
+installed, the SLURM launcher without a cluster: one line, exit 2), and ``resume=true hydra.run.dir=<run>``
+gets the run's own overrides put in front of the command line's, so that a resume needs nothing but the folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from attnlab.runs import RunFileError, RunFolder
+from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices
+
+__all__ = ["check_plugins", "hydra_main", "main", "with_run_overrides"]
+
+# command-line choices that need an optional Hydra plugin: (group, choice) -> (plugin module, extra)
+_PLUGINS = {
+    ("hparams_search", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
+    ("hydra/sweeper", "optuna"): ("hydra_plugins.hydra_optuna_sweeper", "optuna"),
+    **{
+        ("hydra/launcher", name): ("hydra_plugins.hydra_submitit_launcher", "slurm")
+        for name in ("slurm", "local", "submitit_slurm", "submitit_local")
+    },
+}
+_SLURM_LAUNCHERS = ("slurm", "submitit_slurm")
+# keys of a run's recorded overrides that a resume does not repeat
+_NOT_REPEATED = ("resume", "ckpt_path", "overwrite")
+
+
+def _split(arg: str) -> tuple[str, str]:
+    """An override's key (without ``+``, ``++``, ``~`` or ``override``) and value."""
+    key, _, value = arg.partition("=")
+    return key.lstrip("+~").removeprefix("override ").strip(), value.strip()
+
+
+def check_plugins(overrides: list[str]) -> None:
+    """One line, not Hydra's composition error, when a choice needs a plugin that is not installed, or the SLURM
+    launcher is asked for on a machine without SLURM."""
+    for arg in overrides:
+        key, value = _split(arg)
+        plugin = _PLUGINS.get((key, value))
+        if plugin is not None and importlib.util.find_spec(plugin[0]) is None:
+            raise ConfigError(f"{key}={value} needs the {plugin[1]} extra: pip install -e '.[{plugin[1]}]'")
+        if key == "hydra/launcher" and value in _SLURM_LAUNCHERS and shutil.which("srun") is None:
+            raise ConfigError(
+                f"hydra/launcher={value} needs a SLURM cluster, and this machine has none (no srun on PATH); "
+                "to try the sweep here, use hydra/launcher=local"
+            )
+
+
+def with_run_overrides(argv: list[str]) -> list[str]:
+    """For a single run with ``resume=true`` (or ``ckpt_path=last``) and ``hydra.run.dir=<folder>``: the
+    overrides that run was started with, then the command line's (which win). A command line that repeats them
+    is unchanged. Anything else is returned as is."""
+    if "-m" in argv or "--multirun" in argv:
+        return argv
+    pairs = [_split(a) for a in argv if "=" in a]
+    values = dict(pairs)
+    if str(values.get("resume")).lower() != "true" and values.get("ckpt_path") != "last":
+        return argv
+    folder = values.get("hydra.run.dir")
+    if folder is None:
+        raise ConfigError("resume=true continues a run folder: name it with hydra.run.dir=<the run folder>")
+    try:
+        summary = RunFolder(folder.strip("'\"")).read_summary()
+    except RunFileError:
+        return argv  # the run itself reports the unreadable summary
+    given = {key for key, _ in pairs}
+    stored = [o for o in (summary.overrides if summary else []) if "=" in o]
+    kept = [o for o in stored if _split(o)[0] not in given and _split(o)[0] not in _NOT_REPEATED]
+    return [*kept, *argv]
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_main(cfg: DictConfig) -> Any:
+    """The Hydra task function: one run (see :func:`attnlab.training.lifecycle.run`)."""
+    from attnlab.training.lifecycle import run
+
+    return run(cfg)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python train.py ...``: check the overrides, run Hydra, and exit 1 if a job of a multirun failed."""
+    from attnlab.training.sweep import failed_jobs
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_group_choices(args, CONF_DIR)
+        check_plugins(args)
+        args = with_run_overrides(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sys.argv = [sys.argv[0] or str(Path("train.py")), *args]
+    hydra_main()
+    if failed_jobs():
+        raise SystemExit(1)

@@ -1,0 +1,431 @@
+"""The config: where it lives, how a whole config is checked before a run folder is touched, and how it maps
+to the module, the threads and a resume.
+
+:func:`check_group_choices` runs on the command line's overrides before Hydra composes anything (an unknown
+``variant=adittive`` gets "did you mean 'additive'?"), :func:`validate_config` on the composed config after the
+user's ``imports`` have run. Both raise :class:`ConfigError`, whose message is one line naming the key, its value
+and what is allowed. ``train.py`` prints it as ``error: ...`` and exits with code 2, having written nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.checks import check_choice, check_int, check_number, default_d_k
+from attnlab.registry import unknown_name_message
+
+__all__ = [
+    "CONF_DIR",
+    "GROUPS",
+    "ConfigError",
+    "build_module",
+    "check_group_choices",
+    "config_changes",
+    "group_choices",
+    "import_user_modules",
+    "plain",
+    "resolve_d_k",
+    "set_threads",
+    "validate_config",
+]
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+# config groups a user picks on the command line (``group=choice``)
+GROUPS = ("variant", "mask", "task", "model", "trainer", "logger", "experiment", "debug", "hparams_search")
+# groups whose ``custom`` choice selects a name registered by the user's own module (through ``imports``)
+CUSTOM_GROUPS = {"variant": "score", "mask": "mask"}
+
+# keys that may differ between a run and its resume: they change how the run is watched, never its numbers
+NEUTRAL_KEYS = (
+    "logger",
+    "threads",
+    "results_table",
+    "resume",
+    "ckpt_path",
+    "overwrite",
+    "diagnostics.heatmaps",
+    "trainer.enable_progress_bar",
+)
+# keys a resume may raise: training goes on past the original end (an extension)
+EXTENSION_KEYS = ("max_steps", "trainer.max_steps")
+
+TRAINER_PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true")
+
+
+def _launch_uid() -> str:
+    """A random id drawn once per launch and inherited by the jobs it starts (through the environment)."""
+    uid = os.environ.get("ATTNLAB_UID")
+    if not uid:
+        uid = os.environ["ATTNLAB_UID"] = secrets.token_hex(3)
+    return uid
+
+
+# ``${attnlab_uid:}`` in the run and sweep folder names. Cached in the config, so that a job that composes its
+# config again (submitit, joblib) gets the launch's id even where the environment is not passed on.
+OmegaConf.register_new_resolver("attnlab_uid", _launch_uid, replace=True, use_cache=True)
+
+
+class ConfigError(ValueError):
+    """A request that cannot start: a bad config value, or a run folder that does not allow it. One line."""
+
+
+def plain(node: Any) -> Any:
+    """An OmegaConf node as plain Python containers (resolved); anything else unchanged."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+# ------------------------------------------------------------------------------------------ before composing
+
+
+def group_choices(conf_dir: Path, group: str) -> list[str]:
+    """The options of a config group: the yaml files in ``conf_dir/group``."""
+    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+
+
+def check_group_choices(overrides: Iterable[str], conf_dir: Path = CONF_DIR) -> None:
+    """Reject ``group=choice`` overrides whose choice has no yaml file, before Hydra composes.
+
+    Sweeps (``variant=dot,additive``) are checked item by item; ``null`` is allowed for optional groups. For a
+    name that is not a file of ``variant`` or ``mask``, the message gives the route to a user-registered one.
+    """
+    for arg in overrides:
+        if "=" not in arg or arg.startswith(("-", "+", "~", "hydra")):
+            continue
+        key, value = arg.split("=", 1)
+        key = key.removeprefix("override ").strip()
+        if key not in GROUPS or not (conf_dir / key).is_dir():
+            continue
+        values = value.split(",") if not value.startswith(("choice(", "range(", "interval(", "tag(")) else []
+        for v in values:
+            v = v.strip().strip("'\"")
+            if v in ("null", ""):
+                continue
+            choices = group_choices(conf_dir, key)
+            if v not in choices:
+                message = unknown_name_message(key, v, choices)
+                if key in CUSTOM_GROUPS:
+                    message += f". Your own {CUSTOM_GROUPS[key]}: {key}=custom {key}.name={v} 'imports=[your_module]'"
+                raise ConfigError(message)
+
+
+# ------------------------------------------------------------------------------------------ the composed config
+
+
+def import_user_modules(cfg: DictConfig) -> None:
+    """Import the modules named in ``imports`` (their ``@register_score`` / ``@register_mask`` run)."""
+    names = plain(cfg.get("imports")) or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"imports must be a list of module names, got {names!r}")
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # any error in the user's module is a bad config, said in one line
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise ConfigError(f"imports: cannot import '{name}': {type(exc).__name__}: {detail}") from None
+
+
+def _check(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _prefixed(prefix: str, exc: Exception, keys: Iterable[str]) -> ConfigError:
+    """A builder's error as one line naming the config key: ``clip must be ...`` → ``variant.params.clip ...``."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    key = next((k for k in keys if message.startswith(f"{k} ")), None)
+    return ConfigError(f"{prefix}{message}" if key else f"{prefix.rstrip('.')}: {message}")
+
+
+def _flag(cfg: Any, key: str) -> None:
+    value = OmegaConf.select(cfg, key) if OmegaConf.is_config(cfg) else cfg.get(key)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+
+
+def validate_config(cfg: DictConfig) -> Any:
+    """Check the whole config (after :func:`import_user_modules`): sizes, numbers, names and parameters of the
+    variant, mask, task and trainer, and whether the task's sequences fit in memory. Writes nothing.
+
+    Returns the task's datamodule, built but not set up (its data is generated later).
+    """
+    for key in ("d_model", "num_heads", "num_layers", "batch_size", "max_steps", "eval_every"):
+        _check(check_int, key, cfg.get(key), minimum=1)
+    _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
+    _check(check_number, "lr", cfg.lr, low=0.0)
+    _check(check_int, "seed", cfg.get("seed"), minimum=0)
+    if cfg.eval_every > cfg.max_steps:
+        raise ConfigError(
+            f"eval_every ({cfg.eval_every}) is larger than max_steps ({cfg.max_steps}): the run would never validate "
+            "or save a checkpoint; pick eval_every <= max_steps"
+        )
+    threads = cfg.get("threads", "auto")
+    if threads not in (None, "auto"):
+        _check(check_int, "threads", threads, minimum=1)
+    for key in ("resume", "overwrite", "results_table", "smoke", "diagnostics.enabled", "diagnostics.heatmaps"):
+        _flag(cfg, key)
+    if cfg.get("ckpt_path") is not None and not isinstance(cfg.ckpt_path, str):
+        raise ConfigError(f"ckpt_path must be a path, 'last' or null, got {cfg.ckpt_path!r}")
+    _check_model(cfg.model)
+    _check_diagnostics(cfg)
+    _check_logger(cfg.logger)
+    _check_trainer(cfg.trainer)
+    score = _check_variant(cfg)
+    _check_mask(cfg)
+    datamodule = _check_task(cfg)
+    _check_memory(cfg, datamodule, score)
+    return datamodule
+
+
+def _check_model(model: DictConfig) -> None:
+    from attnlab.encoder import POSITIONAL_ENCODINGS
+
+    for key in ("d_v", "d_ff"):
+        if model.get(key) is not None:
+            _check(check_int, f"model.{key}", model[key], minimum=1)
+    _check(check_int, "model.warmup_steps", model.warmup_steps, minimum=0)
+    _check(check_number, "model.dropout", model.dropout, 0.0, 1.0, high_open=True)
+    _check(check_number, "model.weight_decay", model.weight_decay, low=0.0)
+    _check(check_choice, "model.pos_encoding", model.pos_encoding, POSITIONAL_ENCODINGS)
+    _flag(model, "norm_first")
+    betas = plain(model.betas)
+    if not isinstance(betas, list) or len(betas) != 2:
+        raise ConfigError(f"model.betas must be two numbers in [0, 1), got {betas!r}")
+    for beta in betas:
+        _check(check_number, "model.betas", beta, 0.0, 1.0, high_open=True)
+
+
+def _check_diagnostics(cfg: DictConfig) -> None:
+    d = cfg.diagnostics
+    _check(check_int, "diagnostics.every_n_steps", d.every_n_steps, minimum=0)
+    _check(check_int, "diagnostics.probe_size", d.probe_size, minimum=1)
+    _check(check_number, "diagnostics.threshold", d.threshold, 0.0, 1.0, low_open=True, high_open=True)
+
+
+def _check_logger(logger: DictConfig) -> None:
+    _check(check_choice, "logger.name", logger.name, ("wandb", "csv", "none"))
+    if logger.name == "wandb":
+        _check(check_choice, "logger.mode", logger.mode, ("offline", "online", "disabled"))
+
+
+def _check_trainer(trainer: DictConfig) -> None:
+    import torch
+
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} but torch sees no CUDA GPU on this machine; "
+            "use trainer=auto (the GPU when there is one, else the CPU) or trainer=cpu"
+        )
+    precision = str(trainer.get("precision", "32-true"))
+    _check(check_choice, "trainer.precision", precision, TRAINER_PRECISIONS)
+    devices = trainer.get("devices", "auto")
+    if devices != "auto" and not OmegaConf.is_list(devices):
+        _check(check_int, "trainer.devices", devices, minimum=1)
+
+
+def _check_variant(cfg: DictConfig) -> Any:
+    """Build the score once on the CPU: an unknown name or parameter, or a bad value, is one line."""
+    from attnlab.scores import build_score, list_scores
+
+    name = cfg.variant.name
+    if name not in list_scores():
+        message = unknown_name_message("variant", name, list_scores())
+        raise ConfigError(f"{message}. A score of your own: variant=custom variant.name=<name> 'imports=[module]'")
+    params = plain(cfg.variant.get("params")) or {}
+    d_k = default_d_k(cfg.d_model, cfg.num_heads, cfg.d_k)
+    try:
+        return build_score(name, d_k=d_k, num_heads=cfg.num_heads, d_v=cfg.model.d_v or d_k, **params)
+    except (TypeError, ValueError) as exc:
+        raise _prefixed("variant.params.", exc, params) from None
+
+
+def _check_mask(cfg: DictConfig) -> None:
+    from attnlab.masks import build_mask, list_masks
+
+    spec = plain(cfg.mask)
+    for sub in _mask_specs(spec):
+        name = sub.get("name") if isinstance(sub, dict) else sub
+        if name not in list_masks():
+            message = unknown_name_message("mask", name, list_masks())
+            raise ConfigError(f"{message}. A mask of your own: mask=custom mask.name=<name> 'imports=[module]'")
+    try:
+        build_mask(spec)
+    except (TypeError, ValueError) as exc:
+        raise _prefixed("mask.", exc, spec if isinstance(spec, dict) else {}) from None
+
+
+def _mask_specs(spec: Any) -> Iterable[Any]:
+    yield spec
+    if isinstance(spec, dict):
+        for sub in spec.get("masks") or []:
+            yield from _mask_specs(sub)
+
+
+def _check_task(cfg: DictConfig) -> Any:
+    from hydra.utils import get_class
+
+    from attnlab.tasks import TASKS
+
+    if cfg.task.name not in TASKS:
+        raise ConfigError(unknown_name_message("task", cfg.task.name, list(TASKS)))
+    params = plain(cfg.task.datamodule)
+    target = params.pop("_target_")
+    try:
+        datamodule = get_class(target)(**params)
+    except (TypeError, ValueError) as exc:
+        raise _prefixed("task.datamodule.", exc, params) from None
+    if datamodule.batch_size > datamodule.num_train:
+        raise ConfigError(
+            f"batch_size ({datamodule.batch_size}) is larger than the training set ({datamodule.num_train})"
+        )
+    if cfg.diagnostics.enabled and cfg.diagnostics.probe_size > datamodule.num_val:
+        raise ConfigError(
+            f"diagnostics.probe_size ({cfg.diagnostics.probe_size}) is larger than the validation set "
+            f"({datamodule.num_val})"
+        )
+    return datamodule
+
+
+def _memory_bytes(trainer: DictConfig) -> tuple[int, str]:
+    """(bytes, where) of the memory the attention tensors will live in."""
+    import torch
+
+    if str(trainer.get("accelerator")) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory, "GPU memory"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "memory"
+
+
+def _check_memory(cfg: DictConfig, datamodule: Any, score: Any) -> None:
+    """Refuse sequences whose data or dense attention tensors cannot fit, before generating anything."""
+    from attnlab.scores import DotProductScore
+
+    length, heads, layers = datamodule.max_len, cfg.num_heads, cfg.num_layers
+    sequences = datamodule.num_train + datamodule.num_val + datamodule.num_test
+    needs = [(sequences * length * 8 * (2 if datamodule.per_token else 1), "the token and label tensors")]
+    if cfg.diagnostics.enabled:  # the probe runs the eager path: weights and logits of every layer, float32
+        needs.append((cfg.diagnostics.probe_size * heads * length**2 * 4 * 2 * layers, "the diagnostics probe"))
+    fused = isinstance(score, DotProductScore) and type(score).bias is DotProductScore.bias
+    if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
+        needs.append((cfg.batch_size * heads * length**2 * 4 * 3 * layers, "a training batch's attention"))
+    need, what = max(needs)
+    have, where = _memory_bytes(cfg.trainer)
+    if need > 0.8 * have:
+        given = [k for k in datamodule.length_keys if cfg.task.datamodule.get(k) is not None]
+        setting = ", ".join(f"task.datamodule.{k}={cfg.task.datamodule[k]}" for k in given) or f"task={cfg.task.name}"
+        raise ConfigError(
+            f"{setting}: sequences of {length} tokens need about {_size(need)} for {what}, more than the "
+            f"{_size(have)} of {where} here; use shorter sequences (or a smaller batch / diagnostics.probe_size)"
+        )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} TiB"
+
+
+# ------------------------------------------------------------------------------------------ what the config builds
+
+
+def resolve_d_k(cfg: DictConfig) -> int:
+    """``d_k`` or, when it is null, ``d_model // num_heads`` (which must then divide evenly)."""
+    return default_d_k(cfg.d_model, cfg.num_heads, cfg.d_k)
+
+
+def set_threads(cfg: DictConfig) -> int:
+    """Set torch's CPU threads from ``cfg.threads``: an integer, or ``auto`` = ``$OMP_NUM_THREADS`` when set, else
+    all cores divided among the jobs that a parallel launcher (joblib) runs at once, so that two jobs on two cores
+    do not fight over four threads, or a submitit job's ``cpus_per_task``."""
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    threads = cfg.get("threads", "auto")
+    if threads in (None, "auto") and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"]) or None
+    if threads in (None, "auto"):
+        cores = os.cpu_count() or 1
+        parallel = 1
+        if HydraConfig.initialized():
+            launcher = HydraConfig.get().launcher
+            target = str(launcher.get("_target_", "")).lower()
+            if "joblib" in target:
+                n_jobs = launcher.get("n_jobs", -1) or -1
+                parallel = cores if n_jobs < 0 else n_jobs
+            elif "submitit" in target and launcher.get("cpus_per_task"):
+                cores = int(launcher.cpus_per_task)  # what SLURM gave the job (submitit: cpus_per_task)
+        threads = max(1, cores // max(1, parallel))
+    torch.set_num_threads(int(threads))
+    return int(threads)
+
+
+def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = None) -> Any:
+    """The EncoderModule for ``cfg`` sized to the task ``datamodule``. The learning-rate schedule spans
+    ``schedule_steps`` (default ``max_steps``; an extended run keeps its original schedule)."""
+    from attnlab.module import EncoderModule
+
+    m = cfg.model
+    steps = schedule_steps or cfg.max_steps
+    return EncoderModule(
+        vocab_size=datamodule.vocab_size,
+        num_classes=datamodule.num_classes,
+        per_token=datamodule.per_token,
+        pad_id=datamodule.pad_id,
+        max_len=datamodule.max_len,
+        d_model=cfg.d_model,
+        num_heads=cfg.num_heads,
+        num_layers=cfg.num_layers,
+        d_k=resolve_d_k(cfg),
+        d_v=m.d_v,
+        d_ff=m.d_ff,
+        score=cfg.variant.name,
+        score_params=plain(cfg.variant.get("params")) or {},
+        mask=plain(cfg.mask),
+        pos_encoding=m.pos_encoding,
+        norm_first=m.norm_first,
+        dropout=m.dropout,
+        lr=cfg.lr,
+        weight_decay=m.weight_decay,
+        warmup_steps=min(m.warmup_steps, max(1, steps // 5)),
+        max_steps=steps,
+        betas=tuple(m.betas),
+    )
+
+
+# ------------------------------------------------------------------------------------------ resume
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def _under(key: str, roots: Iterable[str]) -> bool:
+    return any(key == root or key.startswith(root + ".") for root in roots)
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The keys whose values differ between a run's config and a new one, as (key, old, new), leaving out the
+    neutral keys (logger, threads, ...) that cannot change the numbers. A missing key reads as ``<absent>``."""
+    a, b = _flatten(old), _flatten(new)
+    absent = "<absent>"
+    return [
+        (key, a.get(key, absent), b.get(key, absent))
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, absent) != b.get(key, absent) and not _under(key, NEUTRAL_KEYS)
+    ]

@@ -1,0 +1,550 @@
+"""The life of one run: check, lock, start, fit, test, finish. :func:`run` reads as that list of steps.
+
+Guarantees (the README's "Runs and resuming" section states them for users):
+
+* Nothing is written before the whole config is valid (after the user's ``imports`` ran). A single run refused
+  there prints one line and exits 2; the folders Hydra made for it are removed. In a multirun the job is
+  recorded as failed in its own (new) folder and the sweep goes on.
+* One process writes a run folder at a time (:meth:`attnlab.runs.RunFolder.lock`).
+* A folder that holds a run is never started again without ``resume=true`` (continue it) or ``overwrite=true``
+  (replace it). A resume must have the settings the run was started with (logger, threads and the like may
+  differ); a larger ``max_steps`` extends a run (its learning-rate schedule stays that of the original
+  ``max_steps``: the extra steps run at its final rate). A finished run asked to resume is left untouched.
+* config.yaml is written once. summary.json keeps one segment per start. A failure before the start touches no
+  existing file.
+* Interrupted (SIGINT, SIGTERM): ``status: interrupted`` and the resume command. Killed (SIGKILL): the summary
+  still says ``running`` and readers report it as interrupted. Either way, ``resume=true`` continues from
+  ``last.ckpt`` and ends with exactly the metrics of an uninterrupted run of the same seed (CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from attnlab.runs import RunFileError, RunFolder, RunFolderBusy, Segment, Summary, utc_now
+from attnlab.training.config import (
+    EXTENSION_KEYS,
+    ConfigError,
+    config_changes,
+    import_user_modules,
+    plain,
+    resolve_d_k,
+    validate_config,
+)
+
+__all__ = ["run"]
+
+
+def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float:
+    """Train and test one configuration in the run folder ``output_dir`` (default: Hydra's run folder); return
+    ``cfg.optimized_metric`` (for sweepers: the worst value for their direction when the run failed).
+
+    A single run that cannot start exits with code 2, one that fails with 1, an interrupted one with 130, each
+    after one line on stderr; in a multirun (or when ``output_dir`` is given) the job returns instead, so that a
+    sweep goes on. ``HYDRA_FULL_ERROR=1`` re-raises with the traceback.
+    """
+    return Run(cfg, output_dir).execute()
+
+
+def _rank() -> int:
+    """This process's rank, read as Lightning reads it (its launcher sets these before re-running train.py)."""
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def _hydra() -> Any:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def _is_multirun() -> bool:
+    from hydra.types import RunMode
+
+    hc = _hydra()
+    return hc is not None and hc.mode == RunMode.MULTIRUN
+
+
+def _one_line(exc: BaseException) -> str:
+    from attnlab.callbacks import DivergenceError
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, ConfigError | DivergenceError | RunFolderBusy) else f"{type(exc).__name__}: {text}"
+
+
+def _failed_value() -> float:
+    """What a failed job returns to Hydra: the worst value for the sweeper's ``direction`` (Optuna 2.x stops the
+    whole sweep on NaN: it rejects the value, then the sweeper's own error handling raises), else NaN."""
+    from omegaconf import ListConfig
+
+    hc, direction = _hydra(), None
+    if hc is not None:
+        direction = hc.sweeper.get("direction")
+        if isinstance(direction, ListConfig | list | tuple):
+            direction = direction[0] if len(direction) == 1 else None
+    direction = str(getattr(direction, "name", direction)).lower()
+    return {"maximize": float("-inf"), "minimize": float("inf")}.get(direction, float("nan"))
+
+
+class Run:
+    """One run's state across its steps. Use :func:`run`."""
+
+    def __init__(self, cfg: DictConfig, output_dir: str | Path | None) -> None:
+        from attnlab.training import sweep
+
+        hc = _hydra()
+        path = Path(output_dir) if output_dir is not None else Path(hc.runtime.output_dir)
+        self.cfg = cfg
+        self.folder = RunFolder(path)
+        self.in_process = output_dir is not None
+        self.multirun = _is_multirun()
+        self.writer = _rank() == 0  # with several processes only rank 0 writes the folder
+        self.created = sweep.created_dirs(path) if output_dir is None else sweep.missing_dirs(path)
+        self.overrides = [str(o) for o in hc.overrides.task] if hc is not None else []
+        self.started_at = time.perf_counter()
+        self.started = False  # True once the folder has been written to
+        self.complete = False
+        self.previous: Summary | None = None
+        self.kind = "new"  # new | resume | extend
+        self.ckpt_path: Path | None = None
+        self.schedule_steps: int | None = None
+        self.rows_floor = 0
+        self.summary = Summary()
+        self.segment: Segment | None = None
+        self.trainer: Any = None
+        from attnlab.training.console import RunLog
+
+        self.log = RunLog(enabled=self.writer)
+
+    # ============================================================================ the steps
+
+    def execute(self) -> float:
+        try:
+            self.validate()  # 1. the user's imports, then the whole config: nothing written yet
+            with self.hold_folder():  # 2. one writer per folder (a fresh folder is made here)
+                self.inspect_folder()  # 3. new run, resume, extension, or a finished run? (reads only)
+                if self.complete:
+                    return self.report_complete()
+                self.prepare()  # 4. data, model, checkpoint, trainer: built and checked, nothing written
+                self.start()  # 5. config.yaml (new runs), summary "running", train.log
+                self.fit()  # 6. train, from the last checkpoint when resuming
+                self.test()  # 7. test the best checkpoint
+                return self.finish()  # 8. summary "ok", results table, run folder
+        except (ConfigError, RunFolderBusy) as exc:
+            return self.refuse(exc)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            return self.interrupted(exc)
+        except Exception as exc:
+            return self.fail(exc)
+        finally:
+            self.log.close()
+
+    def validate(self) -> None:
+        from attnlab.training.console import quiet_libraries
+
+        quiet_libraries()
+        import_user_modules(self.cfg)
+        self.datamodule = validate_config(self.cfg)
+
+    def hold_folder(self) -> Any:
+        import contextlib
+
+        if not self.writer:
+            return contextlib.nullcontext()
+        command = " ".join(["train.py", *self.overrides]) if self.overrides else "attnlab run"
+        return self.folder.lock(command)
+
+    def inspect_folder(self) -> None:
+        """Decide what this start is; refuse (:class:`ConfigError`) what the folder does not allow."""
+        cfg, folder = self.cfg, self.folder
+        resume = bool(cfg.resume) or cfg.get("ckpt_path") == "last"
+        if resume and cfg.overwrite:
+            raise ConfigError("resume=true and overwrite=true contradict each other: continue the run, or replace it")
+        explicit = None if cfg.get("ckpt_path") in (None, "last") else Path(cfg.ckpt_path)
+        if not self.writer:  # rank > 0: rank 0 decided; follow the same checkpoint
+            self.ckpt_path = folder.checkpoint("last") if resume else explicit
+            self.schedule_steps = self._stored_max_steps() if resume else None
+            return
+        if not folder.holds_run() or cfg.overwrite:
+            if resume and not folder.holds_run():
+                raise ConfigError(
+                    f"nothing to resume in {folder.path}: it holds no run (resume=true continues the run in "
+                    "hydra.run.dir=<its folder>)"
+                )
+            self.ckpt_path = explicit
+            return
+        previous = self._read(folder.read_summary)
+        if not resume:
+            state = f"{previous.status}, step {previous.steps}" if previous else "no summary"
+            raise ConfigError(
+                f"{folder.path} already holds a run ({state}); to continue it: python train.py resume=true "
+                f"hydra.run.dir={folder.path} ; to replace it, add overwrite=true"
+            )
+        stored = self._read(folder.read_config)
+        changes = config_changes(stored, plain(cfg))
+        fixed = [c for c in changes if c[0] not in EXTENSION_KEYS]
+        if fixed:
+            shown = ", ".join(f"{key}: {old!r} → {new!r}" for key, old, new in fixed[:6])
+            more = f" and {len(fixed) - 6} more" if len(fixed) > 6 else ""
+            raise ConfigError(
+                f"cannot resume {folder.path} with other settings than it was started with: {shown}{more} "
+                "(only logger, threads, results_table and the like may differ; a larger max_steps extends the run)"
+            )
+        done = previous.max_steps if previous and previous.max_steps else stored["max_steps"]
+        if cfg.max_steps < done:
+            raise ConfigError(f"max_steps {done} → {cfg.max_steps}: a run cannot be shortened")
+        self.previous = previous
+        if previous is not None and previous.finished and (previous.steps or 0) >= cfg.max_steps:
+            self.complete = True
+            return
+        last = folder.checkpoint("last")
+        if not last.exists():
+            raise ConfigError(
+                f"nothing to resume in {folder.path}: it has no checkpoint yet (the run stopped before its first "
+                "validation); start it again with overwrite=true"
+            )
+        self.ckpt_path = last
+        self.kind = "extend" if cfg.max_steps > stored["max_steps"] else "resume"
+        self.schedule_steps = stored["max_steps"]
+        if previous is not None:
+            self.summary = previous
+            self.rows_floor = folder.metrics().rows if previous.finished else previous.metrics_rows_floor
+
+    def report_complete(self) -> float:
+        summary = self.previous
+        self.log.info(
+            f"run {self.folder.path} is complete ({summary.steps} steps); nothing to do, nothing changed. "
+            "To train it further: resume=true max_steps=<more>"
+        )
+        from attnlab.training.console import results_table
+
+        self.log.table(results_table(summary))
+        if self.multirun:
+            self._record_job("ok", None)
+        return float(summary.metrics.get(self.cfg.optimized_metric) or float("nan"))
+
+    def prepare(self) -> None:
+        """Build everything the run needs and check what can fail before anything is written."""
+        import lightning as L
+        from hydra.utils import instantiate
+
+        from attnlab.callbacks import AttentionDiagnostics, DivergenceGuard
+        from attnlab.training.checkpoints import (
+            AtomicCheckpointIO,
+            RunState,
+            check_fits,
+            check_writable,
+            make_checkpoints,
+            read_checkpoint,
+        )
+        from attnlab.training.config import build_module, set_threads
+        from attnlab.training.console import StepProgress
+        from attnlab.training.data import prepare_loaders
+        from attnlab.training.loggers import wandb_run_id
+
+        cfg = self.cfg
+        self.threads = set_threads(cfg)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        self.datamodule.setup("fit")
+        prepare_loaders(self.datamodule)
+        self.module = build_module(cfg, self.datamodule, self.schedule_steps)
+        self.ckpt = None
+        if self.ckpt_path is not None:
+            self.ckpt = read_checkpoint(self.ckpt_path)
+            check_fits(self.module, self.ckpt, self.ckpt_path)
+
+        self.best, last = make_checkpoints(self.folder)
+        self.wandb_id = wandb_run_id(self.folder, resume=self.kind != "new")
+        self.state = RunState(None)  # its metrics.jsonl logger comes with the loggers, at the start
+        self.diagnostics = None
+        trainer_cfg = plain(cfg.trainer)
+        live = bool(trainer_cfg.pop("enable_progress_bar", True))  # our bar replaces Lightning's; false: lines only
+        progress = StepProgress(self.log, cfg.max_steps, live=live)
+        callbacks: list[Any] = [self.state, self.best, last, DivergenceGuard(), progress]
+        if cfg.diagnostics.enabled:
+            d = cfg.diagnostics
+            self.diagnostics = AttentionDiagnostics(
+                d.every_n_steps, d.probe_size, d.threshold, d.heatmaps, self.folder.attention_dir
+            )
+            callbacks.append(self.diagnostics)
+        try:
+            self.trainer = instantiate(
+                trainer_cfg,
+                logger=False,
+                callbacks=callbacks,
+                default_root_dir=str(self.folder.path),
+                plugins=[AtomicCheckpointIO()],
+            )
+        except Exception as exc:  # Lightning's misconfiguration messages are long; one line is enough here
+            raise ConfigError(f"trainer: {_one_line(exc)}") from None
+        self._check_launch()
+        if self.writer:
+            check_writable(self.folder.checkpoint_dir)
+
+    def start(self) -> None:
+        """From here on the folder is written: config.yaml (new runs only), summary "running", train.log."""
+        from attnlab.training.loggers import make_loggers
+
+        cfg, folder = self.cfg, self.folder
+        self.started = True
+        step = int(self.ckpt["global_step"]) if self.ckpt is not None else 0
+        if self.writer:
+            if cfg.overwrite and self.kind == "new":
+                folder.remove_run()
+            folder.remove_partial_files()
+            if self.kind == "new":
+                folder.write_config(plain(cfg))
+            self.log.open(folder.log_path)
+        hc = _hydra()
+        name = (hc.job.override_dirname if hc else "") or folder.path.name
+        group = Path(hc.sweep.dir).name if self.multirun else None
+        self.loggers = make_loggers(cfg, folder, self.wandb_id, name, group)  # W&B writes wandb_id.txt here
+        self.trainer.loggers = self.loggers
+        self.state.jsonl = self.loggers[0]
+        self._truncate_metrics()
+        self._begin_summary(step)
+        if self.writer:
+            folder.write_summary(self.summary)
+        self.log.info(self._start_line(step))
+
+    def fit(self) -> None:
+        ckpt = str(self.ckpt_path) if self.ckpt_path is not None else None
+        self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt, weights_only=True)
+        self.state.apply_restored(self.module)  # a resumed run that had nothing left to train never started
+        self.fit_metrics = {**self.state.metrics, **self._callback_metrics()}
+        self.diag = self.diagnostics.results() if self.diagnostics is not None else None
+
+    def test(self) -> None:
+        best = self.folder.checkpoint("best")
+        ckpt = str(best) if best.exists() else None
+        self.trainer.test(self.module, datamodule=self.datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
+
+    def finish(self) -> float:
+        from attnlab.training.console import results_line, results_table
+        from attnlab.training.loggers import finish_wandb
+
+        finish_wandb(failed=False)
+        metrics = {**self.fit_metrics, **self._callback_metrics()}
+        if "val/acc_best" not in metrics and "val/acc" in metrics:
+            metrics["val/acc_best"] = metrics["val/acc"]
+        if self.diag is not None:
+            initial, final = self.diag
+            metrics.update(final)
+            self.summary.attn_init = initial
+        self.summary.metrics = metrics
+        best = self.folder.checkpoint("best")
+        self.summary.best_checkpoint = self.folder.relative(best) if best.exists() else None
+        self._end_summary("ok", None)
+        if self.writer:
+            self.folder.write_summary(self.summary)
+            if self.cfg.results_table:
+                self.log.table(results_table(self.summary), results_line(self.summary))
+            self.log.info(f"run folder: {self.folder.path}")
+        if self.multirun:
+            self._record_job("ok", None)
+        return float(metrics.get(self.cfg.optimized_metric, float("nan")))
+
+    # ============================================================================ endings other than ok
+
+    def refuse(self, exc: BaseException, code: int = 2) -> float:
+        """Nothing was started: an existing run's files are as they were."""
+        reason = _one_line(exc)
+        if self.multirun and self.writer and not self.folder.holds_run():
+            # a job of a sweep: recorded as failed in its own new folder, and the sweep goes on
+            self.summary = Summary(status="failed", reason=reason, overrides=self.overrides)
+            self._settings()
+            self.folder.write_summary(self.summary)
+        else:
+            self._remove_created_dirs()
+        return self._end("failed", reason, code=code, exc=exc)
+
+    def fail(self, exc: BaseException) -> float:
+        from attnlab.training.loggers import finish_wandb
+
+        if not self.started:  # broke while preparing: as a refusal, nothing of an existing run is touched
+            return self.refuse(exc, code=1)
+        finish_wandb(failed=True)
+        reason = _one_line(exc)
+        self._end_summary("failed", reason)
+        if self.writer:
+            self.folder.write_summary(self.summary)
+        return self._end("failed", reason, code=1, exc=exc)
+
+    def interrupted(self, exc: BaseException) -> float:
+        from attnlab.training.loggers import finish_wandb
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after the first
+        if not self.started:
+            self._remove_created_dirs()
+            self.log.error("interrupted before the run started; nothing was written")
+            if self.multirun or self.in_process:
+                raise KeyboardInterrupt from exc
+            raise SystemExit(130)
+        finish_wandb(failed=True)
+        step = self.trainer.global_step if self.trainer is not None else None
+        reason = f"interrupted at step {step}"
+        self._end_summary("interrupted", reason)
+        if self.writer:
+            self.folder.write_summary(self.summary)
+            self.log.info(f"{reason}; resume with: python train.py resume=true hydra.run.dir={self.folder.path}")
+        if self.multirun:
+            self._record_job("interrupted", reason)
+            raise KeyboardInterrupt from exc  # Ctrl-C stops the whole sweep
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or self.in_process:
+            raise KeyboardInterrupt from exc
+        raise SystemExit(130)
+
+    def _end(self, status: str, reason: str, code: int, exc: BaseException) -> float:
+        self.log.error(reason)
+        if self.multirun:
+            self._record_job(status, reason)
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise exc
+        if self.multirun or self.in_process:
+            return _failed_value()
+        raise SystemExit(code) from None
+
+    # ============================================================================ helpers
+
+    def _read(self, reader: Any) -> Any:
+        try:
+            return reader()
+        except RunFileError as exc:
+            raise ConfigError(f"cannot use the run in {self.folder.path}: {exc}") from None
+
+    def _stored_max_steps(self) -> int | None:
+        try:
+            return int(self.folder.read_config()["max_steps"])
+        except (RunFileError, KeyError, TypeError, ValueError):
+            return None
+
+    def _check_launch(self) -> None:
+        """Refuse a multi-process trainer that Lightning would start by re-running the command line inside a
+        ``-m`` sweep: every extra process would start the whole sweep again."""
+        from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+        launcher = getattr(self.trainer.strategy, "launcher", None)
+        if (
+            self.multirun
+            and isinstance(launcher, _SubprocessScriptLauncher)
+            and not launcher.cluster_environment.creates_processes_externally
+            and launcher.num_processes > 1
+        ):
+            raise ConfigError(
+                f"a {type(self.trainer.strategy).__name__} trainer with {launcher.num_processes} devices cannot run "
+                "in a -m sweep (Lightning starts the other processes by re-running the command line); run it as a "
+                "single run, or sweep with hydra/launcher=slurm and hydra.launcher.tasks_per_node=<devices>"
+            )
+
+    def _truncate_metrics(self) -> None:
+        """A new run starts metrics.jsonl anew; a resumed one cuts it back to its checkpoint's row count (never
+        below the rows of a finished part that an extension keeps)."""
+        jsonl = self.loggers[0]
+        if self.kind == "new" and self.ckpt is None:
+            jsonl.truncate(0)
+        elif self.ckpt is not None and self.kind != "new":
+            rows = (self.ckpt.get("callbacks", {}).get("RunState") or {}).get("metrics_rows")
+            if rows is None:
+                jsonl.truncate_from(int(self.ckpt["global_step"]) + 1)
+            else:
+                jsonl.truncate(max(int(rows), self.rows_floor))
+
+    def _settings(self) -> None:
+        cfg, s = self.cfg, self.summary
+        s.variant, s.mask, s.task = cfg.variant.name, cfg.mask.name, cfg.task.name
+        try:
+            s.d_k = resolve_d_k(cfg)
+        except ValueError:
+            s.d_k = cfg.d_k
+        s.num_heads, s.d_model, s.num_layers, s.seed = cfg.num_heads, cfg.d_model, cfg.num_layers, cfg.seed
+        s.lr, s.batch_size, s.max_steps = cfg.lr, cfg.batch_size, cfg.max_steps
+        s.pos_encoding, s.variant_params = cfg.model.pos_encoding, plain(cfg.variant.get("params")) or {}
+        s.smoke = bool(cfg.get("smoke", False))
+        s.launch_id = os.environ.get("ATTNLAB_UID")
+
+    def _begin_summary(self, step: int) -> None:
+        import torch
+
+        s = self.summary
+        for seg in s.segments:  # a segment still "running" belongs to a process that was killed
+            if seg.status == "running":
+                seg.status, seg.reason = "interrupted", "the process ended without finishing (killed?)"
+        self._settings()
+        if not s.overrides:
+            s.overrides = self.overrides
+        if self.kind == "extend" and not s.metrics_rows_floor:
+            s.metrics_rows_floor = self.rows_floor
+        s.status, s.reason = "running", None
+        s.params = self.module.num_parameters
+        s.threads, s.torch = self.threads, torch.__version__
+        s.device, s.world_size = str(self.trainer.strategy.root_device), self.trainer.world_size
+        s.wandb_id = self.wandb_id if self.cfg.logger.name == "wandb" else None
+        if self.ckpt_path is not None:
+            s.resumed_from, s.resumed_at_step = self.folder.relative(self.ckpt_path), step
+        self.segment = Segment(self.kind, utc_now(), step, self.overrides)
+        s.segments.append(self.segment)
+
+    def _end_summary(self, status: str, reason: str | None) -> None:
+        s, seg = self.summary, self.segment
+        s.status, s.reason = status, reason
+        if self.trainer is not None:
+            s.steps = self.trainer.global_step
+            if status != "ok":
+                s.metrics = {**s.metrics, **self._callback_metrics()}
+        if seg is not None:
+            seg.status, seg.reason, seg.to_step = status, reason, s.steps
+            seg.wall_time_s = time.perf_counter() - self.started_at
+            seg.results = {k: s.metrics[k] for k in ("val/acc_best", "test/acc") if s.metrics.get(k) is not None}
+        s.wall_time_s = sum(x.wall_time_s for x in s.segments if x.wall_time_s is not None)
+
+    def _callback_metrics(self) -> dict[str, float]:
+        if self.trainer is None:
+            return {}
+        return {k: float(v) for k, v in self.trainer.callback_metrics.items() if v.numel() == 1}
+
+    def _start_line(self, step: int) -> str:
+        cfg, s = self.cfg, self.summary
+        what = {"new": "new run", "resume": f"resumed at step {step}", "extend": f"extended from step {step}"}
+        parts = [
+            f"run {self.folder.path} ({what[self.kind]})",
+            f"{s.variant} · mask {s.mask} · {s.task}",
+            f"d_model {s.d_model}, {s.num_heads} heads × d_k {s.d_k}, {s.num_layers} layers, {s.params:,} params",
+            f"{cfg.max_steps} steps of batch {cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}",
+            f"{s.device}" + (f", {s.threads} thread{'s' if s.threads != 1 else ''}" if s.device == "cpu" else ""),
+        ]
+        if s.smoke:
+            parts.append("smoke run (debug=fast)")
+        return " · ".join(parts)
+
+    def _record_job(self, status: str, reason: str | None) -> None:
+        if not self.writer:
+            return
+        from attnlab.training.sweep import job_done
+
+        sweep = Path(_hydra().sweep.dir)
+        try:
+            job = self.folder.path.resolve().relative_to(sweep.resolve()).as_posix()
+        except ValueError:
+            job = self.folder.path.name
+        job_done(job, status, reason, time.perf_counter() - self.started_at)
+
+    def _remove_created_dirs(self) -> None:
+        """Remove the folders made for a run that did not start (only those made for it, and only if empty apart
+        from the lock this process left)."""
+        if not self.writer:
+            return
+        for path in self.created:
+            for leftover in (".attnlab.lock", ".attnlab.lock.json"):
+                (path / leftover).unlink(missing_ok=True)
+            try:
+                path.rmdir()
+            except OSError:
+                return

@@ -1,0 +1,182 @@
+"""Hydra callbacks around runs and sweeps: the run folder's parents are checked and remembered before Hydra makes
+them, a multirun reports "job k/N done" after each job and a final table, and its exit code says whether a job
+failed.
+
+Jobs record themselves in the sweep's ``sweep.jsonl`` (:class:`attnlab.runs.SweepJournal`) from whichever process
+ran them, so the count is right with parallel launchers (joblib). With submitit, the "job k/N" lines go to each
+job's log in ``<sweep>/.submitit/``; the final table is printed by the launching process as always.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from attnlab.runs import RunFileError, RunFolder, SweepJournal
+
+__all__ = ["RunFolderGuard", "SweepReport", "clock", "count_jobs", "created_dirs", "failed_jobs", "job_done"]
+
+_state: dict[str, Any] = {"created": (None, []), "failed": 0}
+
+
+def created_dirs(path: Path) -> list[Path]:
+    """The folders that Hydra created for the run folder ``path`` (deepest first): a run refused before it started
+    removes them again, so that bad input leaves nothing behind."""
+    target, created = _state["created"]
+    return list(created) if target is not None and Path(target) == Path(path) else []
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    for p in [path, *path.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def _check_can_create(path: Path) -> None:
+    """Exit with one line (code 2) if ``path`` cannot be created: its nearest existing parent is not writable."""
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory")
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".attnlab-check-"):
+            pass
+    except OSError as exc:
+        print(f"error: cannot create the output folder {path}: {existing} is not writable ({exc.strerror or exc})")
+        raise SystemExit(2) from None
+
+
+class RunFolderGuard(Callback):
+    """Before Hydra makes a single run's folder: check that it can be made (one line and exit 2, not Hydra's
+    traceback) and note which folders it is about to create."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        path = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        _check_can_create(path)
+        _state["created"] = (path, missing_dirs(path))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _check_can_create(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+
+
+def count_jobs(config: DictConfig) -> int | None:
+    """How many jobs the sweep will run: Optuna's ``n_trials``, or the basic sweeper's product of the swept values
+    (None when it cannot be told)."""
+    sweeper = config.hydra.sweeper
+    target = str(sweeper.get("_target_", ""))
+    try:
+        if "optuna" in target.lower():
+            return int(sweeper.n_trials)
+        if target.endswith("BasicSweeper"):
+            from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+            parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
+            return sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+    except Exception:  # the count is a courtesy: an override it cannot parse must not stop the sweep
+        return None
+    return None
+
+
+def _quiet_optuna(config: DictConfig) -> None:
+    """Optuna logs "A new study created" with colour codes even into a file, and alembic (which it imports) lists
+    its plugins: keep both to warnings, through the plain log handlers."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
+
+
+def clock(seconds: float) -> str:
+    """``m:ss`` (or ``h:mm:ss``) for a duration in seconds."""
+    seconds = round(seconds)
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
+
+
+def job_done(job: str, status: str, reason: str | None, wall_time_s: float | None) -> None:
+    """Record a finished job of the current multirun and print ``job k/N done (status), elapsed, time left``."""
+    journal = SweepJournal(HydraConfig.get().sweep.dir)
+    journal.record(job, status, reason, wall_time_s)
+    header, jobs = journal.read()
+    total, started = header.get("jobs"), header.get("started")
+    done = len(jobs)
+    line = f"job {done}/{total} done ({status})" if total else f"job {done} done ({status})"
+    if started:
+        elapsed = time.time() - started
+        line += f", {clock(elapsed)} elapsed"
+        if total and done < total:
+            line += f", ~{clock(elapsed / done * (total - done))} left"
+    print(line, flush=True)
+
+
+class SweepReport(Callback):
+    """At the start of a multirun, the journal's header (jobs expected); at its end, a table of the jobs (status,
+    best val and test accuracy, wall time, reason) and "N ok, M failed". :func:`failed_jobs` then tells
+    ``train.py`` to exit non-zero."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _quiet_optuna(config)
+        _state["failed"] = 0
+        SweepJournal(config.hydra.sweep.dir).start(count_jobs(config))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        sweep = Path(config.hydra.sweep.dir)
+        _, jobs = SweepJournal(sweep).read()
+        table = Table(title=f"sweep {sweep}", title_justify="left")
+        for col in ("job", "status", "best val acc", "test acc", "wall time"):
+            table.add_column(col, justify="left" if col in ("job", "status") else "right")
+        failed = []
+        for job in jobs:
+            metrics: dict[str, Any] = {}
+            try:
+                summary = RunFolder(sweep / job["job"]).read_summary()
+                metrics = summary.metrics if summary else {}
+            except RunFileError:
+                pass
+            ok = job.get("status") == "ok"
+            if not ok:
+                failed.append(job)
+            table.add_row(
+                str(job["job"]),
+                str(job.get("status")),
+                *(
+                    f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-"
+                    for k in ("val/acc_best", "test/acc")
+                ),
+                f"{job['wall_time_s']:.1f} s" if job.get("wall_time_s") is not None else "-",
+            )
+        console = Console(highlight=False, soft_wrap=True)
+        if not console.is_terminal:
+            console.width = 120
+        if jobs:
+            console.print(table)
+        console.print(f"sweep {sweep}: {len(jobs) - len(failed)} ok, {len(failed)} failed", markup=False)
+        for job in failed:
+            console.print(f"  {job.get('status')}: {job['job']}: {job.get('reason')}", markup=False)
+        _state["failed"] = len(failed)
+
+
+def failed_jobs() -> int:
+    """How many jobs of the multirun that just ended did not finish ok."""
+    return int(_state["failed"])
