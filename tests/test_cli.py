@@ -1,5 +1,6 @@
-"""The command line as users type it: one-line errors for bad input, a diverging job that fails cleanly while the
-sweep goes on, and the README's Python examples."""
+"""The command line as users type it: one-line errors for bad input that leave nothing behind, a run folder that a
+second command cannot damage, a diverging job that fails cleanly while the sweep goes on (and the sweep's exit code
+says so), quiet output, and the README's Python examples."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,24 +42,42 @@ BAD_INPUTS = [
     (["mask=sliding_window", "mask.window=0"], r"window must be an integer >= 1, got 0"),
     (["variant=relative_position", "variant.params.clip=-1"], r"clip must be an integer >= 0"),
     (["batch_size=5000"], r"batch_size \(5000\) is larger than the training set \(1257\)"),
-    (["variant=custom", "variant.name=cosyne"], r"unknown variant 'cosyne'"),
+    (["variant=custom", "variant.name=cosyne"], r"unknown variant 'cosyne'.*variant=custom variant.name=<name>"),
+    (["mask=dilated"], r"unknown mask 'dilated'.*mask=custom mask.name=dilated 'imports=\[your_module\]'"),
+    (["eval_every=0"], r"eval_every must be an integer >= 1, got 0"),
+    (["eval_every=500"], r"eval_every \(500\) is larger than max_steps \(300\)"),
+    (["threads=0"], r"threads must be auto or an integer >= 1, got 0"),
+    (["threads=abc"], r"threads must be auto or an integer >= 1, got 'abc'"),
+    (["model.dropout=1.5"], r"model.dropout must be a finite number in \[0, 1\), got 1.5"),
+    (["diagnostics.threshold=2"], r"diagnostics.threshold must be a finite number in \(0, 1\), got 2"),
+    (
+        ["task=associative_recall", "task.datamodule.seq_len=100000"],
+        r"task.datamodule.seq_len=100000: sequences of 100000 tokens need about [\d.]+ TiB .* more than the",
+    ),
+    (["imports=[no_such_module_xyz]"], r"imports: cannot import 'no_such_module_xyz': ModuleNotFoundError"),
+    (["variant=alibi", "+variant.params.clip=3"], r"variant.params: score 'alibi' does not take parameter 'clip'"),
 ]
+if not torch.cuda.is_available():
+    BAD_INPUTS.append((["trainer=gpu"], r"trainer.accelerator=gpu but torch sees no CUDA GPU"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS, ids=lambda v: "_".join(v) if isinstance(v, list) else "")
-def test_bad_input_prints_one_line_and_exits_2(tmp_path, overrides, message):
-    proc = _train(*overrides, "logger=none", f"hydra.run.dir={tmp_path / 'run'}")
+def test_bad_input_prints_one_line_exits_2_and_leaves_no_run_folder(tmp_path, overrides, message):
+    run = tmp_path / "outputs" / "day" / "run"  # Hydra makes the missing parents too: they must go again
+    proc = _train(*overrides, "logger=none", f"hydra.run.dir={run}")
     assert proc.returncode == 2, proc.stderr[-2000:]
+    assert_one_error_line(proc, message)
+    assert not (tmp_path / "outputs").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+def assert_one_error_line(proc: subprocess.CompletedProcess, message: str) -> str:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ")
+    assert lines[0].startswith("error: ") and len(lines[0]) < 400, lines[0]
     assert re.search(message, lines[0]), lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
-    summary = tmp_path / "run" / "summary.json"
-    if summary.exists():  # errors found after composing are recorded in the run folder too
-        data = json.loads(summary.read_text())
-        assert data["status"] == "failed" and re.search(message, data["reason"])
+    return lines[0]
 
 
 @pytest.mark.slow
@@ -76,23 +96,27 @@ def test_full_error_shows_the_traceback(tmp_path):
 
 
 @pytest.mark.slow
-def test_diverging_job_fails_cleanly_and_the_sweep_goes_on(tmp_path):
+def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path):
+    """A diverging job and a job with a bad value: both recorded as failed with their one line, the third job runs,
+    the final table says 1 ok and 2 failed, and the exit code is 1."""
     sweep = tmp_path / "sweep"
     proc = _train(
-        "-m", "variant=scaled_dot", "lr=1e12,1e-3", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"
+        "-m", "variant=scaled_dot", "lr=1e12,-1,1e-3", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]  # every job ran, and the exit code says one failed
+    assert proc.returncode == 1, proc.stderr[-3000:]  # every job ran, and the exit code says some failed
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert len(jobs) == 2
-    first, second = (json.loads((j / "summary.json").read_text()) for j in jobs)
-    assert first["lr"] == 1e12 and first["status"] == "failed"
-    assert re.match(r"training diverged at step \d+: (loss|gradient) is (nan|inf)", first["reason"])
-    assert second["status"] == "ok"
-    assert "1 ok, 1 failed" in proc.stdout
+    assert len(jobs) == 3
+    diverged, bad, ok = (json.loads((j / "summary.json").read_text()) for j in jobs)
+    assert diverged["lr"] == 1e12 and diverged["status"] == "failed"
+    assert re.match(r"training diverged at step \d+: (loss|gradient) is (nan|inf)", diverged["reason"])
+    assert bad["status"] == "failed" and bad["reason"] == "lr must be a finite number >= 0, got -1"
+    assert ok["status"] == "ok"
+    assert re.search(r"job 1/3 done \(failed\), .* left", proc.stdout) and "job 3/3 done (ok)" in proc.stdout
+    assert "1 ok, 2 failed" in proc.stdout
     assert "training diverged" in proc.stderr
     # the failed job's W&B run was finished and marked failed (exit code 1), the good one with 0
     wandb_cli = Path(sys.executable).parent / "wandb"
-    for job, code in zip(jobs, (1, 0), strict=True):
+    for job, code in zip([jobs[0], jobs[2]], (1, 0), strict=True):
         (run_dir,) = (job / "wandb").glob("offline-run-*")
         records = subprocess.run(
             [str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True
@@ -112,3 +136,147 @@ def test_readme_python_examples_run(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------------ the run folder is safe
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path):
+    """Re-running into a finished folder, resuming it, resuming it with other settings: no file changes."""
+    run = tmp_path / "run"
+    first = _train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = snapshot(run)
+
+    again = _train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")  # resume=true forgotten
+    assert again.returncode == 2
+    assert_one_error_line(
+        again, rf"{run} already holds a run \(ok, step 5\); to continue it: python train.py resume=true hydra.run.dir="
+    )
+    assert snapshot(run) == before
+
+    resumed = _train("resume=true", f"hydra.run.dir={run}")  # the run's own overrides are put back
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "is complete (5 steps); nothing to do, nothing changed" in resumed.stdout
+    assert snapshot(run) == before
+
+    changed = _train("resume=true", "lr=1e-3", "d_k=32", f"hydra.run.dir={run}")
+    assert changed.returncode == 2
+    assert_one_error_line(changed, r"cannot resume .* with other settings .*: d_k: None → 32, lr: 0.003 → 0.001")
+    assert snapshot(run) == before
+
+    # its checkpoint does not fit a model of another width: one line naming the settings, nothing written
+    other = tmp_path / "other"
+    foreign = _train(
+        "debug=fast", "logger=none", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={other}"
+    )
+    assert foreign.returncode == 2
+    assert_one_error_line(foreign, r"does not fit this model: it was saved with other settings: d_model 32 → 64")
+    assert not other.exists()
+
+
+@pytest.mark.slow
+def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_path):
+    empty = tmp_path / "empty.ckpt"
+    empty.touch()
+    proc = _train("debug=fast", "logger=none", f"ckpt_path={empty}", f"hydra.run.dir={tmp_path / 'a'}")
+    assert proc.returncode == 2
+    assert_one_error_line(proc, rf"checkpoint {empty} is empty \(0 bytes\)")
+    assert not (tmp_path / "a").exists()
+
+    # checkpoints/ cannot be written: refused before training (root ignores permission bits: use sysfs)
+    run = tmp_path / "b"
+    (run).mkdir()
+    if os.geteuid() != 0:
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints").chmod(0o555)
+    else:
+        (run / "checkpoints").symlink_to("/sys/kernel")
+    proc = _train("debug=fast", "logger=none", f"hydra.run.dir={run}")
+    assert proc.returncode == 2
+    assert_one_error_line(proc, rf"cannot write checkpoints to {run / 'checkpoints'}: ")
+    assert not (run / "metrics.jsonl").exists() and not (run / "summary.json").exists()
+
+    # the output folder cannot be made: one line, not Hydra's traceback
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    proc = _train("debug=fast", "logger=none", f"hydra.run.dir={blocker / 'run'}")
+    assert proc.returncode == 2
+    assert_one_error_line(proc, rf"cannot create the output folder {blocker / 'run'}: {blocker} is not writable")
+
+
+@pytest.mark.slow
+def test_a_second_process_on_a_held_run_folder_is_refused_with_the_holder(tmp_path):
+    from attnlab.runs import RunFolder
+
+    run = tmp_path / "run"
+    with RunFolder(run).lock("train.py seed=1"):
+        proc = _train("debug=fast", "logger=none", "seed=2", f"hydra.run.dir={run}")
+    assert proc.returncode == 2
+    assert_one_error_line(proc, rf"run folder {run} is in use by pid {os.getpid()} on .* \(train.py seed=1\)")
+    assert sorted(p.name for p in run.iterdir()) == [".attnlab.lock"]  # nothing of the second run
+
+
+# ------------------------------------------------------------------------------------ quiet output
+
+
+NOISE = (
+    "Epoch",  # Lightning's per-epoch bar ("Epoch 3/-2" when training is bounded by steps)
+    "GPU available",
+    "TPU available",
+    "Tip:",
+    "litlogger",
+    "wandb:",
+    "anonymous",
+    "alembic",
+    "A new study created",
+    "Restoring states",
+    "Warning",
+    "\x1b[",  # ANSI codes in a log
+)
+
+
+@pytest.mark.slow
+def test_a_sweep_prints_no_noise_and_writes_only_under_multirun(tmp_path):
+    """An Optuna sweep of one job with the default logger (W&B, offline), started in an empty folder: the output
+    holds the start line with the run folder, a line per validation, the results, the job count and the final
+    table, and none of the libraries' noise; only multirun/ appears; files get the user's umask."""
+    env = {k: v for k, v in _env().items() if k != "WANDB_MODE"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "-m",
+            "hparams_search=optuna",
+            "hydra.sweeper.n_trials=1",
+            "debug=fast",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    output = proc.stdout + proc.stderr
+    for noise in NOISE:
+        assert noise not in output, (noise, output)
+    assert proc.stderr == ""
+    assert re.search(r"^run multirun/\S+/0_\S+ \(new run\) · scaled_dot · mask none · digits · ", proc.stdout, re.M)
+    assert "step 5/5 · train loss" in proc.stdout and "SMOKE RUN (debug=fast)" in proc.stdout
+    assert re.search(r"^run folder: multirun/", proc.stdout, re.M)
+    assert "job 1/1 done (ok)" in proc.stdout and "1 ok, 0 failed" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["multirun"]
+    (run,) = [p.parent for p in tmp_path.rglob("summary.json")]
+    log = (run / "train.log").read_text()
+    assert "(new run)" in log and "step 5/5" in log and "ok: best val acc" in log
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("summary.json", "config.yaml", "metrics.jsonl", "checkpoints/best.ckpt", "checkpoints/last.ckpt"):
+        assert (run / name).stat().st_mode & 0o777 == 0o666 & ~umask, name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -318,6 +319,21 @@ def test_cli_default_output_and_bad_paths(sweeps: Path, tmp_path: Path, capsys) 
         dashboard.write_dashboard(tmp_path / "empty")
     with pytest.raises(ValueError):
         build_html([])
+
+
+def test_a_corrupt_summary_costs_one_warning_and_the_other_runs_still_show(sweeps: Path, tmp_path: Path, capsys):
+    for name in ("0_d_k=8,seed=0,variant=dot", "1_d_k=8,seed=1,variant=dot", "2_d_k=64,seed=0,variant=dot"):
+        shutil.copytree(sweeps / "sweep_a" / name, tmp_path / name)
+    (tmp_path / "1_d_k=8,seed=1,variant=dot" / "summary.json").write_text('{"status": "ok", "metr')
+    assert main([str(tmp_path), "--csv", str(tmp_path / "runs.csv")]) == 0
+    captured = capsys.readouterr()
+    (warning,) = captured.err.strip().splitlines()
+    assert warning.startswith("attnlab-dashboard: warning: run 1_d_k=8,seed=1,variant=dot: ")
+    assert "summary.json is not valid JSON" in warning
+    assert captured.out.count(" ok ") == 2 and "failed" in captured.out  # the other two, and the bad one as failed
+    rows = list(csv.DictReader((tmp_path / "runs.csv").open()))
+    assert [r["status"] for r in rows] == ["ok", "failed", "ok"]
+    assert (tmp_path / "dashboard.html").stat().st_size > 0
 
 
 def test_terminal_table_lists_every_run_untruncated(sweeps: Path, capsys) -> None:

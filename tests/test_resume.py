@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from typing import ClassVar
 import pytest
 import torch
 from hydra import compose
+from omegaconf import OmegaConf
 
 import attnlab.callbacks
 from attnlab import training as T
@@ -82,6 +84,8 @@ def assert_same_run(ref: Path, resumed: Path) -> None:
     # the summary reports the diagnostics of the end of training (not those of a checkpoint loaded later)
     assert b["metrics"]["attn/entropy"] == [r for r in rows_b if "attn/entropy" in r][-1]["attn/entropy"]
     assert_same_weights(ref / "checkpoints" / "last.ckpt", resumed / "checkpoints" / "last.ckpt")
+    # one best checkpoint, whatever the number of starts (Lightning's version counter would add best-v1.ckpt)
+    assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt"]
 
 
 class _CrashAt(DivergenceGuard):
@@ -163,6 +167,93 @@ def test_resume_of_a_folder_without_a_run_is_refused_and_leaves_nothing(
     assert f"error: nothing to resume in {out}: it holds no run" in capsys.readouterr().err
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _crashed_run(out: Path, monkeypatch: pytest.MonkeyPatch, step: int = 15) -> None:
+    monkeypatch.setattr(attnlab.callbacks, "DivergenceGuard", _CrashAt)
+    monkeypatch.setattr(_CrashAt, "steps", [step])
+    T.run(compose("config", overrides=list(SMALL)), out)
+    monkeypatch.undo()
+    assert summary_of(out)["status"] == "failed"
+
+
+def test_a_copied_run_folder_resumes_from_its_own_checkpoints(
+    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Crash, copy the folder, ruin the original's checkpoints: the copy resumes to the uninterrupted result, and
+    its summary names no file outside it."""
+    import shutil
+
+    original, copy = tmp_path / "original", tmp_path / "moved" / "copy"
+    _crashed_run(original, monkeypatch)
+    shutil.copytree(original, copy)
+    for ckpt in (original / "checkpoints").iterdir():
+        ckpt.write_bytes(b"garbage")
+    T.run(compose("config", overrides=[*SMALL, "resume=true"]), copy)
+    assert_same_run(reference, copy)
+    text = (copy / SUMMARY_FILE).read_text()
+    assert str(original) not in text and str(tmp_path) not in text
+    summary = summary_of(copy)
+    assert summary["best_checkpoint"] == "checkpoints/best.ckpt" and summary["resumed_from"] == "checkpoints/last.ckpt"
+
+
+def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path, monkeypatch, capsys) -> None:
+    """A crashed run whose last.ckpt is corrupt (or was cut off): the resume is refused in one line and not a byte
+    of the folder changes; the same for a finished run asked to start again without resume=true."""
+    out = tmp_path / "run"
+    _crashed_run(out, monkeypatch)
+    last = out / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    before = snapshot(out)
+    assert math.isnan(T.run(compose("config", overrides=[*SMALL, "resume=true"]), out))
+    assert re.search(rf"error: checkpoint {last} cannot be read \(", capsys.readouterr().err)
+    assert snapshot(out) == before
+    last.write_bytes(b"")
+    assert math.isnan(T.run(compose("config", overrides=[*SMALL, "resume=true"]), out))
+    assert f"error: checkpoint {last} is empty (0 bytes)" in capsys.readouterr().err
+    assert summary_of(out)["status"] == "failed" and "simulated crash" in summary_of(out)["reason"]
+
+
+def test_overwrite_replaces_a_run_and_resume_with_overwrite_is_refused(reference: Path, tmp_path: Path, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    (out / "notes.txt").write_text("mine")
+    cfg = compose("config", overrides=[*SMALL, "resume=true", "overwrite=true"])
+    assert math.isnan(T.run(cfg, out))
+    assert "resume=true and overwrite=true contradict each other" in capsys.readouterr().err
+    T.run(compose("config", overrides=[*SMALL, "max_steps=6", "eval_every=6", "overwrite=true"]), out)
+    summary = summary_of(out)
+    assert summary["status"] == "ok" and summary["steps"] == 6 and len(summary["segments"]) == 1
+    assert max(r["step"] for r in read_metrics(out / METRICS_FILE)) == 6  # nothing of the replaced run
+    assert (out / "notes.txt").read_text() == "mine"  # files that are not the run's stay
+
+
+def test_extending_a_finished_run_keeps_its_results_and_its_schedule(hydra_ctx: None, tmp_path: Path) -> None:
+    """resume=true with a larger max_steps: a second segment, the first one's results kept (its summary segment and
+    its test rows), and the learning rate stays at the end of the original schedule (0.1 x lr)."""
+    out = tmp_path / "run"
+    short = [*SMALL, "max_steps=12", "eval_every=6"]
+    T.run(compose("config", overrides=short), out)
+    first = summary_of(out)
+    T.run(compose("config", overrides=[*short, "resume=true", "max_steps=18"]), out)
+    summary = summary_of(out)
+    assert summary["status"] == "ok" and summary["steps"] == 18 and summary["max_steps"] == 18
+    assert [(s["kind"], s["from_step"], s["to_step"]) for s in summary["segments"]] == [
+        ("new", 0, 12),
+        ("extend", 12, 18),
+    ]
+    assert summary["segments"][0]["results"] == {k: first["metrics"][k] for k in ("val/acc_best", "test/acc")}
+    tests = [r["step"] for r in read_metrics(out / METRICS_FILE) if "test/acc" in r]
+    assert tests == [12, 18]
+    assert OmegaConf.load(out / "config.yaml").max_steps == 12  # config.yaml is never rewritten
+    lr = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["param_groups"][0]
+    assert lr["lr"] == pytest.approx(0.1 * 3e-2)
+
+
 def test_checkpoints_load_with_weights_only(reference: Path) -> None:
     for name in ("best.ckpt", "last.ckpt"):
         ckpt = torch.load(reference / "checkpoints" / name, map_location="cpu", weights_only=True)
@@ -233,32 +324,49 @@ def _wandb_run_ids(run: Path) -> list[str]:
     return [p.name.rsplit("-", 1)[1] for p in sorted((run / "wandb").glob("offline-run-*"))]
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_at_the_same_step_with_the_same_result(tmp_path: Path) -> None:
-    """``python train.py`` killed with SIGKILL once last.ckpt holds step >= 20, then the same command with
-    ``resume=true``: same final weights and metrics as an uninterrupted run, metrics.jsonl without duplicated or
-    lost rows, and the same W&B run."""
-    run = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *KILL_ARGS, f"hydra.run.dir={run}"],
+@pytest.fixture(scope="module")
+def kill_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run that every killed-and-resumed run below must end as."""
+    out = tmp_path_factory.mktemp("kill") / "reference"
+    ref = _train(*KILL_ARGS, f"hydra.run.dir={out}")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    return out
+
+
+def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args],
         cwd=REPO,
-        env=_env(),
-        stdout=subprocess.DEVNULL,
+        env=env or _env(),
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _signal_after_checkpoint(proc: subprocess.Popen, run: Path, sig: int, step: int = 20) -> tuple[str, str]:
+    """Send ``sig`` once last.ckpt holds ``step`` or later; the process's (stdout, stderr)."""
     last = run / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 240
     try:
-        while proc.poll() is None and time.monotonic() < deadline and _checkpoint_step(last) < 20:
+        while proc.poll() is None and time.monotonic() < deadline and _checkpoint_step(last) < step:
             time.sleep(0.05)
-        assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.communicate()[1][-3000:]}"
-        proc.send_signal(signal.SIGKILL)
+        assert proc.poll() is None, f"the run ended before it could be signalled:\n{proc.communicate()[1][-3000:]}"
+        proc.send_signal(sig)
+        return proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.wait()
-    killed_at = _checkpoint_step(last)
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_at_the_same_step_with_the_same_result(kill_reference: Path, tmp_path: Path) -> None:
+    """``python train.py`` killed with SIGKILL once last.ckpt holds step >= 20, then ``resume=true``: same final
+    weights and metrics as an uninterrupted run, metrics.jsonl without duplicated or lost rows, the same W&B run."""
+    run = tmp_path / "killed"
+    _signal_after_checkpoint(_start(*KILL_ARGS, f"hydra.run.dir={run}"), run, signal.SIGKILL)
+    killed_at = _checkpoint_step(run / "checkpoints" / "last.ckpt")
     assert 20 <= killed_at < 100
     killed = load_run(run)  # killed: the summary still says running, and readers see that nobody runs it
     assert summary_of(run)["status"] == "running" and killed.summary["status"] == "interrupted"
@@ -270,11 +378,8 @@ def test_killed_run_resumes_at_the_same_step_with_the_same_result(tmp_path: Path
     summary = summary_of(run)
     assert summary["resumed_at_step"] >= killed_at  # the last checkpoint (a later one may have landed)
     assert summary["steps"] == 100
-
-    reference = tmp_path / "reference"
-    ref = _train(*KILL_ARGS, f"hydra.run.dir={reference}")
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    assert_same_run(reference, run)
+    assert [(s["kind"], s["status"]) for s in summary["segments"]] == [("new", "interrupted"), ("resume", "ok")]
+    assert_same_run(kill_reference, run)
 
     # the W&B run went on under the same id: the killed part and the resumed part are two offline folders of it
     assert summary["wandb_id"] == wandb_id
@@ -286,3 +391,96 @@ def test_killed_run_resumes_at_the_same_step_with_the_same_result(tmp_path: Path
     ).stdout
     (run_record,) = [json.loads(line)["run"] for line in records.splitlines() if '"type":"run"' in line]
     assert run_record["run_id"] == wandb_id
+
+
+@pytest.mark.slow
+def test_sigint_ends_the_run_as_interrupted_and_the_printed_command_resumes_it(
+    kill_reference: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "interrupted"
+    out, err = _signal_after_checkpoint(_start(*KILL_ARGS, f"hydra.run.dir={run}"), run, signal.SIGINT)
+    summary = summary_of(run)
+    assert summary["status"] == "interrupted" and summary["reason"].startswith("interrupted at step ")
+    assert summary["segments"][-1]["status"] == "interrupted"
+    command = f"python train.py resume=true hydra.run.dir={run}"
+    assert command in out, out[-2000:]
+    assert "Traceback" not in out + err
+
+    resumed = _train(*command.split()[2:])  # exactly the printed command: the run's own overrides come back
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_run(kill_reference, run)
+
+
+KILLER = """
+import io, os, signal
+
+import torch
+
+import attnlab.module
+
+WHERE, _, AT = os.environ.get("ATTNLAB_TEST_KILL", "").partition(":")
+if WHERE == "checkpoint":  # SIGKILL half-way through writing last.ckpt at step AT
+    save = torch.save
+
+    def torch_save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and obj.get("global_step") == int(AT) and "last.ckpt" in getattr(f, "name", ""):
+            buffer = io.BytesIO()
+            save(obj, buffer, *args, **kwargs)
+            f.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(obj, f, *args, **kwargs)
+
+    torch.save = torch_save
+elif WHERE == "test":  # SIGKILL at test batch AT
+    test_step = attnlab.module.EncoderModule.test_step
+
+    def killing_test_step(self, batch, batch_idx):
+        if batch_idx == int(AT):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return test_step(self, batch, batch_idx)
+
+    attnlab.module.EncoderModule.test_step = killing_test_step
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["checkpoint:30", "test:1"], ids=["during-a-checkpoint-write", "during-the-test"])
+def test_a_kill_at_an_awkward_moment_resumes_to_the_uninterrupted_result(
+    kill_reference: Path, tmp_path: Path, where: str
+) -> None:
+    """SIGKILL half-way through writing last.ckpt (the previous one stays whole) or in the middle of the test
+    phase (training had ended): the resume ends exactly as the uninterrupted run."""
+    (tmp_path / "attnlab_test_killer.py").write_text(KILLER)
+    env = {**_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    run = tmp_path / "run"
+    args = (*KILL_ARGS, "imports=[attnlab_test_killer]", f"hydra.run.dir={run}")
+    killed = subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        env={**env, "ATTNLAB_TEST_KILL": where},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    step = _checkpoint_step(run / "checkpoints" / "last.ckpt")
+    if where.startswith("checkpoint"):
+        assert step == 20  # the torn write never replaced the previous checkpoint
+        assert list((run / "checkpoints").glob(".last.ckpt.*.tmp")), "the torn temporary file is there"
+    else:
+        assert step == 100 and summary_of(run)["status"] == "running"
+        assert any("test/acc" in r for r in read_metrics(run / METRICS_FILE)) is False
+
+    resumed = subprocess.run(
+        [sys.executable, "train.py", "resume=true", f"hydra.run.dir={run}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+    assert_same_run(kill_reference, run)

@@ -307,25 +307,33 @@ def test_joblib_launcher_runs_two_jobs_in_one_sweep(tmp_path: Path, repo_stays_c
 
 
 @pytest.mark.slow
-def test_imports_register_a_custom_score(tmp_path: Path, repo_stays_clean: None) -> None:
+def test_a_user_score_and_mask_are_selected_by_name_through_imports(tmp_path: Path, repo_stays_clean: None) -> None:
+    """The README's route for code of your own: register in your module, name the module in ``imports``, select
+    with ``variant=custom variant.name=...`` and ``mask=custom mask.name=...`` (parameters with ``+...``)."""
     tag = uuid.uuid4().hex[:8]
-    module_name = f"attnlab_test_scores_{tag}"
-    score_name = f"test_cosine_{tag}"
+    module_name = f"attnlab_test_plugins_{tag}"
+    score_name, mask_name = f"test_cosine_{tag}", f"test_dilated_{tag}"
     (tmp_path / f"{module_name}.py").write_text(
         "import torch.nn.functional as F\n"
         "import attnlab\n\n\n"
         f'@attnlab.register_score("{score_name}")\n'
         "def cosine(q, k, scale: float = 5.0):\n"
-        "    return scale * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)\n"
+        "    return scale * F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)\n\n\n"
+        f'@attnlab.register_mask("{mask_name}")\n'
+        "def dilated(q_idx, kv_idx, every: int = 2):\n"
+        "    return (q_idx - kv_idx) % every == 0\n"
     )
-    assert score_name not in attnlab.list_scores()
+    assert score_name not in attnlab.list_scores() and mask_name not in attnlab.list_masks()
     env = subprocess_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     out = tmp_path / "run"
     run_train(
         "variant=custom",
         f"variant.name={score_name}",
-        f"imports=[{module_name}]",
         "+variant.params.scale=3.0",
+        "mask=custom",
+        f"mask.name={mask_name}",
+        "+mask.every=3",
+        f"imports=[{module_name}]",
         "debug=fast",
         "logger=none",
         "threads=1",
@@ -334,6 +342,7 @@ def test_imports_register_a_custom_score(tmp_path: Path, repo_stays_clean: None)
     )
     summary = load_summary(out)
     assert_ok(summary)
-    assert summary["variant"] == score_name
-    assert summary["variant_params"] == {"scale": 3.0}
-    assert OmegaConf.load(out / "config.yaml").imports == [module_name]
+    assert (summary["variant"], summary["variant_params"]) == (score_name, {"scale": 3.0})
+    assert summary["mask"] == mask_name
+    saved = OmegaConf.load(out / "config.yaml")
+    assert saved.imports == [module_name] and saved.mask == {"name": mask_name, "every": 3}

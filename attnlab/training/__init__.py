@@ -8,6 +8,7 @@ One concern per module:
 * :mod:`~attnlab.training.loggers`: metrics.jsonl, W&B (offline by default), CSV.
 * :mod:`~attnlab.training.checkpoints`: atomic, relocatable checkpoints and the state an exact resume needs.
 * :mod:`~attnlab.training.console`: what a run prints and writes to train.log.
+* :mod:`~attnlab.training.progress`: the step progress bar and a line per validation.
 * :mod:`~attnlab.training.lifecycle`: :func:`run`, the steps of one run, with resume and its guarantees.
 * :mod:`~attnlab.training.sweep`: Hydra callbacks: run-folder guard, multirun progress and final table.
 * :mod:`~attnlab.training.cli`: ``python train.py``.

@@ -6,6 +6,7 @@ what an exact resume needs beyond Lightning's own state.
 * :class:`RunCheckpoint` is Lightning's ModelCheckpoint whose saved state names files relative to its folder, so a
   copied or moved run folder resumes from its own checkpoints, and which never adds a version suffix
   (``best-v1.ckpt``): a run has one ``best.ckpt`` and one ``last.ckpt``.
+* :class:`LastCheckpoint` writes ``last.ckpt`` at every validation.
 * :class:`RunState` saves the row count of metrics.jsonl, the best validation accuracy so far and the metrics of
   the last validation in every checkpoint.
 """
@@ -27,10 +28,12 @@ from attnlab.training.config import ConfigError
 
 __all__ = [
     "AtomicCheckpointIO",
+    "LastCheckpoint",
     "RunCheckpoint",
     "RunState",
     "check_fits",
     "check_writable",
+    "close_restored_loops",
     "make_checkpoints",
     "read_checkpoint",
 ]
@@ -76,12 +79,31 @@ class RunCheckpoint(ModelCheckpoint):
         super().load_state_dict(state)
 
 
-def make_checkpoints(folder: RunFolder) -> tuple[RunCheckpoint, RunCheckpoint]:
-    """``best.ckpt`` when val/acc improves; ``last.ckpt`` at every validation (Lightning's ``save_last`` writes it
-    only when the best one is written)."""
+class LastCheckpoint(L.Callback):
+    """``last.ckpt`` at every validation during training: what a resume continues from. (Lightning's ``save_last``
+    writes it only when the best checkpoint is written.)"""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            trainer.save_checkpoint(self.path)
+
+
+def close_restored_loops(trainer: L.Trainer) -> None:
+    """After a fit resumed from a checkpoint of the last step (a run killed during its test): Lightning saved that
+    checkpoint at the final validation, before it advanced its logging step and closed the epoch, and a fit with
+    nothing left to train does neither. Do what the uninterrupted run did, so that the test is logged at the same
+    step and epoch. (Lightning's own counters; pinned by the kill-during-the-test test.)"""
+    trainer.fit_loop.epoch_loop._batches_that_stepped += 1
+    trainer.fit_loop.epoch_progress.increment_completed()
+
+
+def make_checkpoints(folder: RunFolder) -> tuple[RunCheckpoint, LastCheckpoint]:
+    """``best.ckpt`` when val/acc improves (used for the test); ``last.ckpt`` (what a resume continues from)."""
     best = RunCheckpoint(dirpath=folder.checkpoint_dir, filename="best", monitor="val/acc", mode="max")
-    last = RunCheckpoint(dirpath=folder.checkpoint_dir, filename="last")
-    return best, last
+    return best, LastCheckpoint(folder.checkpoint("last"))
 
 
 class RunState(L.Callback):

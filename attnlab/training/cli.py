@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from attnlab.runs import RunFileError, RunFolder
 from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices
 
-__all__ = ["check_plugins", "hydra_main", "main", "with_run_overrides"]
+__all__ = ["check_keys", "check_plugins", "hydra_main", "main", "with_run_overrides"]
 
 # command-line choices that need an optional Hydra plugin: (group, choice) -> (plugin module, extra)
 _PLUGINS = {
@@ -54,6 +54,50 @@ def check_plugins(overrides: list[str]) -> None:
                 f"hydra/launcher={value} needs a SLURM cluster, and this machine has none (no srun on PATH); "
                 "to try the sweep here, use hydra/launcher=local"
             )
+
+
+def check_keys(overrides: list[str]) -> None:
+    """One line (with the closest key) for ``key=value`` whose key the config does not have, instead of Hydra's
+    five-line "Could not override" message. The config is composed with the command line's group choices (the
+    first of a sweep's); anything this check cannot judge is left to Hydra."""
+    import difflib
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from attnlab.training.config import GROUPS
+
+    choices, keys = [], []
+    for arg in overrides:
+        if "=" not in arg or arg.startswith(("-", "+", "~")) or arg.startswith("hydra"):
+            continue
+        key, value = _split(arg)
+        if key in GROUPS or "/" in key:
+            choices.append(f"{key}={value.split(',')[0]}")
+        else:
+            keys.append((key, arg))
+    if not keys:
+        return
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=choices)
+    except Exception:  # a bad group choice is reported elsewhere, anything else by Hydra itself
+        return
+    known = _flat_keys(OmegaConf.to_container(cfg, resolve=False))
+    for key, arg in keys:
+        if key not in known and not any(k.startswith(key + ".") for k in known):
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key '{key}'{hint} (to add a key that the config lacks: +{arg})")
+
+
+def _flat_keys(node: Any, prefix: str = "") -> set[str]:
+    if not isinstance(node, dict):
+        return {prefix.rstrip(".")}
+    keys = {prefix.rstrip(".")} if prefix else set()
+    for key, value in node.items():
+        keys |= _flat_keys(value, f"{prefix}{key}.")
+    return keys
 
 
 def with_run_overrides(argv: list[str]) -> list[str]:
@@ -95,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_group_choices(args, CONF_DIR)
         check_plugins(args)
+        check_keys(args)
         args = with_run_overrides(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

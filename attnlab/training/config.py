@@ -169,8 +169,8 @@ def validate_config(cfg: DictConfig) -> Any:
             "or save a checkpoint; pick eval_every <= max_steps"
         )
     threads = cfg.get("threads", "auto")
-    if threads not in (None, "auto"):
-        _check(check_int, "threads", threads, minimum=1)
+    if threads not in (None, "auto") and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be auto or an integer >= 1, got {threads!r}")
     for key in ("resume", "overwrite", "results_table", "smoke", "diagnostics.enabled", "diagnostics.heatmaps"):
         _flag(cfg, key)
     if cfg.get("ckpt_path") is not None and not isinstance(cfg.ckpt_path, str):
@@ -320,8 +320,8 @@ def _check_memory(cfg: DictConfig, datamodule: Any, score: Any) -> None:
     need, what = max(needs)
     have, where = _memory_bytes(cfg.trainer)
     if need > 0.8 * have:
-        given = [k for k in datamodule.length_keys if cfg.task.datamodule.get(k) is not None]
-        setting = ", ".join(f"task.datamodule.{k}={cfg.task.datamodule[k]}" for k in given) or f"task={cfg.task.name}"
+        key = next((k for k in datamodule.length_keys if cfg.task.datamodule.get(k) is not None), None)
+        setting = f"task.datamodule.{key}={cfg.task.datamodule[key]}" if key else f"task={cfg.task.name}"
         raise ConfigError(
             f"{setting}: sequences of {length} tokens need about {_size(need)} for {what}, more than the "
             f"{_size(have)} of {where} here; use shorter sequences (or a smaller batch / diagnostics.probe_size)"

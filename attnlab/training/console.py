@@ -1,29 +1,22 @@
-"""What a run says: one start line, a progress bar over the real step total, a line per validation, the results
-table and the run folder at the end; all of it (bar aside) also in the run's ``train.log``. Libraries' routine
-messages (GPU/TPU availability, tips, checkpoint restores) are kept out of the output.
-
-On a terminal the bar is live (Rich); elsewhere (a file, a pipe, a SLURM log) there is no bar and no ANSI codes,
-only the lines.
+"""What a run says: one start line, a line per validation (:mod:`attnlab.training.progress`), the results table
+and the run folder at the end; all of it also in the run's ``train.log``. Libraries' routine messages (GPU/TPU
+availability, tips, checkpoint restores) are kept out of the output. Nothing here imports Lightning.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-from lightning.pytorch.callbacks import ProgressBar
 from rich.console import Console
 from rich.table import Table
 
 from attnlab.runs import Summary
-from attnlab.training.sweep import clock
 
-__all__ = ["RunLog", "StepProgress", "quiet_libraries", "results_line", "results_table"]
+__all__ = ["RunLog", "clock", "quiet_libraries", "results_line", "results_table"]
 
 LOG = logging.getLogger("attnlab")
 
@@ -93,79 +86,12 @@ class RunLog:
                 LOG.info(text)
 
 
-class StepProgress(ProgressBar):
-    """One bar over the run's optimizer steps (Lightning's per-epoch bar reads "Epoch 3/-2" when training is
-    bounded by steps), live on a terminal only, and at every validation one line: step k/N, train loss, val
-    accuracy (best so far), elapsed and estimated time left."""
-
-    def __init__(self, log: RunLog, max_steps: int, live: bool = True) -> None:
-        super().__init__()
-        self.runlog = log
-        self.max_steps = max_steps
-        self._enabled = live
-        self._bar: Any = None
-        self._task: Any = None
-        self._start = (0.0, 0)
-
-    def disable(self) -> None:
-        self._enabled = False
-
-    def enable(self) -> None:
-        self._enabled = True
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = (time.perf_counter(), trainer.global_step)
-        if self._enabled and self.runlog.enabled and self.runlog.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._bar = Progress(
-                TextColumn("train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(),
-                console=self.runlog.console,
-                transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task("train", total=self.max_steps, completed=trainer.global_step, info="")
-
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-        if self._bar is not None:
-            loss = trainer.callback_metrics.get("train/loss")
-            info = f"loss {float(loss):.3f}" if loss is not None else ""
-            self._bar.update(self._task, completed=trainer.global_step, info=info)
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not self.runlog.enabled:
-            return
-        step, metrics = trainer.global_step, trainer.callback_metrics
-        parts = [f"step {step}/{self.max_steps}"]
-        if "train/loss" in metrics:
-            parts.append(f"train loss {float(metrics['train/loss']):.4f}")
-        if "val/acc" in metrics:
-            best = metrics.get("val/acc_best")
-            parts.append(
-                f"val acc {100 * float(metrics['val/acc']):.1f}%"
-                + (f" (best {100 * float(best):.1f}%)" if best is not None else "")
-            )
-        started, first = self._start
-        elapsed, done = time.perf_counter() - started, step - first
-        timing = f"{clock(elapsed)} elapsed"
-        if 0 < done and step < self.max_steps:
-            timing += f", ~{clock(elapsed / done * (self.max_steps - step))} left"
-        self.runlog.info(" · ".join([*parts, timing]))
-
-    def _stop(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._stop()
-
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        self._stop()
+def clock(seconds: float) -> str:
+    """``m:ss`` (or ``h:mm:ss``) for a duration in seconds."""
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 def _pct(metrics: dict[str, Any], key: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,24 @@ def _is_multirun() -> bool:
 
 
 def _one_line(exc: BaseException) -> str:
-    from attnlab.callbacks import DivergenceError
-
+    """The exception as one line; our own errors are sentences already, others get their type in front."""
+    own: tuple[type, ...] = (ConfigError, RunFolderBusy)
+    if "attnlab.callbacks" in sys.modules:  # (not imported before the config was valid: keeps refusals fast)
+        own += (sys.modules["attnlab.callbacks"].DivergenceError,)
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if isinstance(exc, ConfigError | DivergenceError | RunFolderBusy) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, own) else f"{type(exc).__name__}: {text}"
+
+
+def _n(count: Any, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def shown(path: Path) -> str:
+    """A path as the user would type it: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _failed_value() -> float:
@@ -148,9 +163,6 @@ class Run:
             self.log.close()
 
     def validate(self) -> None:
-        from attnlab.training.console import quiet_libraries
-
-        quiet_libraries()
         import_user_modules(self.cfg)
         self.datamodule = validate_config(self.cfg)
 
@@ -176,7 +188,7 @@ class Run:
         if not folder.holds_run() or cfg.overwrite:
             if resume and not folder.holds_run():
                 raise ConfigError(
-                    f"nothing to resume in {folder.path}: it holds no run (resume=true continues the run in "
+                    f"nothing to resume in {shown(folder.path)}: it holds no run (resume=true continues the run in "
                     "hydra.run.dir=<its folder>)"
                 )
             self.ckpt_path = explicit
@@ -185,17 +197,17 @@ class Run:
         if not resume:
             state = f"{previous.status}, step {previous.steps}" if previous else "no summary"
             raise ConfigError(
-                f"{folder.path} already holds a run ({state}); to continue it: python train.py resume=true "
-                f"hydra.run.dir={folder.path} ; to replace it, add overwrite=true"
+                f"{shown(folder.path)} already holds a run ({state}); to continue it: python train.py resume=true "
+                f"hydra.run.dir={shown(folder.path)} ; to replace it, add overwrite=true"
             )
         stored = self._read(folder.read_config)
         changes = config_changes(stored, plain(cfg))
         fixed = [c for c in changes if c[0] not in EXTENSION_KEYS]
         if fixed:
-            shown = ", ".join(f"{key}: {old!r} → {new!r}" for key, old, new in fixed[:6])
+            listed = ", ".join(f"{key}: {old!r} → {new!r}" for key, old, new in fixed[:6])
             more = f" and {len(fixed) - 6} more" if len(fixed) > 6 else ""
             raise ConfigError(
-                f"cannot resume {folder.path} with other settings than it was started with: {shown}{more} "
+                f"cannot resume {shown(folder.path)} with other settings than it was started with: {listed}{more} "
                 "(only logger, threads, results_table and the like may differ; a larger max_steps extends the run)"
             )
         done = previous.max_steps if previous and previous.max_steps else stored["max_steps"]
@@ -208,8 +220,8 @@ class Run:
         last = folder.checkpoint("last")
         if not last.exists():
             raise ConfigError(
-                f"nothing to resume in {folder.path}: it has no checkpoint yet (the run stopped before its first "
-                "validation); start it again with overwrite=true"
+                f"nothing to resume in {shown(folder.path)}: it has no checkpoint yet (the run stopped before its "
+                "first validation); start it again with overwrite=true"
             )
         self.ckpt_path = last
         self.kind = "extend" if cfg.max_steps > stored["max_steps"] else "resume"
@@ -221,7 +233,7 @@ class Run:
     def report_complete(self) -> float:
         summary = self.previous
         self.log.info(
-            f"run {self.folder.path} is complete ({summary.steps} steps); nothing to do, nothing changed. "
+            f"run {shown(self.folder.path)} is complete ({summary.steps} steps); nothing to do, nothing changed. "
             "To train it further: resume=true max_steps=<more>"
         )
         from attnlab.training.console import results_table
@@ -246,11 +258,13 @@ class Run:
             read_checkpoint,
         )
         from attnlab.training.config import build_module, set_threads
-        from attnlab.training.console import StepProgress
+        from attnlab.training.console import quiet_libraries
         from attnlab.training.data import prepare_loaders
         from attnlab.training.loggers import wandb_run_id
+        from attnlab.training.progress import StepProgress
 
         cfg = self.cfg
+        quiet_libraries()  # after Lightning's import, which sets its own log level
         self.threads = set_threads(cfg)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         self.datamodule.setup("fit")
@@ -268,13 +282,14 @@ class Run:
         trainer_cfg = plain(cfg.trainer)
         live = bool(trainer_cfg.pop("enable_progress_bar", True))  # our bar replaces Lightning's; false: lines only
         progress = StepProgress(self.log, cfg.max_steps, live=live)
-        callbacks: list[Any] = [self.state, self.best, last, DivergenceGuard(), progress]
+        callbacks: list[Any] = [self.state, self.best, DivergenceGuard(), progress]
         if cfg.diagnostics.enabled:
             d = cfg.diagnostics
             self.diagnostics = AttentionDiagnostics(
                 d.every_n_steps, d.probe_size, d.threshold, d.heatmaps, self.folder.attention_dir
             )
             callbacks.append(self.diagnostics)
+        callbacks.append(last)
         try:
             self.trainer = instantiate(
                 trainer_cfg,
@@ -316,9 +331,13 @@ class Run:
         self.log.info(self._start_line(step))
 
     def fit(self) -> None:
+        from attnlab.training.checkpoints import close_restored_loops
+
         ckpt = str(self.ckpt_path) if self.ckpt_path is not None else None
         self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt, weights_only=True)
-        self.state.apply_restored(self.module)  # a resumed run that had nothing left to train never started
+        if self.ckpt is not None and int(self.ckpt["global_step"]) >= self.cfg.max_steps:
+            close_restored_loops(self.trainer)  # nothing was left to train: the run was killed during its test
+        self.state.apply_restored(self.module)  # (a fit with nothing left to train never starts training)
         self.fit_metrics = {**self.state.metrics, **self._callback_metrics()}
         self.diag = self.diagnostics.results() if self.diagnostics is not None else None
 
@@ -347,7 +366,7 @@ class Run:
             self.folder.write_summary(self.summary)
             if self.cfg.results_table:
                 self.log.table(results_table(self.summary), results_line(self.summary))
-            self.log.info(f"run folder: {self.folder.path}")
+            self.log.info(f"run folder: {shown(self.folder.path)}")
         if self.multirun:
             self._record_job("ok", None)
         return float(metrics.get(self.cfg.optimized_metric, float("nan")))
@@ -394,7 +413,7 @@ class Run:
         self._end_summary("interrupted", reason)
         if self.writer:
             self.folder.write_summary(self.summary)
-            self.log.info(f"{reason}; resume with: python train.py resume=true hydra.run.dir={self.folder.path}")
+            self.log.info(f"{reason}; resume with: python train.py resume=true hydra.run.dir={shown(self.folder.path)}")
         if self.multirun:
             self._record_job("interrupted", reason)
             raise KeyboardInterrupt from exc  # Ctrl-C stops the whole sweep
@@ -514,11 +533,12 @@ class Run:
         cfg, s = self.cfg, self.summary
         what = {"new": "new run", "resume": f"resumed at step {step}", "extend": f"extended from step {step}"}
         parts = [
-            f"run {self.folder.path} ({what[self.kind]})",
+            f"run {shown(self.folder.path)} ({what[self.kind]})",
             f"{s.variant} · mask {s.mask} · {s.task}",
-            f"d_model {s.d_model}, {s.num_heads} heads × d_k {s.d_k}, {s.num_layers} layers, {s.params:,} params",
+            f"d_model {s.d_model}, {_n(s.num_heads, 'head')} × d_k {s.d_k}, {_n(s.num_layers, 'layer')}, "
+            f"{s.params:,} params",
             f"{cfg.max_steps} steps of batch {cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}",
-            f"{s.device}" + (f", {s.threads} thread{'s' if s.threads != 1 else ''}" if s.device == "cpu" else ""),
+            f"{s.device}" + (f", {_n(s.threads, 'thread')}" if s.device == "cpu" else ""),
         ]
         if s.smoke:
             parts.append("smoke run (debug=fast)")

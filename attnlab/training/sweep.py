@@ -10,6 +10,7 @@ job's log in ``<sweep>/.submitit/``; the final table is printed by the launching
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +21,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.runs import RunFileError, RunFolder, SweepJournal
+from attnlab.training.console import clock
 
-__all__ = ["RunFolderGuard", "SweepReport", "clock", "count_jobs", "created_dirs", "failed_jobs", "job_done"]
+__all__ = ["RunFolderGuard", "SweepReport", "count_jobs", "created_dirs", "failed_jobs", "job_done"]
 
 _state: dict[str, Any] = {"created": (None, []), "failed": 0}
 
@@ -52,7 +54,10 @@ def _check_can_create(path: Path) -> None:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".attnlab-check-"):
             pass
     except OSError as exc:
-        print(f"error: cannot create the output folder {path}: {existing} is not writable ({exc.strerror or exc})")
+        print(
+            f"error: cannot create the output folder {path}: {existing} is not writable ({exc.strerror or exc})",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
 
 
@@ -99,16 +104,6 @@ def _quiet_optuna(config: DictConfig) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         optuna.logging.disable_default_handler()
         optuna.logging.enable_propagation()
-
-
-def clock(seconds: float) -> str:
-    """``m:ss`` (or ``h:mm:ss``) for a duration in seconds."""
-    seconds = round(seconds)
-    return (
-        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-        if seconds >= 3600
-        else f"{seconds // 60}:{seconds % 60:02d}"
-    )
 
 
 def job_done(job: str, status: str, reason: str | None, wall_time_s: float | None) -> None:
