@@ -252,3 +252,13 @@ def restore_process_state():
         os.environ.pop("ATTNLAB_UID", None)
     else:
         os.environ["ATTNLAB_UID"] = uid
+
+
+@pytest.fixture
+def snapshot():
+    """``snapshot(folder)``: every file under ``folder`` with its bytes, to show that a command changed nothing."""
+
+    def take(folder):
+        return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    return take

@@ -44,6 +44,7 @@ BAD_INPUTS = [
     (["batch_size=5000"], r"batch_size \(5000\) is larger than the training set \(1257\)"),
     (["variant=custom", "variant.name=cosyne"], r"unknown variant 'cosyne'.*variant=custom variant.name=<name>"),
     (["mask=dilated"], r"unknown mask 'dilated'.*mask=custom mask.name=dilated 'imports=\[your_module\]'"),
+    (["model.dropot=0.1"], r"unknown config key 'model.dropot'; did you mean 'model.dropout'\?.*\+model.dropot=0.1"),
     (["eval_every=0"], r"eval_every must be an integer >= 1, got 0"),
     (["eval_every=500"], r"eval_every \(500\) is larger than max_steps \(300\)"),
     (["threads=0"], r"threads must be auto or an integer >= 1, got 0"),
@@ -141,13 +142,8 @@ def test_readme_python_examples_run(tmp_path):
 # ------------------------------------------------------------------------------------ the run folder is safe
 
 
-def snapshot(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` with its bytes."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.slow
-def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path):
+def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path, snapshot):
     """Re-running into a finished folder, resuming it, resuming it with other settings: no file changes."""
     run = tmp_path / "run"
     first = _train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")

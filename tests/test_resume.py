@@ -167,10 +167,6 @@ def test_resume_of_a_folder_without_a_run_is_refused_and_leaves_nothing(
     assert f"error: nothing to resume in {out}: it holds no run" in capsys.readouterr().err
 
 
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def _crashed_run(out: Path, monkeypatch: pytest.MonkeyPatch, step: int = 15) -> None:
     monkeypatch.setattr(attnlab.callbacks, "DivergenceGuard", _CrashAt)
     monkeypatch.setattr(_CrashAt, "steps", [step])
@@ -187,7 +183,10 @@ def test_a_copied_run_folder_resumes_from_its_own_checkpoints(
     import shutil
 
     original, copy = tmp_path / "original", tmp_path / "moved" / "copy"
-    _crashed_run(original, monkeypatch)
+    _crashed_run(original, monkeypatch, step=26)  # after the best validation (18): the copy must keep its best.ckpt
+    ckpt = torch.load(original / "checkpoints" / "last.ckpt", weights_only=True)
+    (state,) = [v for k, v in ckpt["callbacks"].items() if k.startswith("RunCheckpoint")]
+    assert (state["dirpath"], state["best_model_path"]) == (".", "best.ckpt")  # names relative to the folder
     shutil.copytree(original, copy)
     for ckpt in (original / "checkpoints").iterdir():
         ckpt.write_bytes(b"garbage")
@@ -199,7 +198,7 @@ def test_a_copied_run_folder_resumes_from_its_own_checkpoints(
     assert summary["best_checkpoint"] == "checkpoints/best.ckpt" and summary["resumed_from"] == "checkpoints/last.ckpt"
 
 
-def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path, monkeypatch, capsys, snapshot):
     """A crashed run whose last.ckpt is corrupt (or was cut off): the resume is refused in one line and not a byte
     of the folder changes; the same for a finished run asked to start again without resume=true."""
     out = tmp_path / "run"
@@ -423,7 +422,7 @@ if WHERE == "checkpoint":  # SIGKILL half-way through writing last.ckpt at step 
     save = torch.save
 
     def torch_save(obj, f, *args, **kwargs):
-        if isinstance(obj, dict) and obj.get("global_step") == int(AT) and "last.ckpt" in getattr(f, "name", ""):
+        if isinstance(obj, dict) and obj.get("global_step") == int(AT) and "last.ckpt" in str(getattr(f, "name", "")):
             buffer = io.BytesIO()
             save(obj, buffer, *args, **kwargs)
             f.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])

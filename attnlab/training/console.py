@@ -117,8 +117,8 @@ def results_table(summary: Summary) -> Table:
         caption=caption if summary.smoke else None,
         caption_justify="left",
     )
-    for col in ("variant", "d_k", "heads", "params", "steps", "best val acc", "test acc", "wall time"):
-        table.add_column(col, justify="left" if col == "variant" else "right")
+    for col in ("variant", "d_k", "heads", "params", "steps", "best val acc", "test acc", "time"):
+        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=col == "variant")
     table.add_row(
         str(summary.variant),
         str(summary.d_k),

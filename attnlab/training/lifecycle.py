@@ -241,7 +241,8 @@ class Run:
         self.log.table(results_table(summary))
         if self.multirun:
             self._record_job("ok", None)
-        return float(summary.metrics.get(self.cfg.optimized_metric) or float("nan"))
+        value = summary.metrics.get(self.cfg.optimized_metric)
+        return float("nan") if value is None else float(value)
 
     def prepare(self) -> None:
         """Build everything the run needs and check what can fail before anything is written."""
@@ -376,7 +377,9 @@ class Run:
     def refuse(self, exc: BaseException, code: int = 2) -> float:
         """Nothing was started: an existing run's files are as they were."""
         reason = _one_line(exc)
-        if self.multirun and self.writer and not self.folder.holds_run():
+        if isinstance(exc, RunFolderBusy):
+            pass  # the folder is another process's: leave every file of it alone
+        elif self.multirun and self.writer and not self.folder.holds_run():
             # a job of a sweep: recorded as failed in its own new folder, and the sweep goes on
             self.summary = Summary(status="failed", reason=reason, overrides=self.overrides)
             self._settings()
@@ -499,8 +502,7 @@ class Run:
         self._settings()
         if not s.overrides:
             s.overrides = self.overrides
-        if self.kind == "extend" and not s.metrics_rows_floor:
-            s.metrics_rows_floor = self.rows_floor
+        s.metrics_rows_floor = max(s.metrics_rows_floor, self.rows_floor)  # an extension keeps the rows so far
         s.status, s.reason = "running", None
         s.params = self.module.num_parameters
         s.threads, s.torch = self.threads, torch.__version__
