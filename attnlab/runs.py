@@ -537,6 +537,10 @@ def load_run(path: str | Path) -> LoadedRun:
             summary = loaded.to_dict()
             if loaded.status == "running" and folder.is_active() is False:
                 summary.update(status="interrupted", reason="the process ended without finishing (killed?)")
+        elif folder.config_path.exists():
+            problems.append(f"{folder.summary_path} is missing: the run never started, or is from an older attnlab")
+    if summary is not None and (summary.get("steps") or 0) > 0 and not folder.metrics_path.exists():
+        problems.append(f"{folder.metrics_path} is missing: no curves for this run")
     return LoadedRun(folder.path, config, summary, read_metrics(folder.metrics_path), problems)
 
 

@@ -95,6 +95,8 @@ def test_a_version_1_summary_reads_with_relative_paths(tmp_path: Path) -> None:
 def test_load_run_turns_a_bad_file_into_a_problem_of_that_run(
     tmp_path: Path, name: str, content: str, problem: str
 ) -> None:
+    if name == "config.yaml":
+        RunFolder(tmp_path).write_summary(Summary(status="ok", steps=2))
     (tmp_path / name).write_text(content)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "x": 2}\n{"step": 2, "x"')
     run = load_run(tmp_path)
@@ -166,3 +168,11 @@ def test_sweep_journal_counts_jobs_after_the_last_header(tmp_path: Path) -> None
     journal.record("0_a", "failed", "boom", 2.0)
     header, jobs = journal.read()
     assert header["jobs"] == 2 and [(j["job"], j["status"], j["reason"]) for j in jobs] == [("0_a", "failed", "boom")]
+
+
+def test_load_run_names_missing_files(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("variant: dot\n")
+    assert [p.split(": ")[0] for p in load_run(tmp_path).problems] == [str(tmp_path / "summary.json") + " is missing"]
+    RunFolder(tmp_path).write_summary(Summary(status="ok", steps=10))
+    (problem,) = load_run(tmp_path).problems
+    assert problem.startswith(f"{tmp_path / 'metrics.jsonl'} is missing")
