@@ -76,7 +76,6 @@ SCHEMA_VERSION = 2
 """2: ``schema_version``, ``segments``, paths relative to the folder. Version 1 (no ``schema_version``) stored
 absolute paths; :meth:`Summary.from_dict` reads it."""
 
-STATUSES = ("running", "ok", "failed", "interrupted")
 LOCK_WAIT_S = 2.0  # how long a second writer waits for the lock (a dashboard may probe it for a moment)
 # the files and folders that make up a run (what overwrite=true removes); anything else in the folder is left alone
 RUN_ENTRIES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, CHECKPOINT_DIR, ATTENTION_DIR, "attention_maps.png")
@@ -293,21 +292,16 @@ class MetricsFile:
 
     def append(self, row: dict[str, Any]) -> None:
         """Write one row (NaN and inf become null)."""
+        rows = self.rows  # counted before the first append
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            rows = self.rows
             self._file = open(self.path, "a", buffering=1)
-            self._rows = rows
         self._file.write(json.dumps(_json_safe(row)) + "\n")
-        self._rows = self.rows + 1
+        self._rows = rows + 1
 
     def truncate(self, rows: int) -> None:
         """Keep the first ``rows`` complete rows (and drop a torn last line); ``truncate(0)`` empties the file."""
         self._rewrite(read_metrics(self.path)[: max(0, rows)])
-
-    def truncate_from(self, step: int) -> None:
-        """Drop the rows with ``step >= step`` (a checkpoint that has no row count)."""
-        self._rewrite([r for r in read_metrics(self.path) if (r.get("step") or 0) < step])
 
     def _rewrite(self, rows: list[dict[str, Any]]) -> None:
         self.close()
@@ -376,13 +370,6 @@ class RunFolder:
             return Path(path).resolve().relative_to(self.path.resolve()).as_posix()
         except ValueError:
             return str(path)
-
-    def resolve(self, stored: str | None) -> Path | None:
-        """A path stored in the summary, made usable (relative paths are inside the folder)."""
-        if stored is None:
-            return None
-        path = Path(stored)
-        return path if path.is_absolute() else self.path / path
 
     # ------------------------------------------------------------------------ state
     def holds_run(self) -> bool:

@@ -46,7 +46,10 @@ BAD_INPUTS = [
     (["mask=dilated"], r"unknown mask 'dilated'.*mask=custom mask.name=dilated 'imports=\[your_module\]'"),
     (["model.dropot=0.1"], r"unknown config key 'model.dropot'; did you mean 'model.dropout'\?.*\+model.dropot=0.1"),
     (["eval_every=0"], r"eval_every must be an integer >= 1, got 0"),
-    (["eval_every=500"], r"eval_every \(500\) is larger than max_steps \(300\)"),
+    (["eval_every=500"], r"max_steps \(300\) must be a multiple of eval_every \(500\)"),
+    (["trainer.max_steps=10"], r"trainer.max_steps \(10\) follows max_steps: set max_steps instead"),
+    (["seed=4294967296"], r"seed must be an integer in \[0, 4294967295\], got 4294967296"),
+    (["variant=custom"], r"variant.name is not set \(\?\?\?\): variant=custom needs variant.name=<your registered"),
     (["threads=0"], r"threads must be auto or an integer >= 1, got 0"),
     (["threads=abc"], r"threads must be auto or an integer >= 1, got 'abc'"),
     (["model.dropout=1.5"], r"model.dropout must be a finite number in \[0, 1\), got 1.5"),
@@ -60,16 +63,26 @@ BAD_INPUTS = [
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["trainer=gpu"], r"trainer.accelerator=gpu but torch sees no CUDA GPU"))
+if not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").exists():
+    BAD_INPUTS.append((["logger=wandb", "logger.mode=online"], r"logger.mode=online needs W&B credentials"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS, ids=lambda v: "_".join(v) if isinstance(v, list) else "")
 def test_bad_input_prints_one_line_exits_2_and_leaves_no_run_folder(tmp_path, overrides, message):
-    run = tmp_path / "outputs" / "day" / "run"  # Hydra makes the missing parents too: they must go again
-    proc = _train(*overrides, "logger=none", f"hydra.run.dir={run}")
+    """Started in an empty folder with the default (relative) run folder outputs/<date>/<time>_<id>: Hydra makes
+    it, and it must be gone again, with its parents."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "logger=none", *overrides],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_error_line(proc, message)
-    assert not (tmp_path / "outputs").exists(), sorted(str(p) for p in tmp_path.rglob("*"))
+    assert list(tmp_path.iterdir()) == [], sorted(str(p) for p in tmp_path.rglob("*"))
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, message: str) -> str:
@@ -98,26 +111,28 @@ def test_full_error_shows_the_traceback(tmp_path):
 
 @pytest.mark.slow
 def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path):
-    """A diverging job and a job with a bad value: both recorded as failed with their one line, the third job runs,
-    the final table says 1 ok and 2 failed, and the exit code is 1."""
+    """Diverging jobs and jobs with a bad value (num_heads=0): all recorded as failed with their one line, the good
+    job runs, the final table says 1 ok and 3 failed, and the exit code is 1."""
     sweep = tmp_path / "sweep"
     proc = _train(
-        "-m", "variant=scaled_dot", "lr=1e12,-1,1e-3", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"
+        "-m", "lr=1e12,1e-3", "num_heads=0,4", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # every job ran, and the exit code says some failed
-    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert len(jobs) == 3
-    diverged, bad, ok = (json.loads((j / "summary.json").read_text()) for j in jobs)
+    jobs = sorted((p for p in sweep.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("_")[0]))
+    assert len(jobs) == 4
+    bad, diverged, bad_too, ok = (json.loads((j / "summary.json").read_text()) for j in jobs)
     assert diverged["lr"] == 1e12 and diverged["status"] == "failed"
     assert re.match(r"training diverged at step \d+: (loss|gradient) is (nan|inf)", diverged["reason"])
-    assert bad["status"] == "failed" and bad["reason"] == "lr must be a finite number >= 0, got -1"
+    for refused in (bad, bad_too):
+        assert refused["status"] == "failed" and refused["reason"] == "num_heads must be an integer >= 1, got 0"
+        assert refused["num_heads"] == 0 and refused["d_k"] is None  # settings recorded as far as they make sense
     assert ok["status"] == "ok"
-    assert re.search(r"job 1/3 done \(failed\), .* left", proc.stdout) and "job 3/3 done (ok)" in proc.stdout
-    assert "1 ok, 2 failed" in proc.stdout
-    assert "training diverged" in proc.stderr
+    assert re.search(r"job 1/4 done \(failed\), .* left", proc.stdout) and "job 4/4 done (ok)" in proc.stdout
+    assert "1 ok, 3 failed" in proc.stdout
+    assert "training diverged" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
     # the failed job's W&B run was finished and marked failed (exit code 1), the good one with 0
     wandb_cli = Path(sys.executable).parent / "wandb"
-    for job, code in zip([jobs[0], jobs[2]], (1, 0), strict=True):
+    for job, code in zip([jobs[1], jobs[3]], (1, 0), strict=True):
         (run_dir,) = (job / "wandb").glob("offline-run-*")
         records = subprocess.run(
             [str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True
@@ -166,6 +181,18 @@ def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path, snapsh
     assert changed.returncode == 2
     assert_one_error_line(changed, r"cannot resume .* with other settings .*: d_k: None → 32, lr: 0.003 → 0.001")
     assert snapshot(run) == before
+
+    # extended, then resumed with the folder alone: complete at its new length (the extension's max_steps is
+    # put back), and shortening is refused
+    extended = _train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    after = snapshot(run)
+    resumed = _train("resume=true", f"hydra.run.dir={run}")
+    assert resumed.returncode == 0 and "is complete (10 steps)" in resumed.stdout, resumed.stderr[-3000:]
+    shorter = _train("resume=true", "max_steps=5", f"hydra.run.dir={run}")
+    assert shorter.returncode == 2
+    assert_one_error_line(shorter, r"max_steps 10 → 5: a run cannot be shortened")
+    assert snapshot(run) == after
 
     # its checkpoint does not fit a model of another width: one line naming the settings, nothing written
     other = tmp_path / "other"

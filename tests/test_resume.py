@@ -198,6 +198,17 @@ def test_a_copied_run_folder_resumes_from_its_own_checkpoints(
     assert summary["best_checkpoint"] == "checkpoints/best.ckpt" and summary["resumed_from"] == "checkpoints/last.ckpt"
 
 
+def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(
+    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    _crashed_run(out, monkeypatch, step=3)  # the first validation (and checkpoint) is at step 6
+    assert not (out / "checkpoints" / "last.ckpt").exists()
+    T.run(compose("config", overrides=[*SMALL, "resume=true"]), out)
+    assert_same_run(reference, out)
+    assert [(s["kind"], s["from_step"]) for s in summary_of(out)["segments"]] == [("new", 0), ("resume", 0)]
+
+
 def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path, monkeypatch, capsys, snapshot):
     """A crashed run whose last.ckpt is corrupt (or was cut off): the resume is refused in one line and not a byte
     of the folder changes; the same for a finished run asked to start again without resume=true."""
@@ -215,7 +226,9 @@ def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path
     assert summary_of(out)["status"] == "failed" and "simulated crash" in summary_of(out)["reason"]
 
 
-def test_overwrite_replaces_a_run_and_resume_with_overwrite_is_refused(reference: Path, tmp_path: Path, capsys):
+def test_overwrite_replaces_a_run_and_resume_with_overwrite_is_refused(
+    reference: Path, tmp_path: Path, capsys, snapshot
+):
     import shutil
 
     out = tmp_path / "run"
@@ -224,6 +237,10 @@ def test_overwrite_replaces_a_run_and_resume_with_overwrite_is_refused(reference
     cfg = compose("config", overrides=[*SMALL, "resume=true", "overwrite=true"])
     assert math.isnan(T.run(cfg, out))
     assert "resume=true and overwrite=true contradict each other" in capsys.readouterr().err
+    before = snapshot(out)
+    inside = f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"
+    assert math.isnan(T.run(compose("config", overrides=[*SMALL, "overwrite=true", inside]), out))
+    assert "ckpt_path=" in capsys.readouterr().err and snapshot(out) == before  # would delete its own checkpoint
     T.run(compose("config", overrides=[*SMALL, "max_steps=6", "eval_every=6", "overwrite=true"]), out)
     summary = summary_of(out)
     assert summary["status"] == "ok" and summary["steps"] == 6 and len(summary["segments"]) == 1

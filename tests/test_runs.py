@@ -79,7 +79,6 @@ def test_a_version_1_summary_reads_with_relative_paths(tmp_path: Path) -> None:
     summary = Summary.from_dict(old)
     assert summary.best_checkpoint == "checkpoints/best.ckpt" and summary.resumed_from == "checkpoints/last.ckpt"
     assert summary.schema_version == SCHEMA_VERSION and summary.metrics == {"test/acc": 0.25}
-    assert RunFolder(tmp_path).resolve(summary.best_checkpoint) == tmp_path / "checkpoints" / "best.ckpt"
 
 
 @pytest.mark.parametrize(
@@ -122,8 +121,6 @@ def test_metrics_file_counts_rows_and_cuts_back(tmp_path: Path) -> None:
     metrics.append({"step": 9, "x": float("inf")})
     assert [r["step"] for r in read_metrics(metrics.path)] == [0, 1, 2, 9] and metrics.rows == 4
     assert read_metrics(metrics.path)[-1]["x"] is None
-    metrics.truncate_from(2)
-    assert [r["step"] for r in read_metrics(metrics.path)] == [0, 1]
 
 
 def test_a_held_folder_refuses_a_second_writer_and_names_the_holder(tmp_path: Path) -> None:

@@ -52,7 +52,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 class RunCheckpoint(ModelCheckpoint):
     """A ModelCheckpoint whose state stores file names relative to its folder (``dirpath``), and re-anchors them
-    on load to wherever the folder is now. Old checkpoints with absolute paths are re-anchored the same way."""
+    on load to wherever the folder is now (Lightning would keep the old absolute paths, and forget the best score
+    when the folder moved)."""
 
     _PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 

@@ -102,8 +102,8 @@ def _flat_keys(node: Any, prefix: str = "") -> set[str]:
 
 def with_run_overrides(argv: list[str]) -> list[str]:
     """For a single run with ``resume=true`` (or ``ckpt_path=last``) and ``hydra.run.dir=<folder>``: the
-    overrides that run was started with, then the command line's (which win). A command line that repeats them
-    is unchanged. Anything else is returned as is."""
+    overrides of the run's last start (kept in its summary), then the command line's (which win). A command line
+    that repeats them is unchanged. Anything else is returned as is."""
     if "-m" in argv or "--multirun" in argv:
         return argv
     pairs = [_split(a) for a in argv if "=" in a]
@@ -118,7 +118,8 @@ def with_run_overrides(argv: list[str]) -> list[str]:
     except RunFileError:
         return argv  # the run itself reports the unreadable summary
     given = {key for key, _ in pairs}
-    stored = [o for o in (summary.overrides if summary else []) if "=" in o]
+    last = summary.segments[-1].overrides if summary and summary.segments else (summary.overrides if summary else [])
+    stored = [o for o in last if "=" in o]  # the last start's: an extension's larger max_steps included
     kept = [o for o in stored if _split(o)[0] not in given and _split(o)[0] not in _NOT_REPEATED]
     return [*kept, *argv]
 

@@ -158,16 +158,22 @@ def validate_config(cfg: DictConfig) -> Any:
 
     Returns the task's datamodule, built but not set up (its data is generated later).
     """
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        hint = {"variant.name": "variant=custom needs variant.name=<your registered score> and imports=[module]"}
+        raise ConfigError(f"{missing[0]} is not set (???): " + hint.get(missing[0], f"set it with {missing[0]}=..."))
     for key in ("d_model", "num_heads", "num_layers", "batch_size", "max_steps", "eval_every"):
         _check(check_int, key, cfg.get(key), minimum=1)
     _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
     _check(check_number, "lr", cfg.lr, low=0.0)
-    _check(check_int, "seed", cfg.get("seed"), minimum=0)
-    if cfg.eval_every > cfg.max_steps:
+    _check(check_int, "seed", cfg.get("seed"), minimum=0, maximum=2**32 - 1)
+    if cfg.max_steps % cfg.eval_every:
         raise ConfigError(
-            f"eval_every ({cfg.eval_every}) is larger than max_steps ({cfg.max_steps}): the run would never validate "
-            "or save a checkpoint; pick eval_every <= max_steps"
+            f"max_steps ({cfg.max_steps}) must be a multiple of eval_every ({cfg.eval_every}), so that the run "
+            "validates, and saves the checkpoint a resume continues from, at its last step"
         )
+    if cfg.trainer.get("max_steps", cfg.max_steps) != cfg.max_steps:
+        raise ConfigError(f"trainer.max_steps ({cfg.trainer.max_steps}) follows max_steps: set max_steps instead")
     threads = cfg.get("threads", "auto")
     if threads not in (None, "auto") and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be auto or an integer >= 1, got {threads!r}")
@@ -215,6 +221,24 @@ def _check_logger(logger: DictConfig) -> None:
     _check(check_choice, "logger.name", logger.name, ("wandb", "csv", "none"))
     if logger.name == "wandb":
         _check(check_choice, "logger.mode", logger.mode, ("offline", "online", "disabled"))
+        if logger.mode == "online" and not _wandb_credentials():
+            raise ConfigError(
+                "logger.mode=online needs W&B credentials: run `wandb login` (or set WANDB_API_KEY), or keep "
+                "the default offline mode and `wandb sync` later"
+            )
+
+
+def _wandb_credentials() -> bool:
+    """Whether W&B has a stored key (no network, no prompt; W&B would warn under WANDB_MODE=offline, which the
+    config's ``logger.mode=online`` overrides anyway)."""
+    import wandb
+
+    mode = os.environ.pop("WANDB_MODE", None)
+    try:
+        return bool(wandb.login(prompt=False))
+    finally:
+        if mode is not None:
+            os.environ["WANDB_MODE"] = mode
 
 
 def _check_trainer(trainer: DictConfig) -> None:
@@ -421,11 +445,15 @@ def _under(key: str, roots: Iterable[str]) -> bool:
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The keys whose values differ between a run's config and a new one, as (key, old, new), leaving out the
-    neutral keys (logger, threads, ...) that cannot change the numbers. A missing key reads as ``<absent>``."""
+    neutral keys (logger, threads, ...) that cannot change the numbers. A missing key reads as ``<absent>``; a
+    top-level key that a run of an older attnlab lacks is no change when the new value is its default."""
     a, b = _flatten(old), _flatten(new)
     absent = "<absent>"
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
     return [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
-        if a.get(key, absent) != b.get(key, absent) and not _under(key, NEUTRAL_KEYS)
+        if a.get(key, absent) != b.get(key, absent)
+        and not _under(key, NEUTRAL_KEYS)
+        and not (key not in a and "." not in key and key in defaults and defaults[key] == b.get(key))
     ]

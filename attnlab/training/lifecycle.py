@@ -19,10 +19,12 @@ Guarantees (the README's "Runs and resuming" section states them for users):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,13 +168,21 @@ class Run:
         import_user_modules(self.cfg)
         self.datamodule = validate_config(self.cfg)
 
-    def hold_folder(self) -> Any:
-        import contextlib
-
+    @contextlib.contextmanager
+    def hold_folder(self) -> Iterator[None]:
+        """The folder's lock for the block (rank 0). A run that ends before it started removes the folders made
+        for it while it still holds the lock, so that no other process can take the lock file in between."""
         if not self.writer:
-            return contextlib.nullcontext()
+            yield
+            return
         command = " ".join(["train.py", *self.overrides]) if self.overrides else "attnlab run"
-        return self.folder.lock(command)
+        with self.folder.lock(command):
+            try:
+                yield
+            except BaseException:
+                if not self.started and not self.multirun:
+                    self._remove_created_dirs()
+                raise
 
     def inspect_folder(self) -> None:
         """Decide what this start is; refuse (:class:`ConfigError`) what the folder does not allow."""
@@ -181,6 +191,11 @@ class Run:
         if resume and cfg.overwrite:
             raise ConfigError("resume=true and overwrite=true contradict each other: continue the run, or replace it")
         explicit = None if cfg.get("ckpt_path") in (None, "last") else Path(cfg.ckpt_path)
+        if cfg.overwrite and explicit is not None and folder.relative(explicit) != str(explicit):
+            raise ConfigError(
+                f"overwrite=true deletes the run in {shown(folder.path)}, and ckpt_path={explicit} lies inside it: "
+                "copy the checkpoint elsewhere first"
+            )
         if not self.writer:  # rank > 0: rank 0 decided; follow the same checkpoint
             self.ckpt_path = folder.checkpoint("last") if resume else explicit
             self.schedule_steps = self._stored_max_steps() if resume else None
@@ -210,22 +225,21 @@ class Run:
                 f"cannot resume {shown(folder.path)} with other settings than it was started with: {listed}{more} "
                 "(only logger, threads, results_table and the like may differ; a larger max_steps extends the run)"
             )
-        done = previous.max_steps if previous and previous.max_steps else stored["max_steps"]
-        if cfg.max_steps < done:
-            raise ConfigError(f"max_steps {done} → {cfg.max_steps}: a run cannot be shortened")
+        original = stored.get("max_steps")
+        if not isinstance(original, int):
+            raise ConfigError(f"cannot use the run in {shown(folder.path)}: its config.yaml has no max_steps")
+        trained = max(original, previous.steps or 0) if previous is not None else original
+        if cfg.max_steps < trained:
+            raise ConfigError(f"max_steps {trained} → {cfg.max_steps}: a run cannot be shortened")
         self.previous = previous
         if previous is not None and previous.finished and (previous.steps or 0) >= cfg.max_steps:
             self.complete = True
             return
         last = folder.checkpoint("last")
-        if not last.exists():
-            raise ConfigError(
-                f"nothing to resume in {shown(folder.path)}: it has no checkpoint yet (the run stopped before its "
-                "first validation); start it again with overwrite=true"
-            )
-        self.ckpt_path = last
-        self.kind = "extend" if cfg.max_steps > stored["max_steps"] else "resume"
-        self.schedule_steps = stored["max_steps"]
+        # no checkpoint yet (stopped before its first validation): the resume trains from step 0 in the same folder
+        self.ckpt_path = last if last.exists() else None
+        self.kind = "extend" if cfg.max_steps > original else "resume"
+        self.schedule_steps = original
         if previous is not None:
             self.summary = previous
             self.rows_floor = folder.metrics().rows if previous.finished else previous.metrics_rows_floor
@@ -310,14 +324,16 @@ class Run:
         from attnlab.training.loggers import make_loggers
 
         cfg, folder = self.cfg, self.folder
-        self.started = True
         step = int(self.ckpt["global_step"]) if self.ckpt is not None else 0
+        self._begin_summary(step)
+        self.started = True
         if self.writer:
             if cfg.overwrite and self.kind == "new":
                 folder.remove_run()
             folder.remove_partial_files()
             if self.kind == "new":
                 folder.write_config(plain(cfg))
+            folder.write_summary(self.summary)
             self.log.open(folder.log_path)
         hc = _hydra()
         name = (hc.job.override_dirname if hc else "") or folder.path.name
@@ -326,9 +342,6 @@ class Run:
         self.trainer.loggers = self.loggers
         self.state.jsonl = self.loggers[0]
         self._truncate_metrics()
-        self._begin_summary(step)
-        if self.writer:
-            folder.write_summary(self.summary)
         self.log.info(self._start_line(step))
 
     def fit(self) -> None:
@@ -401,27 +414,26 @@ class Run:
         return self._end("failed", reason, code=1, exc=exc)
 
     def interrupted(self, exc: BaseException) -> float:
+        """Ctrl-C (SIGINT) or SIGTERM: ``status: interrupted`` and the resume command; a multirun stops."""
         from attnlab.training.loggers import finish_wandb
 
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after the first
         if not self.started:
             self._remove_created_dirs()
             self.log.error("interrupted before the run started; nothing was written")
-            if self.multirun or self.in_process:
-                raise KeyboardInterrupt from exc
-            raise SystemExit(130)
-        finish_wandb(failed=True)
-        step = self.trainer.global_step if self.trainer is not None else None
-        reason = f"interrupted at step {step}"
-        self._end_summary("interrupted", reason)
-        if self.writer:
-            self.folder.write_summary(self.summary)
-            self.log.info(f"{reason}; resume with: python train.py resume=true hydra.run.dir={shown(self.folder.path)}")
-        if self.multirun:
-            self._record_job("interrupted", reason)
-            raise KeyboardInterrupt from exc  # Ctrl-C stops the whole sweep
-        if os.environ.get("HYDRA_FULL_ERROR") == "1" or self.in_process:
-            raise KeyboardInterrupt from exc
+        else:
+            finish_wandb(failed=True)
+            self._end_summary("interrupted", None)
+            reason = f"interrupted at step {self.summary.steps}"
+            self.summary.reason = self.segment.reason = reason
+            if self.writer:
+                self.folder.write_summary(self.summary)
+                resume = f"python train.py resume=true hydra.run.dir={shown(self.folder.path)}"
+                self.log.info(f"{reason}; resume with: {resume}")
+            if self.multirun:
+                self._record_job("interrupted", reason)
+        if self.multirun or self.in_process or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise KeyboardInterrupt from exc  # in a multirun, Ctrl-C stops the whole sweep
         raise SystemExit(130)
 
     def _end(self, status: str, reason: str, code: int, exc: BaseException) -> float:
@@ -470,26 +482,33 @@ class Run:
         """A new run starts metrics.jsonl anew; a resumed one cuts it back to its checkpoint's row count (never
         below the rows of a finished part that an extension keeps)."""
         jsonl = self.loggers[0]
-        if self.kind == "new" and self.ckpt is None:
+        if self.kind == "new":
             jsonl.truncate(0)
-        elif self.ckpt is not None and self.kind != "new":
-            rows = (self.ckpt.get("callbacks", {}).get("RunState") or {}).get("metrics_rows")
-            if rows is None:
-                jsonl.truncate_from(int(self.ckpt["global_step"]) + 1)
-            else:
-                jsonl.truncate(max(int(rows), self.rows_floor))
+        else:
+            rows = (self.ckpt or {}).get("callbacks", {}).get("RunState", {}).get("metrics_rows", 0)
+            jsonl.truncate(max(int(rows), self.rows_floor))
 
     def _settings(self) -> None:
-        cfg, s = self.cfg, self.summary
-        s.variant, s.mask, s.task = cfg.variant.name, cfg.mask.name, cfg.task.name
+        """The key settings into the summary; also for a config that failed validation (an unset or odd value is
+        stored as it is, or as null)."""
+        from omegaconf import OmegaConf
+
+        def get(key: str) -> Any:
+            try:
+                return plain(OmegaConf.select(self.cfg, key, throw_on_missing=True))
+            except Exception:
+                return None
+
+        s = self.summary
+        s.variant, s.mask, s.task = get("variant.name"), get("mask.name"), get("task.name")
+        s.num_heads, s.d_model, s.num_layers, s.seed = get("num_heads"), get("d_model"), get("num_layers"), get("seed")
+        s.lr, s.batch_size, s.max_steps = get("lr"), get("batch_size"), get("max_steps")
+        s.pos_encoding, s.variant_params = get("model.pos_encoding"), get("variant.params") or {}
         try:
-            s.d_k = resolve_d_k(cfg)
-        except ValueError:
-            s.d_k = cfg.d_k
-        s.num_heads, s.d_model, s.num_layers, s.seed = cfg.num_heads, cfg.d_model, cfg.num_layers, cfg.seed
-        s.lr, s.batch_size, s.max_steps = cfg.lr, cfg.batch_size, cfg.max_steps
-        s.pos_encoding, s.variant_params = cfg.model.pos_encoding, plain(cfg.variant.get("params")) or {}
-        s.smoke = bool(cfg.get("smoke", False))
+            s.d_k = resolve_d_k(self.cfg)
+        except Exception:
+            s.d_k = get("d_k")
+        s.smoke = bool(get("smoke"))
         s.launch_id = os.environ.get("ATTNLAB_UID")
 
     def _begin_summary(self, step: int) -> None:
@@ -516,8 +535,8 @@ class Run:
     def _end_summary(self, status: str, reason: str | None) -> None:
         s, seg = self.summary, self.segment
         s.status, s.reason = status, reason
-        if self.trainer is not None:
-            s.steps = self.trainer.global_step
+        if self.trainer is not None:  # (before Lightning restores a checkpoint its step reads 0)
+            s.steps = max(self.trainer.global_step, seg.from_step if seg is not None else 0)
             if status != "ok":
                 s.metrics = {**s.metrics, **self._callback_metrics()}
         if seg is not None:

@@ -64,11 +64,6 @@ class JsonlLogger(Logger):
         self.file.truncate(rows)
 
     @rank_zero_only
-    def truncate_from(self, step: int) -> None:
-        """Drop rows with ``step >= step``."""
-        self.file.truncate_from(step)
-
-    @rank_zero_only
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
         """Hyperparameters go to config.yaml and summary.json, not here."""
 

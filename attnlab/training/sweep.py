@@ -32,11 +32,12 @@ def created_dirs(path: Path) -> list[Path]:
     """The folders that Hydra created for the run folder ``path`` (deepest first): a run refused before it started
     removes them again, so that bad input leaves nothing behind."""
     target, created = _state["created"]
-    return list(created) if target is not None and Path(target) == Path(path) else []
+    return list(created) if target is not None and target == Path(path).absolute() else []
 
 
 def missing_dirs(path: Path) -> list[Path]:
-    """``path`` and those of its parents that do not exist yet, deepest first."""
+    """``path`` (made absolute) and those of its parents that do not exist yet, deepest first."""
+    path = Path(path).absolute()
     missing = []
     for p in [path, *path.parents]:
         if p.exists():
@@ -68,7 +69,7 @@ class RunFolderGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         path = Path(str(OmegaConf.select(config, "hydra.run.dir")))
         _check_can_create(path)
-        _state["created"] = (path, missing_dirs(path))
+        _state["created"] = (path.absolute(), missing_dirs(path))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_can_create(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
