@@ -290,14 +290,14 @@ class Run:
             self.ckpt = read_checkpoint(self.ckpt_path)
             check_fits(self.module, self.ckpt, self.ckpt_path)
 
-        self.best, last = make_checkpoints(self.folder)
+        best, last = make_checkpoints(self.folder)
         self.wandb_id = wandb_run_id(self.folder, resume=self.kind != "new")
         self.state = RunState(None)  # its metrics.jsonl logger comes with the loggers, at the start
         self.diagnostics = None
         trainer_cfg = plain(cfg.trainer)
         live = bool(trainer_cfg.pop("enable_progress_bar", True))  # our bar replaces Lightning's; false: lines only
         progress = StepProgress(self.log, cfg.max_steps, live=live)
-        callbacks: list[Any] = [self.state, self.best, DivergenceGuard(), progress]
+        callbacks: list[Any] = [self.state, best, DivergenceGuard(), progress]
         if cfg.diagnostics.enabled:
             d = cfg.diagnostics
             self.diagnostics = AttentionDiagnostics(
