@@ -6,21 +6,26 @@ query positions ``q_idx`` (Lq, 1) and key positions ``kv_idx`` (1, Lk) and retur
 Masks compose with ``&`` and ``|``. A position-only mask's dense tensor is built once per (Lq, Lk, device) and
 cached.
 
+Attention consumes a mask in its prepared form, :class:`PreparedMask`, made here in one pass by
+:func:`prepare_mask`: the bool tensor, the same with the rows that see no key opened up (``safe``), which rows see
+a key (``visible``), and two facts found once per shape for position-only masks (``is_causal``, ``all_visible``)
+that let the fast path pass ``is_causal=True`` to SDPA and skip zeroing rows.
+
 Register a new mask with ``@register_mask("name")`` on a :class:`Mask` subclass or on a plain function
 ``fn(q_idx, kv_idx, **params) -> bool tensor``.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnlab.checks import check_int
-from attnlab.registry import Registry
+from attnlab.registry import BoundedCache, Registry, check_params
 
 __all__ = [
     "AllOf",
@@ -29,18 +34,99 @@ __all__ = [
     "Mask",
     "NoMask",
     "Padding",
+    "PreparedMask",
     "SlidingWindow",
     "build_mask",
     "list_masks",
+    "prepare_mask",
     "register_mask",
 ]
 
 
+@dataclass(frozen=True, eq=False)
+class PreparedMask:
+    """A bool mask ready for attention; every tensor broadcastable to (B, H, Lq, Lk).
+
+    Fields:
+        allowed: True = may attend.
+        safe: ``allowed`` with the rows that see no key opened up entirely, so that a softmax never meets a row of
+            −inf; ``hidden`` is ``~safe``.
+        visible: (…, Lq, 1), False for the rows that see no key; their weights and output are zeroed.
+        is_causal: exactly j ≤ i with Lq = Lk (the fast path then passes ``is_causal=True`` to SDPA).
+        all_visible: every row sees a key (the fast path then skips zeroing rows). Both facts are found only for
+            position-only masks, once per shape; for a per-batch mask they are False (no host sync per step).
+        derived: tensors derived from this mask and cached with it (the fast path's masked position biases).
+    """
+
+    allowed: Tensor
+    safe: Tensor
+    visible: Tensor
+    is_causal: bool = False
+    all_visible: bool = False
+    hidden: Tensor = field(init=False, repr=False)
+    derived: BoundedCache = field(default_factory=BoundedCache, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", ~self.safe)
+
+    @classmethod
+    def from_tensor(cls, allowed: Tensor, find_facts: bool = False) -> PreparedMask:
+        """Prepare a bool tensor (True = may attend). ``find_facts``: also find ``is_causal`` and ``all_visible``
+        (one host sync; done for cached masks only)."""
+        if not isinstance(allowed, Tensor) or allowed.dtype != torch.bool:
+            raise TypeError(
+                f"mask must be a bool tensor (True = may attend), an attnlab Mask or None, got "
+                f"{allowed.dtype if isinstance(allowed, Tensor) else type(allowed).__name__}"
+            )
+        while allowed.dim() < 4:
+            allowed = allowed.unsqueeze(0)
+        visible = allowed.any(dim=-1, keepdim=True)  # (…, Lq, 1)
+        causal = all_visible = False
+        if find_facts:
+            lq, lk = allowed.shape[-2:]
+            tril = torch.ones(lq, lk, dtype=torch.bool, device=allowed.device).tril()
+            causal = lq == lk and allowed.shape[:2] == (1, 1) and torch.equal(allowed[0, 0], tril)
+            all_visible = bool(visible.all())
+        return cls(allowed, allowed | ~visible, visible, is_causal=causal, all_visible=all_visible)
+
+
+def prepare_mask(
+    mask: Tensor | Mask | PreparedMask | None,
+    num_queries: int,
+    num_keys: int,
+    device: torch.device | str | None = None,
+    *,
+    tokens: Tensor | None = None,
+    lengths: Tensor | None = None,
+) -> PreparedMask | None:
+    """Turn a bool tensor (True = may attend) or a :class:`Mask` into a :class:`PreparedMask` (None: no masking).
+
+    A position-only Mask's PreparedMask is built once per (Lq, Lk, device) and cached on the mask (treat it as
+    read-only); a mask that reads ``tokens`` / ``lengths`` is prepared from them each call."""
+    if mask is None or isinstance(mask, PreparedMask):
+        return mask
+    if isinstance(mask, Mask):
+        return mask.prepare(num_queries, num_keys, device, tokens=tokens, lengths=lengths)
+    return PreparedMask.from_tensor(mask)
+
+
 class Mask:
     """Base class. Subclasses implement :meth:`mask_mod`; set ``position_only = False`` if it reads
-    ``tokens`` / ``lengths``."""
+    ``tokens`` / ``lengths``. Override :attr:`is_causal` to return True for a mask that is exactly j ≤ i (the
+    encoder then picks causal variants, e.g. T5's one-directional buckets). Whatever it says, a position-only mask
+    whose tensor equals j ≤ i is found to be causal when prepared, and gets SDPA's ``is_causal``."""
 
     position_only: bool = True
+
+    @property
+    def is_causal(self) -> bool:
+        """The mask is exactly "key j is visible from query i iff j ≤ i"."""
+        return False
+
+    def _cache(self) -> BoundedCache:
+        """Dense and prepared forms of a position-only mask, per (Lq, Lk, device); made on first use, so that a
+        subclass need not call ``super().__init__()``."""
+        return self.__dict__.setdefault("_derived", BoundedCache())
 
     def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
         """q_idx (Lq, 1), kv_idx (1, Lk) long → bool broadcastable to (Lq, Lk) or (B, Lq, Lk)."""
@@ -59,14 +145,33 @@ class Mask:
         treat it as read-only (``materialize`` returns a copy)."""
         device = torch.device(device) if device is not None else torch.device("cpu")
         if self.position_only:
-            cache = self.__dict__.setdefault("_dense_cache", {})
-            key = (num_queries, num_keys, device)
-            if key not in cache:
-                if len(cache) > 16:
-                    cache.clear()
-                cache[key] = self._evaluate(num_queries, num_keys, device, None, None)
-            return cache[key]
+            return self._cache().get_or_make(
+                ("dense", num_queries, num_keys, device),
+                lambda: self._evaluate(num_queries, num_keys, device, None, None),
+            )
         return self._evaluate(num_queries, num_keys, device, tokens, lengths)
+
+    def prepare(
+        self,
+        num_queries: int,
+        num_keys: int,
+        device: torch.device | str | None = None,
+        *,
+        tokens: Tensor | None = None,
+        lengths: Tensor | None = None,
+    ) -> PreparedMask | None:
+        """The :class:`PreparedMask` for these sizes (None when the mask is trivial); cached when position-only,
+        with its facts (``is_causal``, ``all_visible``) found once."""
+        if self.is_trivial:
+            return None
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if not self.position_only:
+            return PreparedMask.from_tensor(self.dense(num_queries, num_keys, device, tokens=tokens, lengths=lengths))
+
+        return self._cache().get_or_make(
+            ("prepared", num_queries, num_keys, device),
+            lambda: PreparedMask.from_tensor(self.dense(num_queries, num_keys, device), find_facts=True),
+        )
 
     def materialize(
         self,
@@ -116,15 +221,7 @@ class Mask:
 
 
 def _wrap_mask(name: str, obj: Any, kwargs: dict[str, Any]) -> Mask:
-    target = obj
-    sig = inspect.signature(target)
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        allowed = [p for p in sig.parameters if p not in ("self", "q_idx", "kv_idx")]
-        for key in kwargs:
-            if key not in allowed:
-                raise ValueError(
-                    f"mask '{name}' does not take parameter '{key}'; allowed: {', '.join(allowed) or '(none)'}"
-                )
+    check_params("mask", name, obj, kwargs, ("q_idx", "kv_idx"))
     if isinstance(obj, type) and issubclass(obj, Mask):
         return obj(**kwargs)
     return FunctionMask(name, obj, **kwargs)
@@ -190,6 +287,10 @@ class Causal(Mask):
 
     def mask_mod(self, q_idx: Tensor, kv_idx: Tensor, tokens: Tensor | None, lengths: Tensor | None) -> Tensor:
         return kv_idx <= q_idx
+
+    @property
+    def is_causal(self) -> bool:
+        return True
 
 
 @register_mask("sliding_window")
@@ -260,6 +361,11 @@ class AllOf(_Composite):
     def is_trivial(self) -> bool:
         return all(m.is_trivial for m in self.masks)
 
+    @property
+    def is_causal(self) -> bool:
+        """Causal when one part is and every other part is causal or lets everything through."""
+        return any(m.is_causal for m in self.masks) and all(m.is_causal or m.is_trivial for m in self.masks)
+
 
 @register_mask("or")
 class AnyOf(_Composite):
@@ -276,3 +382,7 @@ class AnyOf(_Composite):
     @property
     def is_trivial(self) -> bool:
         return any(m.is_trivial for m in self.masks)
+
+    @property
+    def is_causal(self) -> bool:
+        return all(m.is_causal for m in self.masks)

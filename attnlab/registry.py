@@ -1,4 +1,4 @@
-"""A small name → builder registry, shared by scores and masks.
+"""A small name → builder registry, shared by scores, position biases, masks and normalizers.
 
 Three verbs, as in timm: ``register``, ``build``, ``names``. An unknown name raises :class:`UnknownNameError`,
 a one-line message that lists what is registered and suggests the closest name.
@@ -7,7 +7,8 @@ a one-line message that lists what is registered and suggests the closest name.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -66,3 +67,39 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def check_params(
+    kind: str, name: str, target: Callable[..., Any], params: dict[str, Any], implicit: tuple[str, ...]
+) -> None:
+    """One clear line for a parameter that ``target`` (a registered class or function) does not take:
+    ``score 'alibi' does not take parameter 'clip'; allowed: (none)``. ``implicit`` names the arguments the
+    pipeline passes itself (``q``, ``k``, ``logits`` ...), which are not listed as allowed."""
+    sig = inspect.signature(target)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    allowed = [p for p in sig.parameters if p not in ("self", *implicit)]
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"{kind} '{name}' does not take parameter '{key}'; allowed: {', '.join(allowed) or '(none)'}"
+            )
+
+
+class BoundedCache(dict):
+    """A dict of derived tensors (masks, position indices, biases) keyed by shape, device and dtype, that forgets
+    everything once it holds more than ``max_size`` entries, so that a model run at many lengths never grows it
+    without bound. Entries are shared: treat them as read-only."""
+
+    def __init__(self, max_size: int = 16) -> None:
+        super().__init__()
+        self.max_size = max_size
+
+    def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The entry for ``key``, made by ``make()`` the first time."""
+        value = self.get(key)
+        if value is None:
+            if len(self) >= self.max_size:
+                self.clear()
+            value = self[key] = make()
+        return value
