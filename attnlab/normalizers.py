@@ -1,0 +1,338 @@
+"""Normalizers: attention logits → weights, the softmax and its alternatives.
+
+A normalizer maps logits ``s`` (B, H, Lq, Lk) and the ``allowed`` mask (bool, broadcastable to (B, H, Lq, Lk),
+True = may attend; None = every key visible) to weights ``w`` (B, H, Lq, Lk) with two guarantees, in values and in
+gradients: a masked key gets exactly 0, and a row that sees no key gets all zeros, never NaN.
+
+==========  =====================================================  ===========================================
+name        w_j                                                    reference
+==========  =====================================================  ===========================================
+softmax     e^{s_j} / Σ e^{s}                                      the default; the only one SDPA computes
+softmax1    e^{s_j} / (1 + Σ e^{s})                                Miller 2023, "attention is off by one"
+sink        e^{s_j} / (e^{b_h} + Σ e^{s}), learned b_h per head    the attention sink of gpt-oss (2025)
+sigmoid     σ(s_j + b), b = −log n (n visible keys) by default    Ramapuram et al. 2024
+sparsemax   [s_j − τ]₊, τ such that Σ w = 1                        Martins & Astudillo 2016
+entmax15    [s_j/2 − τ]₊², τ such that Σ w = 1 (α = 1.5)           Peters et al. 2019
+softpick    ReLU(e^{s_j} − 1) / (Σ |e^{s} − 1| + ε)                Zuhri et al. 2025
+==========  =====================================================  ===========================================
+
+Register your own with ``@register_normalizer("name")`` on a :class:`Normalizer` subclass (``__init__`` may take
+``num_heads`` and any parameters) or on a plain function ``fn(logits, allowed, **params) -> weights``; build one
+with ``build_normalizer(name, num_heads=H, **params)``. Sums and maxima are taken over the last dimension (keys).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from attnlab.checks import check_int, check_number
+from attnlab.registry import Registry, check_params
+
+__all__ = [
+    "Entmax15",
+    "Normalizer",
+    "Sigmoid",
+    "Sink",
+    "Softmax",
+    "Softmax1",
+    "Softpick",
+    "Sparsemax",
+    "build_normalizer",
+    "entmax15",
+    "list_normalizers",
+    "open_empty_rows",
+    "register_normalizer",
+    "sparsemax",
+]
+
+
+class Normalizer(nn.Module):
+    """Base class: ``forward(logits (B, H, Lq, Lk), allowed bool or None) → weights (B, H, Lq, Lk)``.
+
+    ``is_softmax``: the weights are exactly ``softmax`` of the masked logits, so that attention may hand the whole
+    computation to ``scaled_dot_product_attention`` (the fast path).
+    """
+
+    is_softmax: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def open_empty_rows(allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """(safe, visible) of a bool mask: ``visible`` (…, Lq, 1) is False for a row that sees no key, and ``safe`` is
+    ``allowed`` with such rows opened up entirely, so that a normalizer never meets a row of −inf; its output is
+    then multiplied by ``visible``."""
+    visible = allowed.any(dim=-1, keepdim=True)
+    return allowed | ~visible, visible
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+
+class FunctionNormalizer(Normalizer):
+    """Wraps a registered plain function ``fn(logits, allowed, **params) -> weights``. Parameter-free."""
+
+    def __init__(self, name: str, fn: Callable[..., Tensor], **params: Any) -> None:
+        super().__init__()
+        self.name, self.fn, self.params = name, fn, params
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        return self.fn(logits, allowed, **self.params)
+
+    def extra_repr(self) -> str:
+        return f"{self.name}, {self.params}"
+
+
+def _wrap_normalizer(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
+    kwargs = dict(kwargs)
+    num_heads = kwargs.pop("num_heads", None)
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        sig = inspect.signature(obj)
+        check_params("normalizer", name, obj, kwargs, ("num_heads",))
+        if "num_heads" in sig.parameters:
+            if num_heads is None:
+                raise ValueError(f"build_normalizer('{name}') needs num_heads=")
+            kwargs["num_heads"] = num_heads
+        return obj(**kwargs)
+    check_params("normalizer", name, obj, kwargs, ("logits", "allowed"))
+    return FunctionNormalizer(name, obj, **kwargs)
+
+
+_NORMALIZERS: Registry[nn.Module] = Registry("normalizer", _wrap_normalizer)
+
+
+def register_normalizer(name: str) -> Callable[[Any], Any]:
+    """Decorator registering a :class:`Normalizer` subclass or a function ``fn(logits, allowed, **params)``."""
+    return _NORMALIZERS.register(name)
+
+
+def build_normalizer(name: str | nn.Module, num_heads: int | None = None, **params: Any) -> nn.Module:
+    """Build the normalizer ``name``: ``build_normalizer("sink", num_heads=4)``. A module is returned as is."""
+    if isinstance(name, nn.Module):
+        return name
+    return _NORMALIZERS.build(name, num_heads=num_heads, **params)
+
+
+def list_normalizers() -> list[str]:
+    """Names of the registered normalizers."""
+    return _NORMALIZERS.names()
+
+
+# --------------------------------------------------------------------------------------------- softmax family
+
+
+@register_normalizer("softmax")
+class Softmax(Normalizer):
+    """w = softmax(s) over the visible keys (Bahdanau et al. 2015, Vaswani et al. 2017)."""
+
+    is_softmax = True
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        if allowed is None:
+            return torch.softmax(logits, dim=-1)
+        safe, visible = open_empty_rows(allowed)
+        return torch.softmax(logits.masked_fill(~safe, float("-inf")), dim=-1) * visible
+
+
+def softmax_with_sink(logits: Tensor, allowed: Tensor | None, sink: Tensor) -> Tensor:
+    """e^{s_j} / (e^{sink} + Σ_visible e^{s}): a softmax over the keys and one extra logit ``sink`` (broadcastable
+    to (B, H, Lq, 1)) whose weight is dropped. Computed with the row maximum m = max(max_j s_j, sink) taken out
+    (held constant in the backward pass: the ratio does not depend on it), so nothing overflows; a row with no
+    visible key gives 0 / e^0 = 0."""
+    s = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    m = torch.maximum(s.amax(dim=-1, keepdim=True), sink).detach()  # finite: sink is
+    e = torch.exp(s - m)
+    return e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink - m))
+
+
+@register_normalizer("softmax1")
+class Softmax1(Normalizer):
+    """w_j = e^{s_j} / (1 + Σ e^{s}) (Miller 2023, "attention is off by one"): a sink fixed at logit 0, so that a
+    head can attend to nothing (Σ w < 1)."""
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        return softmax_with_sink(logits, allowed, logits.new_zeros(()))
+
+
+@register_normalizer("sink")
+class Sink(Normalizer):
+    """w_j = e^{s_j} / (e^{b_h} + Σ e^{s}) with a learned sink logit b_h per head (``sink_logit`` (H,), initialised
+    at ``init``, default 0 = softmax1 at the start), joined to every row and then dropped, as in gpt-oss."""
+
+    def __init__(self, num_heads: int, init: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.sink_logit = nn.Parameter(torch.full((num_heads,), check_number("init", init)))
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        if logits.shape[1] != self.num_heads:
+            raise ValueError(f"sink normalizer has {self.num_heads} heads, logits have {logits.shape[1]}")
+        return softmax_with_sink(logits, allowed, self.sink_logit.to(logits.dtype).view(1, -1, 1, 1))
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+@register_normalizer("sigmoid")
+class Sigmoid(Normalizer):
+    """w_j = σ(s_j + b) (Ramapuram et al. 2024, "Theory, analysis, and best practices for sigmoid self-attention").
+
+    ``bias``: b; None (default) = −log n with n the number of keys the row sees, the paper's choice, which makes
+    Σ w ≈ 1 for logits near 0. Rows do not sum to 1.
+    """
+
+    def __init__(self, bias: float | None = None) -> None:
+        super().__init__()
+        self.bias = None if bias is None else check_number("bias", bias)
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        if self.bias is not None:
+            b: Tensor | float = self.bias
+        elif allowed is None:
+            b = -math.log(logits.shape[-1])
+        else:
+            n = torch.broadcast_to(allowed, logits.shape).sum(dim=-1, keepdim=True)  # visible keys per row
+            b = -torch.log(n.clamp(min=1).to(logits.dtype))  # (B, H, Lq, 1)
+        w = torch.sigmoid(logits + b)
+        return w if allowed is None else w.masked_fill(~allowed, 0.0)
+
+    def extra_repr(self) -> str:
+        return "bias=-log n" if self.bias is None else f"bias={self.bias}"
+
+
+@register_normalizer("softpick")
+class Softpick(Normalizer):
+    """w_j = ReLU(e^{s_j} − 1) / (Σ_visible |e^{s} − 1| + ε) (Zuhri et al. 2025, "Softpick: no attention sink, no
+    massive activations with rectified softmax"). Keys with s ≤ 0 get exactly 0, and rows sum to at most 1.
+
+    Computed as ReLU(e^{s−m} − e^{−m}) / (Σ |e^{s−m} − e^{−m}| + ε·e^{−m}) with m = max(max_j s_j, 0), the same
+    ratio multiplied through by e^{−m}, so that nothing overflows.
+    """
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = check_number("eps", eps, low=0.0, low_open=True)
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        s = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True).clamp(min=0).detach()
+        shift = torch.exp(-m)
+        d = torch.exp(s - m) - shift  # (e^s − 1)·e^{−m}; masked keys: 0 − e^{−m}
+        if allowed is not None:
+            d = d.masked_fill(~allowed, 0.0)
+        return torch.relu(d) / (d.abs().sum(dim=-1, keepdim=True) + self.eps * shift)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}"
+
+
+# --------------------------------------------------------------------------------------------- sparse: α-entmax
+
+
+def _sparse_input(logits: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor | None]:
+    """``scale``·logits shifted so that each row's visible maximum is 0, with masked keys set to −2: below any
+    threshold τ, which lies in [max − 1, max) for sparsemax and entmax15 (Peters et al. 2019, Prop. 1), so they get
+    exactly 0 without any ±inf inside the sort-based algorithms. Returns it with the rows' visibility."""
+    z = logits * scale if scale != 1.0 else logits
+    if allowed is None:
+        return z - z.amax(dim=-1, keepdim=True).detach(), None
+    safe, visible = open_empty_rows(allowed)
+    z = z.masked_fill(~safe, float("-inf"))
+    z = z - z.amax(dim=-1, keepdim=True).detach()
+    return z.masked_fill(~safe, -2.0), visible
+
+
+class _SparsemaxFunction(torch.autograd.Function):
+    """Sort-based sparsemax (Martins & Astudillo 2016, Alg. 1) over the last dimension, with its closed-form
+    backward: ∂L/∂z = s ⊙ (g − mean_{j∈S} g_j), S the support."""
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor) -> Tensor:
+        zs = z.sort(dim=-1, descending=True).values
+        k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+        cumsum = zs.cumsum(dim=-1) - 1
+        support = (k * zs > cumsum).sum(dim=-1, keepdim=True)  # k(z) ≥ 1
+        tau = cumsum.gather(-1, support - 1) / support.to(z.dtype)
+        p = (z - tau).clamp(min=0)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (p,) = ctx.saved_tensors
+        s = (p > 0).to(grad.dtype)
+        mean = (grad * s).sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True)
+        return s * (grad - mean)
+
+
+class _Entmax15Function(torch.autograd.Function):
+    """Sort-based exact 1.5-entmax (Peters et al. 2019, Alg. 2) of z = s/2 over the last dimension, with its
+    closed-form backward: with u = √p, ∂p_i/∂z_j = 2(u_i δ_ij − u_i u_j / Σ u), so ∂L/∂z = 2(u ⊙ g − u · Σ u g / Σ u);
+    autograd then applies the ½ of z = s/2."""
+
+    @staticmethod
+    def forward(ctx: Any, z: Tensor) -> Tensor:
+        zs = z.sort(dim=-1, descending=True).values
+        rho = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+        mean = zs.cumsum(dim=-1) / rho
+        mean_sq = (zs * zs).cumsum(dim=-1) / rho
+        ss = rho * (mean_sq - mean * mean)
+        delta = ((1 - ss) / rho).clamp(min=0)
+        tau = mean - delta.sqrt()
+        support = (tau <= zs).sum(dim=-1, keepdim=True)
+        tau_star = tau.gather(-1, support - 1)
+        p = (z - tau_star).clamp(min=0) ** 2
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (p,) = ctx.saved_tensors
+        u = p.sqrt()
+        gu = grad * u
+        return 2 * (gu - u * (gu.sum(dim=-1, keepdim=True) / u.sum(dim=-1, keepdim=True)))
+
+
+def sparsemax(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """sparsemax(s) = argmin_{p ∈ Δ} ‖p − s‖² = [s − τ]₊ over the visible keys of the last dimension."""
+    z, visible = _sparse_input(logits, allowed, 1.0)
+    p = _SparsemaxFunction.apply(z)
+    return p if visible is None else p * visible
+
+
+def entmax15(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """1.5-entmax(s) = [s/2 − τ]₊² over the visible keys of the last dimension (Peters et al. 2019)."""
+    z, visible = _sparse_input(logits, allowed, 0.5)
+    p = _Entmax15Function.apply(z)
+    return p if visible is None else p * visible
+
+
+@register_normalizer("sparsemax")
+class Sparsemax(Normalizer):
+    """w = [s − τ]₊ with τ such that Σ w = 1 (Martins & Astudillo 2016): the Euclidean projection of the logits on
+    the simplex. Exact (sort-based), with exact zeros outside its support."""
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        return sparsemax(logits, allowed)
+
+
+@register_normalizer("entmax15")
+class Entmax15(Normalizer):
+    """1.5-entmax (Peters et al. 2019): w = [s/2 − τ]₊² with τ such that Σ w = 1, between softmax (α = 1) and
+    sparsemax (α = 2). Exact (sort-based), with exact zeros outside its support."""
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        return entmax15(logits, allowed)
