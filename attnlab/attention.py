@@ -1,133 +1,85 @@
-"""Multi-head attention with a pluggable score and mask, and a per-head key size d_k independent of d_model.
+"""Multi-head attention as a pipeline of named stages, each a registered or configured piece:
 
-    q = x W_Q, k = x W_K, v = x W_V                       (B, H, L, d_k), (B, H, L, d_k), (B, H, L, d_v)
-    e = score(q, k)                                       (B, H, Lq, Lk)
-    α = safe_softmax(e masked)                            rows with no visible key → all zeros
-    z = α v (+ score.value_term(α))                       (B, H, Lq, d_v)
-    out = concat_h(z) W_O                                 (B, Lq, d_model)
+    x → projections          q = x W_Q, k = x W_K, v = x W_V      (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, G, Lk, d_v)
+      → transform_qk         QK-norm (LayerNorm | RMSNorm per head), then rotary positions
+      → logits               e = score(q, k) + position_bias(q)    (B, Hq, Lq, Lk)
+                             e = c·tanh(e / c)                     (soft-capping, when ``softcap=c``)
+      → normalize            w = normalizer(e, mask)               masked keys 0, a row that sees no key all 0
+      → combine_maps         w = w₁ − λ·w₂                         (differential attention only)  (B, H, Lq, Lk)
+      → mix_values           z = w v (+ value terms)               (B, H, Lq, d_v)
+      → merge                out = concat_h(z) W_O                 (B, Lq, d_model)
 
-When the weights are not requested and the score is in the dot-product family without a value term, the
-computation dispatches to ``torch.nn.functional.scaled_dot_product_attention`` (the fast path), with the score's
-position bias and the mask folded into one additive float mask (or passed as a bool mask when there is no bias).
+H query heads and G key/value heads (``num_kv_heads``: G = H is multi-head, G = 1 multi-query (Shazeer 2019), a
+divisor of H grouped-query attention (Ainslie et al. 2023)); query head h reads key/value head h // (H / G).
+Differential attention (Ye et al. 2024) computes two maps per head: Hq = 2H query and Gk = 2G key heads, laid out
+component-major (index c·H + h for component c of head h).
+
+The fast path: when the weights are not requested and every stage is one that
+``torch.nn.functional.scaled_dot_product_attention`` computes exactly (a dot-product score without value term, a
+position bias without value term, the softmax, no soft-capping), q and k go through their transforms and then to
+SDPA, with the position bias and the mask folded into one additive float mask (or ``is_causal=True``, or a bool
+mask when there is no bias), and grouped heads through ``enable_gqa``. Differential attention runs both maps in
+one SDPA call: (w₁ − λ w₂) v = w₁ v − λ w₂ v.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.checks import check_int, check_prob
-from attnlab.masks import Causal, Mask
-from attnlab.scores import DotProductScore, Score, build_score
+from attnlab.checks import check_choice, check_int, check_number, check_prob
+from attnlab.masks import Mask, PreparedMask, prepare_mask
+from attnlab.normalizers import build_normalizer
+from attnlab.positions import RotaryEmbedding
+from attnlab.scores import DotProductScore, build_position_bias, build_score
 
-__all__ = ["AttentionOutput", "MultiHeadAttention", "PreparedMask", "prepare_mask"]
+__all__ = ["QK_NORMS", "AttentionOutput", "MultiHeadAttention", "PreparedMask", "prepare_mask"]
+
+QK_NORMS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
 
 class AttentionOutput(NamedTuple):
-    """out (B, Lq, d_model); weights α (B, H, Lq, Lk); logits e, the raw score outputs (B, H, Lq, Lk)."""
+    """out (B, Lq, d_model); weights w (B, H, Lq, Lk), signed for differential attention; logits e (B, Hq, Lq, Lk),
+    what the normalizer sees (score + position bias, soft-capped); Hq = 2H for differential attention."""
 
     out: Tensor
     weights: Tensor
     logits: Tensor
 
 
-class PreparedMask(NamedTuple):
-    """A bool mask ready for attention, all broadcastable to (B, H, Lq, Lk).
-
-    ``allowed``: True = may attend. ``safe``: ``allowed`` with rows that see nothing opened up entirely (so the
-    softmax never meets a row of −inf). ``visible``: (…, Lq, 1), False for those rows, whose output is then zeroed.
-    """
-
-    allowed: Tensor
-    safe: Tensor
-    visible: Tensor
-
-
-class _StaticMask(PreparedMask):
-    """A :class:`PreparedMask` of a position-only :class:`Mask`, built once per (Lq, Lk, device) and cached on the
-    mask, with two facts found once at build time: ``causal`` (exactly j ≤ i with Lq = Lk: the fast path then
-    passes ``is_causal=True`` to SDPA instead of a mask tensor) and ``all_visible`` (no row is fully hidden: the
-    fast path skips zeroing the output of such rows)."""
-
-    causal: bool = False
-    all_visible: bool = False
-    hidden: Tensor | None = None  # ~safe, built once
-
-
-def _masked_bias(bias: Tensor, pm: PreparedMask, static_bias: bool) -> Tensor:
-    """The additive float mask: ``bias`` (…, Lq, Lk) with the hidden positions at −inf. With a cached prepared
-    mask and a score whose bias is a cached constant (``static_bias``, e.g. ALiBi), the result is cached on the
-    mask too, so that no step allocates it again."""
-    hidden = getattr(pm, "hidden", None)
-    if hidden is None:
-        return bias.masked_fill(~pm.safe, float("-inf"))
-    if not static_bias or bias.requires_grad:
-        return bias.masked_fill(hidden, float("-inf"))
-    cache = pm.__dict__.setdefault("_masked_bias", {})
-    entry = cache.get(id(bias))
-    if entry is None or entry[0] is not bias:
-        if len(cache) > 16:
-            cache.clear()
-        entry = cache[id(bias)] = (bias, bias.masked_fill(hidden, float("-inf")))
-    return entry[1]
-
-
-def _prepare_tensor(mask: Tensor) -> PreparedMask:
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask must be a bool tensor (True = may attend), an attnlab Mask or None, got "
-            f"{mask.dtype if isinstance(mask, Tensor) else type(mask).__name__}"
-        )
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    visible = mask.any(dim=-1, keepdim=True)  # (…, Lq, 1)
-    return PreparedMask(allowed=mask, safe=mask | ~visible, visible=visible)
-
-
-def prepare_mask(
-    mask: Tensor | Mask | PreparedMask | None, num_queries: int, num_keys: int, device: torch.device
-) -> PreparedMask | None:
-    """Turn a bool tensor (True = may attend) or a position-only :class:`Mask` into a :class:`PreparedMask`.
-
-    A position-only Mask's PreparedMask is built once per (Lq, Lk, device) and cached on the mask (treat it as
-    read-only)."""
-    if mask is None or isinstance(mask, PreparedMask):
-        return mask
-    if isinstance(mask, Mask):
-        if mask.is_trivial:
-            return None
-        if not mask.position_only:
-            return _prepare_tensor(mask.dense(num_queries, num_keys, device))
-        device = torch.device(device)
-        cache = mask.__dict__.setdefault("_prepared_cache", {})
-        key = (num_queries, num_keys, device)
-        prepared = cache.get(key)
-        if prepared is None:
-            if len(cache) > 16:
-                cache.clear()
-            prepared = _StaticMask(*_prepare_tensor(mask.dense(num_queries, num_keys, device)))
-            prepared.causal = type(mask) is Causal and num_queries == num_keys
-            prepared.all_visible = bool(prepared.visible.all())  # one host sync per shape, at build time
-            prepared.hidden = ~prepared.safe
-            cache[key] = prepared
-        return prepared
-    return _prepare_tensor(mask)
+def lambda_init(layer: int) -> float:
+    """Differential attention's λ_init = 0.8 − 0.6·exp(−0.3·(l − 1)) for layer l = 1, 2, … (Ye et al. 2024)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (Vaswani et al. 2017, §3.2.2) with any registered score.
+    """Multi-head attention (Vaswani et al. 2017, §3.2.2) with every stage pluggable.
 
     Args:
         d_model: model width.
         num_heads: H.
-        d_k: per-head query/key size, free of d_model and H: ``q_proj``/``k_proj`` map d_model → H·d_k.
-        d_v: per-head value size (default d_k): ``v_proj`` maps d_model → H·d_v, ``out_proj`` H·d_v → d_model.
+        d_k: per-head query/key size, free of d_model and H: ``q_proj`` maps d_model → H·d_k.
+        d_v: per-head value size (default d_k): ``v_proj`` maps d_model → G·d_v, ``out_proj`` H·d_v → d_model.
         score: a registered score name, or a built score module.
         bias: biases in the four projections.
         dropout: dropout on the attention weights (training only).
+        num_kv_heads: G key/value heads, a divisor of H (default H); ``k_proj`` maps d_model → G·d_k.
+        rope: rotary positions on q and k: True, or a dict of :class:`~attnlab.positions.RotaryEmbedding`
+            parameters (``base``, ``fraction``), or a built module; None (default) = off.
+        qk_norm: ``layernorm`` or ``rmsnorm`` of each head's q and k over d_k (Dehghani et al. 2023), before rope.
+        softcap: c > 0: logits ← c·tanh(logits / c) before the mask (Gemma 2 uses 50); None = off.
+        position_bias: a registered position bias (``shaw``, ``t5``, ``alibi``) added to any score, or None/``none``;
+            ``position_bias_params`` its parameters.
+        normalizer: a registered normalizer (default ``softmax``), ``normalizer_params`` its parameters.
+        differential: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
+            λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init).
+            q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
+        layer: this layer's depth l = 1, 2, … (differential attention's λ_init).
         **score_params: passed to the score (``clip=4`` for relative_position, ...).
     """
 
@@ -140,42 +92,156 @@ class MultiHeadAttention(nn.Module):
         score: str | nn.Module = "scaled_dot",
         bias: bool = True,
         dropout: float = 0.0,
+        *,
+        num_kv_heads: int | None = None,
+        rope: bool | Mapping[str, Any] | nn.Module | None = None,
+        qk_norm: str | None = None,
+        softcap: float | None = None,
+        position_bias: str | nn.Module | None = None,
+        position_bias_params: Mapping[str, Any] | None = None,
+        normalizer: str | nn.Module = "softmax",
+        normalizer_params: Mapping[str, Any] | None = None,
+        differential: bool = False,
+        layer: int = 1,
         **score_params: Any,
     ) -> None:
         super().__init__()
         self.d_model = check_int("d_model", d_model, minimum=1)
-        self.num_heads = check_int("num_heads", num_heads, minimum=1)
+        self.num_heads = H = check_int("num_heads", num_heads, minimum=1)
         self.d_k = check_int("d_k", d_k, minimum=1)
         self.d_v = self.d_k if d_v is None else check_int("d_v", d_v, minimum=1)
         self.dropout = check_prob("dropout", dropout, high_open=True)
-        self.q_proj = nn.Linear(d_model, num_heads * self.d_k, bias=bias)
-        self.k_proj = nn.Linear(d_model, num_heads * self.d_k, bias=bias)
-        self.v_proj = nn.Linear(d_model, num_heads * self.d_v, bias=bias)
-        self.out_proj = nn.Linear(num_heads * self.d_v, d_model, bias=bias)
+        self.num_kv_heads = G = H if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
+        if H % G:
+            raise ValueError(f"num_kv_heads ({G}) must divide num_heads ({H}): 1 (multi-query), a divisor, or {H}")
+        self.differential = bool(differential)
+        maps = 2 if self.differential else 1
+        self.query_heads, self.key_heads = maps * H, maps * G  # Hq, Gk
+
+        # projections
+        self.q_proj = nn.Linear(d_model, self.query_heads * self.d_k, bias=bias)
+        self.k_proj = nn.Linear(d_model, self.key_heads * self.d_k, bias=bias)
+        self.v_proj = nn.Linear(d_model, G * self.d_v, bias=bias)
+        self.out_proj = nn.Linear(H * self.d_v, d_model, bias=bias)
+
+        # score and position bias, over the Hq query heads
         if isinstance(score, str):
-            score = build_score(score, d_k=self.d_k, num_heads=num_heads, d_v=self.d_v, **score_params)
+            score = build_score(score, d_k=self.d_k, num_heads=self.query_heads, d_v=self.d_v, **score_params)
         elif score_params:
             raise ValueError("score_params are only used when score is given by name")
         self.score = score
+        if isinstance(position_bias, str) or position_bias is None:
+            position_bias = build_position_bias(
+                position_bias, d_k=self.d_k, num_heads=self.query_heads, d_v=self.d_v, **(position_bias_params or {})
+            )
+        self.position_bias = position_bias
+
+        # q/k transforms
+        self.qk_norm = None if qk_norm is None else check_choice("qk_norm", qk_norm, [*QK_NORMS, None])
+        self.q_norm = QK_NORMS[qk_norm](self.d_k) if qk_norm is not None else None
+        self.k_norm = QK_NORMS[qk_norm](self.d_k) if qk_norm is not None else None
+        if rope is True:
+            rope = RotaryEmbedding(self.d_k)
+        elif isinstance(rope, Mapping):
+            rope = RotaryEmbedding(self.d_k, **rope)
+        self.rope = rope or None
+
+        # logit transform and normalizer
+        self.softcap = None if softcap is None else check_number("softcap", softcap, low=0.0, low_open=True)
+        self.normalizer = build_normalizer(normalizer, num_heads=self.query_heads, **(normalizer_params or {}))
+
+        # differential attention's λ and per-head norm
+        self.layer = check_int("layer", layer, minimum=1)
+        if self.differential:
+            self.lambda_init = lambda_init(self.layer)
+            self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+                nn.Parameter(torch.randn(self.d_k) * 0.1) for _ in range(4)
+            )
+            self.sub_norm = nn.RMSNorm(self.d_v, eps=1e-5)
+
+    # ------------------------------------------------------------------------------------------ stages
+
+    def project(self, x: Tensor, key_value: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, Lq, d_model), key_value (B, Lk, d_model) or None → q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k),
+        v (B, G, Lk, d_v), with q and k transformed (:meth:`transform_qk`)."""
+        kv = x if key_value is None else key_value
+        B, Lq, _ = x.shape
+        Lk = kv.shape[1]
+        q = self.q_proj(x).view(B, Lq, self.query_heads, self.d_k).transpose(1, 2)  # (B, Hq, Lq, d_k)
+        k = self.k_proj(kv).view(B, Lk, self.key_heads, self.d_k).transpose(1, 2)  # (B, Gk, Lk, d_k)
+        v = self.v_proj(kv).view(B, Lk, self.num_kv_heads, self.d_v).transpose(1, 2)  # (B, G, Lk, d_v)
+        return (*self.transform_qk(q, k), v)
+
+    def transform_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """QK-norm, then rotary positions (query i at position i, key j at position j)."""
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            q, k = self.rope(q), self.rope(k)
+        return q, k
+
+    def expand_heads(self, t: Tensor, heads: int) -> Tensor:
+        """(B, G', L, d) → (B, heads, L, d): each key/value head repeated for the query heads of its group."""
+        return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+    def logits(self, q: Tensor, k: Tensor) -> Tensor:
+        """q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k) → e (B, Hq, Lq, Lk): score + position bias, soft-capped."""
+        e = self.score(q, self.expand_heads(k, self.query_heads))
+        if self.position_bias is not None:
+            e = e + self.position_bias(q, k.shape[2])
+        if self.softcap is not None:
+            e = self.softcap * torch.tanh(e / self.softcap)
+        return e
+
+    def normalize(self, logits: Tensor, mask: PreparedMask | None, dtype: torch.dtype) -> Tensor:
+        """logits (B, Hq, Lq, Lk) → weights in ``dtype``; half-precision logits are normalized in float32."""
+        low_precision = logits.dtype in (torch.float16, torch.bfloat16)
+        weights = self.normalizer(logits.float() if low_precision else logits, None if mask is None else mask.allowed)
+        return weights.to(dtype)
+
+    def differential_lambda(self) -> Tensor:
+        """λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, a scalar."""
+        return (
+            torch.exp(torch.dot(self.lambda_q1, self.lambda_k1))
+            - torch.exp(torch.dot(self.lambda_q2, self.lambda_k2))
+            + self.lambda_init
+        )
+
+    def combine_maps(self, t: Tensor) -> Tensor:
+        """Differential attention: (B, 2H, …) component-major → t₁ − λ·t₂, (B, H, …). Identity otherwise."""
+        if not self.differential:
+            return t
+        pair = t.unflatten(1, (2, self.num_heads))  # (B, 2, H, …)
+        return pair[:, 0] - self.differential_lambda().to(t.dtype) * pair[:, 1]
+
+    def mix_values(self, weights: Tensor, v: Tensor) -> Tensor:
+        """weights (B, H, Lq, Lk) (after dropout), v (B, G, Lk, d_v) → z (B, H, Lq, d_v), plus value-side terms."""
+        z = torch.matmul(weights, self.expand_heads(v, self.num_heads))  # (B, H, Lq, d_v)
+        for part in (self.score, self.position_bias):
+            if part is not None and getattr(part, "has_value_term", False):
+                z = z + part.value_term(weights)
+        return z
+
+    def merge(self, z: Tensor) -> Tensor:
+        """z (B, H, Lq, d_v) → (B, Lq, d_model); differential attention first norms each head and scales it by
+        (1 − λ_init)."""
+        if self.differential:
+            z = self.sub_norm(z) * (1 - self.lambda_init)
+        B, _, Lq, _ = z.shape
+        return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
+
+    # ------------------------------------------------------------------------------------------ forward
 
     @property
     def uses_fast_path(self) -> bool:
         """Whether ``forward(need_weights=False)`` dispatches to SDPA."""
-        return isinstance(self.score, DotProductScore) and not self.score.has_value_term
-
-    def _project(self, x: Tensor, key_value: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        kv = x if key_value is None else key_value
-        B, Lq, _ = x.shape
-        Lk = kv.shape[1]
-        H = self.num_heads
-        q = self.q_proj(x).view(B, Lq, H, self.d_k).transpose(1, 2)  # (B, H, Lq, d_k)
-        k = self.k_proj(kv).view(B, Lk, H, self.d_k).transpose(1, 2)  # (B, H, Lk, d_k)
-        v = self.v_proj(kv).view(B, Lk, H, self.d_v).transpose(1, 2)  # (B, H, Lk, d_v)
-        return q, k, v
-
-    def _merge(self, z: Tensor) -> Tensor:
-        B, _, Lq, _ = z.shape
-        return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
+        return (
+            isinstance(self.score, DotProductScore)
+            and not self.score.has_value_term
+            and (self.position_bias is None or not self.position_bias.has_value_term)
+            and getattr(self.normalizer, "is_softmax", False)
+            and self.softcap is None
+        )
 
     def forward(
         self,
@@ -185,50 +251,87 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, Lq, d_model), key_value (B, Lk, d_model) or None for self-attention, mask bool broadcastable to
-        (B, H, Lq, Lk) with True = may attend (or a position-only Mask) → (out (B, Lq, d_model), weights
+        (B, H, Lq, Lk) with True = may attend (or a Mask, or a PreparedMask) → (out (B, Lq, d_model), weights
         (B, H, Lq, Lk) if ``need_weights`` else None)."""
         if need_weights or not self.uses_fast_path:
             o = self.attend(x, key_value, mask)
             return o.out, (o.weights if need_weights else None)
-        q, k, v = self._project(x, key_value)
+        q, k, v = self.project(x, key_value)
         pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        z = self.combine_maps(self._sdpa(q, k, v, pm))  # (B, H, Lq, d_v)
+        return self.merge(z), None
+
+    def attend(
+        self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
+    ) -> AttentionOutput:
+        """The eager path, every stage in turn, returning the output with the weights and the logits."""
+        q, k, v = self.project(x, key_value)
+        pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        logits = self.logits(q, k)  # (B, Hq, Lq, Lk)
+        weights = self.combine_maps(self.normalize(logits, pm, v.dtype))  # (B, H, Lq, Lk)
+        dropped = F.dropout(weights, self.dropout) if self.training and self.dropout > 0 else weights
+        z = self.mix_values(dropped, v)  # (B, H, Lq, d_v)
+        return AttentionOutput(self.merge(z), weights, logits)
+
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None) -> Tensor:
+        """The fast path: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v) → z (B, Hq, Lq, d_v)."""
         score: DotProductScore = self.score  # type: ignore[assignment]
-        bias = score.bias(q, k.shape[2])
-        causal = bias is None and getattr(pm, "causal", False)
+        bias, static = self._position_logits(score, q, k.shape[2])
+        causal = bias is None and pm is not None and pm.is_causal
         if bias is None:
             attn_mask = None if pm is None or causal else pm.safe
         else:
-            attn_mask = bias if pm is None else _masked_bias(bias, pm, score.static_bias)
+            attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
+        if self.differential:
+            v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
         z = F.scaled_dot_product_attention(
             score.query_map(q),
-            k,
+            score.key_map(k),
             v,
             attn_mask=attn_mask,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=causal,
             scale=score.scale,
-        )  # (B, H, Lq, d_v)
-        if pm is not None and not getattr(pm, "all_visible", False):
+            enable_gqa=self.key_heads != self.query_heads,
+        )  # (B, Hq, Lq, d_v)
+        if pm is not None and not pm.all_visible:
             z = z * pm.visible  # rows with no visible key: zero output
-        return self._merge(z), None
+        return z
 
-    def attend(
-        self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
-    ) -> AttentionOutput:
-        """The eager path, returning the output with the weights and the pre-softmax logits."""
-        q, k, v = self._project(x, key_value)
-        pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
-        logits = self.score(q, k)  # (B, H, Lq, Lk)
-        e = logits if pm is None else logits.masked_fill(~pm.safe, float("-inf"))
-        low_precision = e.dtype in (torch.float16, torch.bfloat16)
-        weights = torch.softmax(e.float() if low_precision else e, dim=-1).to(v.dtype)
-        if pm is not None:
-            weights = weights * pm.visible  # rows with no visible key: all zeros
-        dropped = F.dropout(weights, self.dropout) if self.training and self.dropout > 0 else weights
-        z = torch.matmul(dropped, v)  # (B, H, Lq, d_v)
-        if isinstance(self.score, Score) and self.score.has_value_term:
-            z = z + self.score.value_term(dropped)
-        return AttentionOutput(self._merge(z), weights, logits)
+    def _position_logits(self, score: DotProductScore, q: Tensor, num_keys: int) -> tuple[Tensor | None, bool]:
+        """The additive logit terms beside q·k (the score's own bias and the position-bias stage), summed, and
+        whether the result is a static (cacheable) tensor."""
+        parts = [(score.bias(q, num_keys), score.static_bias)]
+        if self.position_bias is not None:
+            parts.append((self.position_bias(q, num_keys), self.position_bias.static_bias))
+        parts = [(b, s) for b, s in parts if b is not None]
+        if not parts:
+            return None, False
+        if len(parts) == 1:
+            return parts[0]
+        return parts[0][0] + parts[1][0], False
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, d_v={self.d_v}"
+        extra = [f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, d_v={self.d_v}"]
+        if self.num_kv_heads != self.num_heads:
+            extra.append(f"num_kv_heads={self.num_kv_heads}")
+        if self.qk_norm:
+            extra.append(f"qk_norm={self.qk_norm}")
+        if self.softcap is not None:
+            extra.append(f"softcap={self.softcap:g}")
+        if self.differential:
+            extra.append(f"differential, layer={self.layer}, lambda_init={self.lambda_init:.3f}")
+        return ", ".join(extra)
+
+
+def _masked_bias(bias: Tensor, pm: PreparedMask, static: bool) -> Tensor:
+    """The additive float mask: ``bias`` (…, Lq, Lk) with the hidden positions at −inf. A static bias (a cached
+    constant, e.g. ALiBi) is combined with a cached mask once and the result cached with the mask."""
+    if not static or bias.requires_grad:
+        return bias.masked_fill(pm.hidden, float("-inf"))
+    key = ("masked_bias", id(bias))
+    entry = pm.derived.get(key)
+    if entry is None or entry[0] is not bias:  # a new tensor that reuses a freed one's id
+        pm.derived.pop(key, None)
+        entry = pm.derived.get_or_make(key, lambda: (bias, bias.masked_fill(pm.hidden, float("-inf"))))
+    return entry[1]

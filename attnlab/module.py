@@ -41,6 +41,9 @@ class EncoderModule(L.LightningModule):
         score, score_params: the attention variant.
         mask: structural mask spec (name, spec dict or Mask).
         pos_encoding, norm_first, dropout: encoder options.
+        attention: the other attention stages, passed to the Encoder (``num_kv_heads``, ``rope``, ``qk_norm``,
+            ``softcap``, ``normalizer``, ``normalizer_params``, ``position_bias``, ``position_bias_params``,
+            ``differential``).
         lr, weight_decay, warmup_steps, max_steps, betas: AdamW with warm-up + cosine decay over ``max_steps``.
     """
 
@@ -68,6 +71,7 @@ class EncoderModule(L.LightningModule):
         warmup_steps: int = 50,
         max_steps: int = 1000,
         betas: tuple[float, float] = (0.9, 0.98),
+        attention: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -87,6 +91,7 @@ class EncoderModule(L.LightningModule):
             max_len=max_len,
             dropout=dropout,
             norm_first=norm_first,
+            **(attention or {}),
         )
         self.head = nn.Linear(d_model, num_classes)
         self.per_token = per_token
@@ -156,7 +161,9 @@ class EncoderModule(L.LightningModule):
         hp = self.hparams
         decay, no_decay = [], []
         for name, p in self.named_parameters():
-            (decay if p.dim() >= 2 and "embed" not in name and "pos" not in name else no_decay).append(p)
+            # matrices decay; biases, norms, per-head scalars, the token embedding and position tables do not
+            table = name.startswith(("encoder.embed.", "encoder.pos."))
+            (decay if p.dim() >= 2 and not table else no_decay).append(p)
         optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=hp.lr,

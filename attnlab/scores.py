@@ -1,18 +1,24 @@
-"""Scoring functions: q (B, H, Lq, d_k), k (B, H, Lk, d_k) → logits (B, H, Lq, Lk).
+"""Scoring functions and position biases: q (B, H, Lq, d_k), k (B, H, Lk, d_k) → logits (B, H, Lq, Lk).
 
-Every score is an ``nn.Module`` registered by name (``@register_score("name")``) and built with
-``build_score(name, d_k=..., num_heads=..., **params)``. Plain functions ``fn(q, k, **params) -> logits`` can be
-registered too; they are wrapped in a parameter-free module.
+Every **score** (the content term of the logits) is an ``nn.Module`` registered by name
+(``@register_score("name")``) and built with ``build_score(name, d_k=..., num_heads=..., **params)``. Plain
+functions ``fn(q, k, **params) -> logits`` can be registered too; they are wrapped in a parameter-free module.
+
+Every **position bias** (none, shaw, t5, alibi) is a :class:`PositionBias` registered with
+``@register_position_bias("name")``: ``bias(q, num_keys)`` returns an additive (…, H, Lq, Lk) term that attention
+adds to any score, the additive one included, and an optional value-side term. The score presets
+``relative_position``, ``t5_bias`` and ``alibi`` are scaled (T5: unscaled) dot products with their bias built in.
 
 Two optional hooks extend the plain ``forward``:
 
-* **Dot-product family** (:class:`DotProductScore`): logits = ``scale · φ(q) · kᵀ + bias``, where ``φ`` is
-  :meth:`DotProductScore.query_map` (identity except Luong's *general*) and ``bias`` is
-  :meth:`DotProductScore.bias`, an additive (…, H, Lq, Lk) term (T5, ALiBi, Shaw's a^K). Such scores can run in
+* **Dot-product family** (:class:`DotProductScore`): logits = ``scale · φ(q) · ψ(k)ᵀ + bias``, where ``φ`` is
+  :meth:`DotProductScore.query_map` (identity except Luong's *general* and *cosine*), ``ψ`` is
+  :meth:`DotProductScore.key_map` (identity except *cosine*) and ``bias`` is :meth:`DotProductScore.bias`, an
+  additive (…, H, Lq, Lk) term (the presets' position bias). Such scores can run in
   ``torch.nn.functional.scaled_dot_product_attention`` with the bias as a float mask: the fast path.
-* **Value-side term** (:meth:`Score.value_term`): a score whose attention also contributes to the output (Shaw's
-  a^V) sets ``has_value_term = True`` and returns (B, H, Lq, d_v), added to ``weights @ v``. Such scores take the
-  eager path.
+* **Value-side term** (:meth:`Score.value_term`): a score or bias whose attention also contributes to the output
+  (Shaw's a^V) sets ``has_value_term = True`` and returns (B, H, Lq, d_v), added to ``weights @ v``. Such scores
+  take the eager path.
 
 Positions are 0-based; for self-attention query i and key j are the same sequence positions.
 """
@@ -21,29 +27,38 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from attnlab.checks import check_int
-from attnlab.registry import Registry
+from attnlab.checks import check_int, check_number
+from attnlab.registry import BoundedCache, Registry, check_params
 
 __all__ = [
     "AdditiveScore",
+    "AlibiBias",
     "AlibiScore",
+    "CosineScore",
     "DotProductScore",
     "DotScore",
     "GeneralScore",
+    "PositionBias",
     "RelativePositionScore",
     "ScaledDotScore",
     "Score",
+    "ShawBias",
+    "T5Bias",
     "T5BiasScore",
     "alibi_slopes",
+    "build_position_bias",
     "build_score",
+    "list_position_biases",
     "list_scores",
+    "register_position_bias",
     "register_score",
     "t5_relative_bucket",
 ]
@@ -79,7 +94,7 @@ class Score(nn.Module):
 
 
 class DotProductScore(Score):
-    """logits = scale · query_map(q) · kᵀ + bias(q, Lk). Eligible for the SDPA fast path.
+    """logits = scale · query_map(q) · key_map(k)ᵀ + bias(q, Lk). Eligible for the SDPA fast path.
 
     ``static_bias``: the bias depends on positions only (no parameters, no q) and ``bias`` returns the same cached
     tensor for the same shapes, so the fast path may cache its combination with a cached mask too (ALiBi).
@@ -90,55 +105,26 @@ class DotProductScore(Score):
     def __init__(self, d_k: int, num_heads: int, d_v: int | None = None, scale: float = 1.0) -> None:
         super().__init__(d_k, num_heads, d_v)
         self.scale = float(scale)
-        self._cache: dict[tuple, Tensor] = {}
 
     def query_map(self, q: Tensor) -> Tensor:
         """φ(q), (B, H, Lq, d_k) → (B, H, Lq, d_k). Identity unless overridden."""
         return q
+
+    def key_map(self, k: Tensor) -> Tensor:
+        """ψ(k), (B, H, Lk, d_k) → (B, H, Lk, d_k). Identity unless overridden (applied per key/value head)."""
+        return k
 
     def bias(self, q: Tensor, num_keys: int) -> Tensor | None:
         """Additive logit term broadcastable to (B, H, Lq, Lk), already scaled, or None."""
         return None
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        logits = torch.matmul(self.query_map(q), k.transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
+        logits = torch.matmul(self.query_map(q), self.key_map(k).transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
         b = self.bias(q, k.shape[-2])
         return logits if b is None else logits + b
 
-    def _cached(self, key: tuple, make: Callable[[], Tensor]) -> Tensor:
-        """Position-only tensors, built once per (shape, device, ...) key."""
-        t = self._cache.get(key)
-        if t is None:
-            if len(self._cache) > 16:
-                self._cache.clear()
-            t = self._cache[key] = make()
-        return t
-
-    def relative_positions(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
-        """(Lq, Lk) long tensor of key − query positions, cached."""
-
-        def make() -> Tensor:
-            i = torch.arange(num_queries, device=device)
-            j = torch.arange(num_keys, device=device)
-            return j[None, :] - i[:, None]
-
-        return self._cached(("rel", num_queries, num_keys, device), make)
-
 
 # --------------------------------------------------------------------------------------------- registry
-
-
-def _check_params(name: str, target: Callable[..., Any], params: dict[str, Any], implicit: tuple[str, ...]) -> None:
-    """One clear line for a parameter the score does not take."""
-    sig = inspect.signature(target)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return
-    allowed = [p for p in sig.parameters if p not in ("self", "q", "k", *implicit)]
-    for key in params:
-        if key not in sig.parameters:
-            raise ValueError(
-                f"score '{name}' does not take parameter '{key}'; allowed: {', '.join(allowed) or '(none)'}"
-            )
 
 
 class FunctionScore(Score):
@@ -155,21 +141,32 @@ class FunctionScore(Score):
         return f"{self.name}, {self.params}"
 
 
+def _build_with_sizes(kind: str, name: str, obj: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The build kwargs for a registered class: d_k and num_heads are required, d_v is passed only when the class
+    takes it, and any other parameter must be one the class takes."""
+    kwargs = dict(kwargs)
+    for required in ("d_k", "num_heads"):
+        if required not in kwargs:
+            raise ValueError(f"build_{kind.replace(' ', '_')}('{name}') needs {required}=")
+    sizes = ("d_k", "num_heads", "d_v")
+    check_params(kind, name, obj, {k: v for k, v in kwargs.items() if k not in sizes}, sizes)
+    sig = inspect.signature(obj)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    if "d_v" not in sig.parameters and not takes_any:
+        kwargs.pop("d_v", None)
+    return kwargs
+
+
 def _wrap_score(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
+    if isinstance(obj, type) and issubclass(obj, nn.Module):
+        return obj(**_build_with_sizes("score", name, obj, kwargs))
     kwargs = dict(kwargs)
     for required in ("d_k", "num_heads"):
         if required not in kwargs:
             raise ValueError(f"build_score('{name}') needs {required}=")
-    if isinstance(obj, type) and issubclass(obj, nn.Module):
-        sig = inspect.signature(obj)
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-        if "d_v" not in sig.parameters and not takes_any:
-            kwargs.pop("d_v", None)
-        _check_params(name, obj, kwargs, ())
-        return obj(**kwargs)
     d_k, num_heads = kwargs.pop("d_k"), kwargs.pop("num_heads")
     kwargs.pop("d_v", None)
-    _check_params(name, obj, kwargs, ())
+    check_params("score", name, obj, kwargs, ("q", "k"))
     return FunctionScore(name, obj, d_k, num_heads, **kwargs)
 
 
@@ -190,9 +187,6 @@ def build_score(name: str, **kwargs: Any) -> nn.Module:
 def list_scores() -> list[str]:
     """Names of the registered scores."""
     return _SCORES.names()
-
-
-# --------------------------------------------------------------------------------------------- Luong / Vaswani
 
 
 @register_score("dot")
@@ -332,15 +326,116 @@ class AdditiveScore(Score):
         return f"d_k={self.d_k}, num_heads={self.num_heads}, d_attn={self.d_attn}"
 
 
-# --------------------------------------------------------------------------------------------- relative position
+# --------------------------------------------------------------------------------------------- cosine
 
 
-@register_score("relative_position")
-class RelativePositionScore(DotProductScore):
-    """Shaw et al. 2018: e_ij = q_i · (k_j + a^K_{ij}) / √d_k, with a^K_{ij} = w^K_{clip(j − i, k)}.
+@register_score("cosine")
+class CosineScore(DotProductScore):
+    """Cosine attention: logits = τ_h · q̂ · k̂ᵀ, with q and k l2-normalised per head (Henry et al. 2020, QKNorm;
+    Liu et al. 2022, Swin Transformer v2) and a learned temperature per head τ_h = exp(min(log_scale_h,
+    log max_scale)), initialised at ``init_scale`` (10, as Swin v2) and capped at ``max_scale`` (100).
 
-    ``rel_k`` (2·clip + 1, d_k) holds w^K_{−k..k}, shared across heads as in the paper. The bias q_i · a^K_{ij} is
-    computed as q · w^Kᵀ over the 2k + 1 distances, then gathered: no (Lq, Lk, d_k) tensor is built.
+    Logits are bounded by τ_h whatever d_k is, so the softmax cannot saturate from the size of q · k alone.
+    """
+
+    def __init__(self, d_k: int, num_heads: int, init_scale: float = 10.0, max_scale: float = 100.0) -> None:
+        super().__init__(d_k, num_heads, scale=1.0)
+        init_scale = check_number("init_scale", init_scale, low=0.0, low_open=True)
+        max_scale = check_number("max_scale", max_scale, low=init_scale)
+        self.log_scale = nn.Parameter(torch.full((num_heads,), math.log(init_scale)))
+        self.max_log_scale = math.log(max_scale)
+
+    def temperature(self) -> Tensor:
+        """τ_h, (H,)."""
+        return self.log_scale.clamp(max=self.max_log_scale).exp()
+
+    def query_map(self, q: Tensor) -> Tensor:
+        return F.normalize(q, dim=-1) * self.temperature().to(q.dtype).view(-1, 1, 1)  # (B, H, Lq, d_k)
+
+    def key_map(self, k: Tensor) -> Tensor:
+        return F.normalize(k, dim=-1)
+
+
+# --------------------------------------------------------------------------------------------- position biases
+
+
+class PositionBias(nn.Module):
+    """Base class of position biases: ``bias(q, num_keys)`` → an additive (…, H, Lq, Lk) logit term, already
+    scaled, that attention adds to the score's logits. It may read q (Shaw) or only positions (T5, ALiBi).
+
+    ``has_value_term`` / :meth:`value_term`: as for scores (Shaw's a^V). ``static_bias``: the bias depends on
+    positions only and ``bias`` returns the same cached tensor for the same shapes (ALiBi), so that the fast path
+    may cache its combination with a cached mask.
+    """
+
+    has_value_term: bool = False
+    static_bias: bool = False
+
+    def __init__(self, d_k: int, num_heads: int, d_v: int | None = None) -> None:
+        super().__init__()
+        self.d_k = d_k
+        self.num_heads = num_heads
+        self.d_v = d_k if d_v is None else d_v
+        self._tables = BoundedCache()
+
+    def bias(self, q: Tensor, num_keys: int) -> Tensor:  # pragma: no cover - abstract
+        """q (B, H, Lq, d_k) → additive logits broadcastable to (B, H, Lq, Lk)."""
+        raise NotImplementedError
+
+    def value_term(self, weights: Tensor) -> Tensor | None:
+        """weights (B, H, Lq, Lk) → extra output (B, H, Lq, d_v) added to ``weights @ v``, or None."""
+        return None
+
+    def forward(self, q: Tensor, num_keys: int) -> Tensor:
+        return self.bias(q, num_keys)
+
+    def relative_positions(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
+        """(Lq, Lk) long tensor of key − query positions, cached."""
+
+        def make() -> Tensor:
+            i = torch.arange(num_queries, device=device)
+            j = torch.arange(num_keys, device=device)
+            return j[None, :] - i[:, None]
+
+        return self._tables.get_or_make(("rel", num_queries, num_keys, device), make)
+
+    def extra_repr(self) -> str:
+        return f"d_k={self.d_k}, num_heads={self.num_heads}"
+
+
+def _wrap_bias(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
+    if not (isinstance(obj, type) and issubclass(obj, PositionBias)):
+        raise TypeError(f"position bias '{name}' must be registered on a PositionBias subclass, got {obj!r}")
+    return obj(**_build_with_sizes("position bias", name, obj, kwargs))
+
+
+_POSITION_BIASES: Registry[nn.Module] = Registry("position bias", _wrap_bias)
+
+
+def register_position_bias(name: str) -> Callable[[Any], Any]:
+    """Decorator registering a :class:`PositionBias` subclass (``__init__(d_k, num_heads, [d_v], **params)``)."""
+    return _POSITION_BIASES.register(name)
+
+
+def build_position_bias(name: str | None, **kwargs: Any) -> nn.Module | None:
+    """Build the position bias ``name``: ``build_position_bias("alibi", d_k=16, num_heads=4)``; ``"none"`` or
+    None gives None (no bias)."""
+    if name is None or name == "none":
+        return None
+    return _POSITION_BIASES.build(name, **kwargs)
+
+
+def list_position_biases() -> list[str]:
+    """Names of the registered position biases, and ``none``."""
+    return sorted([*_POSITION_BIASES.names(), "none"])
+
+
+@register_position_bias("shaw")
+class ShawBias(PositionBias):
+    """Shaw et al. 2018: the bias q_i · a^K_{ij} / √d_k with a^K_{ij} = w^K_{clip(j − i, k)}.
+
+    ``rel_k`` (2·clip + 1, d_k) holds w^K_{−k..k}, shared across heads as in the paper. The bias is computed as
+    q · w^Kᵀ over the 2k + 1 distances, then gathered: no (Lq, Lk, d_k) tensor is built.
 
     ``value_term=True`` adds Shaw's value-side a^V: z_i = Σ_j α_ij (v_j + w^V_{clip(j − i, k)}), with
     ``rel_v`` (2·clip + 1, d_v). Off by default: the paper's ablation found a^K alone sufficient.
@@ -349,15 +444,16 @@ class RelativePositionScore(DotProductScore):
     def __init__(
         self, d_k: int, num_heads: int, d_v: int | None = None, clip: int = 16, value_term: bool = False
     ) -> None:
-        super().__init__(d_k, num_heads, d_v, scale=d_k**-0.5)
+        super().__init__(d_k, num_heads, d_v)
         self.clip = check_int("clip", clip, minimum=0)
+        self.scale = d_k**-0.5
         self.has_value_term = bool(value_term)
         self.rel_k = nn.Parameter(torch.randn(2 * clip + 1, d_k) * d_k**-0.5)
         self.rel_v = nn.Parameter(torch.randn(2 * clip + 1, self.d_v) * self.d_v**-0.5) if value_term else None
 
     def distance_index(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
         """(Lq, Lk) long tensor clip(j − i, k) + k ∈ [0, 2k], cached."""
-        return self._cached(
+        return self._tables.get_or_make(
             ("idx", num_queries, num_keys, device),
             lambda: self.relative_positions(num_queries, num_keys, device).clamp(-self.clip, self.clip) + self.clip,
         )
@@ -379,7 +475,7 @@ class RelativePositionScore(DotProductScore):
         return torch.matmul(per_distance, self.rel_v)  # (B, H, Lq, d_v)
 
     def extra_repr(self) -> str:
-        return f"d_k={self.d_k}, num_heads={self.num_heads}, clip={self.clip}, value_term={self.has_value_term}"
+        return f"d_k={self.d_k}, clip={self.clip}, value_term={self.has_value_term}"
 
 
 def t5_relative_bucket(
@@ -413,12 +509,13 @@ def t5_relative_bucket(
     return ret + torch.where(is_small, n, large)
 
 
-@register_score("t5_bias")
-class T5BiasScore(DotProductScore):
-    """Raffel et al. 2020 (T5): logits = q · kᵀ (· 1/√d_k when ``scale``) + b_h[bucket(j − i)].
+@register_position_bias("t5")
+class T5Bias(PositionBias):
+    """Raffel et al. 2020 (T5): the bias b_h[bucket(j − i)], a learned scalar per bucket and head.
 
-    ``rel_bias`` (num_buckets, H) is a learned scalar per bucket and head. T5 itself does not scale by √d_k
-    (it folds the scale into W_q's initialisation), so ``scale`` defaults to False.
+    ``rel_bias`` (num_buckets, H). ``bidirectional``: separate buckets for keys before and after the query (T5's
+    encoder); False puts every later key in bucket 0 and spends all buckets on the past (T5's decoder). None
+    (default) is True here; the encoder resolves it to False under a causal mask.
     """
 
     def __init__(
@@ -427,18 +524,17 @@ class T5BiasScore(DotProductScore):
         num_heads: int,
         num_buckets: int = 32,
         max_distance: int = 128,
-        bidirectional: bool = True,
-        scale: bool = False,
+        bidirectional: bool | None = None,
     ) -> None:
-        super().__init__(d_k, num_heads, scale=d_k**-0.5 if scale else 1.0)
+        super().__init__(d_k, num_heads)
         self.num_buckets = check_int("num_buckets", num_buckets, minimum=2)
         self.max_distance = check_int("max_distance", max_distance, minimum=2)
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = True if bidirectional is None else bool(bidirectional)
         self.rel_bias = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.1)
 
     def buckets(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
         """(Lq, Lk) long bucket index, cached."""
-        return self._cached(
+        return self._tables.get_or_make(
             ("bucket", num_queries, num_keys, device),
             lambda: t5_relative_bucket(
                 self.relative_positions(num_queries, num_keys, device),
@@ -458,8 +554,8 @@ class T5BiasScore(DotProductScore):
 
     def extra_repr(self) -> str:
         return (
-            f"d_k={self.d_k}, num_heads={self.num_heads}, num_buckets={self.num_buckets}, "
-            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}, scale={self.scale != 1.0}"
+            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
+            f"bidirectional={self.bidirectional}"
         )
 
 
@@ -481,17 +577,18 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-@register_score("alibi")
-class AlibiScore(DotProductScore):
-    """Press et al. 2022 (ALiBi): logits = q · kᵀ / √d_k − m_h · |j − i|, with fixed slopes m_h.
+@register_position_bias("alibi")
+class AlibiBias(PositionBias):
+    """Press et al. 2022 (ALiBi): the bias −m_h · |j − i| with fixed slopes m_h (:func:`alibi_slopes`).
 
-    The paper's causal bias m_h · (j − i) for j ≤ i is extended symmetrically to the bidirectional encoder.
+    The paper's causal bias m_h · (j − i) for j ≤ i is extended symmetrically to the bidirectional encoder; under a
+    causal mask the two agree.
     """
 
     static_bias = True
 
     def __init__(self, d_k: int, num_heads: int) -> None:
-        super().__init__(d_k, num_heads, scale=d_k**-0.5)
+        super().__init__(d_k, num_heads)
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # float64: exact slopes
 
     def bias(self, q: Tensor, num_keys: int) -> Tensor:
@@ -501,4 +598,104 @@ class AlibiScore(DotProductScore):
             distance = self.relative_positions(Lq, num_keys, q.device).abs().to(q.dtype)
             return (-self.slopes.to(q.dtype)[:, None, None] * distance).unsqueeze(0)  # (1, H, Lq, Lk)
 
-        return self._cached(("alibi", Lq, num_keys, q.device, q.dtype), make)
+        return self._tables.get_or_make(("alibi", Lq, num_keys, q.device, q.dtype), make)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+# --------------------------------------------------------------------------------------------- presets
+
+
+class PresetScore(DotProductScore):
+    """A dot product with a position bias built in: ``relative_position``, ``t5_bias`` and ``alibi``.
+
+    The bias is the child module ``position_bias``; its attributes read through (``score.rel_k``,
+    ``score.buckets(...)``, ``score.slopes``). A checkpoint made before the bias was its own module (parameters at
+    the score's level) still loads.
+    """
+
+    def __init__(self, d_k: int, num_heads: int, d_v: int | None, scale: float, position_bias: PositionBias) -> None:
+        super().__init__(d_k, num_heads, d_v, scale=scale)
+        self.position_bias = position_bias
+        self.has_value_term = position_bias.has_value_term
+        self.static_bias = position_bias.static_bias
+        self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    def bias(self, q: Tensor, num_keys: int) -> Tensor:
+        return self.position_bias.bias(q, num_keys)
+
+    def value_term(self, weights: Tensor) -> Tensor | None:
+        return self.position_bias.value_term(weights)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            bias = self.__dict__.get("_modules", {}).get("position_bias")
+            if bias is None:
+                raise
+            return getattr(bias, name)
+
+    def _upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        for name, _ in self.position_bias.named_parameters(recurse=False):
+            old, new = prefix + name, f"{prefix}position_bias.{name}"
+            if old in state_dict and new not in state_dict:
+                state_dict[new] = state_dict.pop(old)
+
+    def extra_repr(self) -> str:
+        return f"d_k={self.d_k}, num_heads={self.num_heads}, scale={self.scale:.4g}"
+
+
+@register_score("relative_position")
+class RelativePositionScore(PresetScore):
+    """Shaw et al. 2018: e_ij = q_i · (k_j + a^K_{ij}) / √d_k, with a^K_{ij} = w^K_{clip(j − i, k)}: scaled dot plus
+    :class:`ShawBias` (``clip``, ``value_term``)."""
+
+    def __init__(
+        self, d_k: int, num_heads: int, d_v: int | None = None, clip: int = 16, value_term: bool = False
+    ) -> None:
+        super().__init__(d_k, num_heads, d_v, d_k**-0.5, ShawBias(d_k, num_heads, d_v, clip, value_term))
+
+
+@register_score("t5_bias")
+class T5BiasScore(PresetScore):
+    """Raffel et al. 2020 (T5): logits = q · kᵀ (· 1/√d_k when ``scale``) + b_h[bucket(j − i)]: plus :class:`T5Bias`.
+
+    T5 itself does not scale by √d_k (it folds the scale into W_q's initialisation), so ``scale`` defaults to False.
+    """
+
+    def __init__(
+        self,
+        d_k: int,
+        num_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool | None = None,
+        scale: bool = False,
+    ) -> None:
+        bias = T5Bias(d_k, num_heads, num_buckets, max_distance, bidirectional)
+        super().__init__(d_k, num_heads, None, d_k**-0.5 if scale else 1.0, bias)
+
+
+@register_score("alibi")
+class AlibiScore(PresetScore):
+    """Press et al. 2022 (ALiBi): logits = q · kᵀ / √d_k − m_h · |j − i|: scaled dot plus :class:`AlibiBias`."""
+
+    def __init__(self, d_k: int, num_heads: int) -> None:
+        super().__init__(d_k, num_heads, None, d_k**-0.5, AlibiBias(d_k, num_heads))
+
+
+def resolve_direction(
+    kind: str, name: str | nn.Module | None, params: Mapping[str, Any] | None, causal: bool
+) -> dict[str, Any]:
+    """``params`` with ``bidirectional`` set to ``not causal`` when the registered score or position bias ``name``
+    (``kind``: ``"score"`` or ``"position bias"``) takes that parameter and it is unset or None: T5's buckets under
+    a causal mask are T5's decoder buckets."""
+    params = dict(params or {})
+    registry = _SCORES if kind == "score" else _POSITION_BIASES
+    if not isinstance(name, str) or name not in registry or params.get("bidirectional") is not None:
+        return params
+    if "bidirectional" in inspect.signature(registry.get(name)).parameters:
+        params["bidirectional"] = not causal
+    return params

@@ -119,9 +119,10 @@ def test_alibi_bias_combined_with_a_cached_mask_is_cached_and_equals_eager():
     causal = attnlab.build_mask("causal")
     first, _ = mha(x, mask=causal)
     pm = prepare_mask(causal, L, L, torch.device("cpu"))
-    (entry,) = pm._masked_bias.values()
+    (entry,) = pm.derived.values()
     second, _ = mha(x, mask=causal)
-    assert pm._masked_bias[id(entry[0])][1] is entry[1]
+    (again,) = pm.derived.values()
+    assert again[1] is entry[1]
     eager = mha.attend(x, mask=causal).out
     assert_same(first, eager, [x, *mha.parameters()])
     assert_same(second, eager, [x, *mha.parameters()])
@@ -135,12 +136,33 @@ def test_position_only_masks_are_prepared_once_per_shape_and_device():
     a = prepare_mask(causal, 5, 5, torch.device("cpu"))
     assert prepare_mask(causal, 5, 5, torch.device("cpu")) is a
     assert prepare_mask(causal, 6, 6, torch.device("cpu")) is not a
-    assert a.causal and a.all_visible
+    assert a.is_causal and a.all_visible
     torch.testing.assert_close(a.allowed[0, 0], grid(5, 5, lambda i, j: j <= i))
     window = prepare_mask(attnlab.build_mask("sliding_window", window=2), 5, 5, torch.device("cpu"))
-    assert not window.causal and window.all_visible
+    assert not window.is_causal and window.all_visible
     both = prepare_mask(attnlab.build_mask("causal") & attnlab.build_mask("sliding_window", window=2), 5, 5, "cpu")
-    assert not both.causal  # only the plain causal mask takes the is_causal shortcut
+    assert not both.is_causal  # causal and windowed is not j <= i
+
+
+def test_a_composed_or_user_written_causal_mask_gets_sdpas_is_causal():
+    """``Mask.is_causal`` is a property of composed masks, and any position-only mask whose tensor is j <= i is
+    found to be causal when prepared, so SDPA gets ``is_causal=True`` (and equals the eager path)."""
+
+    class MyCausal(attnlab.Mask):
+        def mask_mod(self, q_idx, kv_idx, tokens, lengths):
+            return kv_idx <= q_idx
+
+    composed = attnlab.build_mask("causal") & attnlab.build_mask("none")
+    assert composed.is_causal and not MyCausal().is_causal
+    assert not (attnlab.build_mask("causal") & attnlab.build_mask("sliding_window", window=2)).is_causal
+    mha = make_mha("scaled_dot", {})
+    x = randn(B, L, D_MODEL, seed=1).requires_grad_()
+    for mask in (composed, MyCausal()):
+        assert prepare_mask(mask, L, L, "cpu").is_causal
+        with SDPACalls() as spy:
+            fast, _ = mha(x, mask=mask)
+        assert spy.kwargs[0]["is_causal"] is True and spy.kwargs[0]["attn_mask"] is None
+        assert_same(fast, mha.attend(x, mask=grid(L, L, lambda i, j: j <= i)).out, [x, *mha.parameters()])
 
 
 def test_cached_mask_with_blind_rows_still_zeroes_them():
@@ -285,10 +307,11 @@ def test_position_caches_hit_on_the_second_call(name):
     score = attnlab.build_score(name, d_k=4, num_heads=H)
     q = torch.randn(1, H, 6, 4)
     score.bias(q, 6)
-    cached = dict(score._cache)
+    cached = dict(score.position_bias._tables)
+    assert cached
     score.bias(q, 6)
-    assert score._cache.keys() == cached.keys()
-    assert all(score._cache[k] is cached[k] for k in cached)
+    assert score.position_bias._tables.keys() == cached.keys()
+    assert all(score.position_bias._tables[k] is cached[k] for k in cached)
 
 
 # ---------------------------------------------------------------- dropout at p = 0

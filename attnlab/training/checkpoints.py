@@ -169,13 +169,35 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-_ARCHITECTURE = ("score", "d_model", "num_heads", "num_layers", "d_k", "d_v", "d_ff", "pos_encoding", "vocab_size")
+_ARCHITECTURE = (
+    "score",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "d_k",
+    "d_v",
+    "d_ff",
+    "pos_encoding",
+    "vocab_size",
+    "attention",
+)
+
+
+def _current_key(key: str, ours: Any) -> str:
+    """A checkpoint key as this version names it: the presets' bias parameters (``…score.rel_k``) moved into their
+    ``position_bias`` module (``…score.position_bias.rel_k``) in 0.2."""
+    if key in ours or ".score." not in key:
+        return key
+    head, name = key.rsplit(".", 1)
+    moved = f"{head}.position_bias.{name}"
+    return moved if moved in ours else key
 
 
 def check_fits(module: torch.nn.Module, ckpt: dict[str, Any], path: str | Path) -> None:
     """:class:`ConfigError` in one line when the checkpoint's weights do not fit ``module``: the settings that
     differ (from the saved hyperparameters) or the first mismatching tensors."""
-    theirs, ours = ckpt["state_dict"], module.state_dict()
+    ours = module.state_dict()
+    theirs = {_current_key(k, ours): v for k, v in ckpt["state_dict"].items()}
     missing, unexpected = sorted(ours.keys() - theirs.keys()), sorted(theirs.keys() - ours.keys())
     shapes = [k for k in sorted(ours.keys() & theirs.keys()) if tuple(ours[k].shape) != tuple(theirs[k].shape)]
     if not (missing or unexpected or shapes):
