@@ -4,6 +4,9 @@
 step 0 (initialisation, before any update), every ``every_n_steps`` optimizer steps, and at the end of training,
 and logs :func:`attnlab.metrics.attention_stats` for every layer and head:
 ``attn/L{layer}H{head}/{metric}``, layer means ``attn/L{layer}/{metric}`` and model means ``attn/{metric}``.
+A layer whose attention module has ``differential = True`` (signed weights) is measured with ``signed=True`` and
+also logs ``negative_mass``; every other layer with ``signed=False``, so the logged columns never depend on the
+values of the weights and are the same at every step.
 At the end it also saves ``maps.png`` (layers × heads heatmaps of one probe sequence) in the run folder's
 ``attention/`` and logs it to W&B when that logger is on. Between those steps the training forward takes the fast
 path and computes no weights.
@@ -102,7 +105,18 @@ class AttentionDiagnostics(L.Callback):
             _, records = encoder(tokens, return_attention=True)
             prepared = encoder.build_mask(tokens)
             key_mask = None if prepared is None else prepared.allowed
-            per_layer = [attention_stats(r.weights, r.logits, key_mask, self.threshold) for r in records]
+            # differential attention has signed weights: its layers always report negative_mass (the others
+            # never), so a run logs the same columns at every step
+            per_layer = [
+                attention_stats(
+                    r.weights,
+                    r.logits,
+                    key_mask,
+                    self.threshold,
+                    signed=bool(getattr(layer.self_attn, "differential", False)),
+                )
+                for r, layer in zip(records, encoder.layers, strict=True)
+            ]
         finally:
             pl_module.train(was_training)
         return flatten_stats(per_layer), [r.weights for r in records]

@@ -56,7 +56,15 @@ DEFAULT_OUTPUT = "dashboard.html"
 NO_SUMMARY = "failed (no summary)"
 
 ACC_METRICS = ("test/acc", "val/acc_best")
-DIAG_METRICS = ("attn/entropy_norm", "attn/saturation", "attn/max_prob", "attn/logit_std")
+DIAG_METRICS = (
+    "attn/entropy_norm",
+    "attn/saturation",
+    "attn/max_prob",
+    "attn/logit_std",
+    "attn/row_mass",  # the next three only where the runs logged them (normalizers beyond softmax, diff)
+    "attn/support",
+    "attn/negative_mass",
+)
 INIT_METRICS = ("attn/entropy_norm", "attn/saturation", "attn/max_prob", "attn/logit_std", "attn/logit_max")
 CURVE_METRICS = ("train/loss", "val/acc", "attn/entropy_norm", "attn/saturation")
 HEAD_METRICS = ("entropy_norm", "saturation")
@@ -78,7 +86,19 @@ _GROUP_FIELDS = (  # what must match (besides the plotted x and the seed) for ru
     ("batch_size", "batch"),
     ("max_steps", "steps"),
     ("pos_encoding", "pos"),
+    ("normalizer", "norm"),
+    ("position_bias", "bias"),
+    ("num_kv_heads", "kv"),
+    ("qk_norm", "qk_norm"),
+    ("softcap", "softcap"),
+    ("differential", "diff"),
 )
+_CONFIG_KEYS = {  # where a run older than its summary field keeps a setting in config.yaml
+    "pos_encoding": "model.pos_encoding",
+    "normalizer": "normalizer.name",
+    "position_bias": "position_bias.name",
+    "differential": "model.differential",
+}
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -207,8 +227,8 @@ class Run:
             return _int(self._get(name))
         if name in ("variant", "mask", "task"):
             return getattr(self, name)
-        if name == "pos_encoding":
-            return self._get("pos_encoding", "model.pos_encoding")
+        if name in _CONFIG_KEYS:
+            return self._get(name, _CONFIG_KEYS[name])
         return self._get(name)
 
     # -------------------------------------------------------------------------------- metrics
@@ -839,7 +859,11 @@ CSV_METRICS = (
     "attn/max_prob",
     "attn/logit_std",
     "attn/attn_distance",
+    "attn/row_mass",
+    "attn/support",
+    "attn/negative_mass",
 )
+CSV_SETTINGS = ("normalizer", "position_bias", "num_kv_heads", "qk_norm", "softcap", "differential")
 
 
 def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
@@ -851,6 +875,7 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     columns = ["run", "variant", "variant_params", "mask", "task", "pos_encoding", "d_k", "num_heads", "d_model"]
     columns += ["seed", "params", "status", "reason", "wall_time_s", *CSV_METRICS]
     columns += [f"init/{m}" for m in CSV_METRICS if m.startswith("attn/")]
+    columns += list(CSV_SETTINGS)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
@@ -868,6 +893,7 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
             row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
             row += [run.final(m) for m in CSV_METRICS]
             row += [run.init(m) for m in CSV_METRICS if m.startswith("attn/")]
+            row += [run.field_value(k) for k in CSV_SETTINGS]
             writer.writerow(["" if v is None else v for v in row])
     return path
 

@@ -1,12 +1,17 @@
-"""Per-head attention diagnostics: entropy, confidence, saturation, distance and logit scale.
+"""Per-head attention diagnostics: entropy, confidence, saturation, distance, row mass, support and logit scale.
 
 All functions are pure tensor code (no module state, no Python loops over rows) and work on one
 layer's attention at a time:
 
-* ``weights``  -- (B, H, Lq, Lk) attention probabilities ``p_ij``; each row sums to 1 over its visible keys,
-  rows with no visible key are all zero.
-* ``logits``   -- (B, H, Lq, Lk) pre-softmax scores ``s_ij`` (optional); masked entries may be ``-inf`` or
-  arbitrary and are ignored.
+* ``weights``  -- (B, H, Lq, Lk) attention weights ``w_ij`` from any normalizer. For softmax each row sums to 1
+  over its visible keys. Other normalizers break that: softmax1 and a learned sink give rows summing to less
+  than 1, sigmoid rows sum to anything >= 0, sparsemax / entmax15 / softpick put exact zeros on visible keys
+  (softpick rows may even be all zero), and differential attention (``softmax_1 - lambda softmax_2``) gives
+  signed weights. Entries at masked keys are ignored (read as 0), whatever they hold.
+* ``logits``   -- (B, H, Lq, Lk) pre-normalizer scores ``s_ij`` (optional); masked entries may be ``-inf`` or
+  arbitrary and are ignored. A normalizer that combines k maps per head (differential attention: k = 2) sees
+  (B, k*H, Lq, Lk) logits, component-major (map c of head h at index ``c*H + h``); each map's rows then count as
+  rows of their head for ``logit_std`` and ``logit_max``.
 * ``key_mask`` -- bool, broadcastable to (B, H, Lq, Lk); True = key j is visible to query i (may be attended).
   ``None`` means every key is visible. Typical shapes: (B, 1, 1, Lk) padding, (Lq, Lk) causal.
 
@@ -16,11 +21,21 @@ at least one visible key; rows with no visible key are excluded from every avera
 gets NaN. Computation is done in float32 (float64 if the input is float64), so bf16/fp16 inputs are fine; the
 outputs are detached.
 
+The distribution statistics (``entropy``, ``entropy_norm``, ``max_prob``, ``saturation``, ``attn_distance``)
+describe *where* a row attends, not how much: they are computed on the row renormalised over its nonnegative
+part, ``p_ij = max(w_ij, 0) / sum_j max(w_ij, 0)``. For softmax weights this is the row itself (up to float
+rounding), so nothing changes; for softmax1, sink or sigmoid it is the shape of the row with its mass divided
+out (``0.5 * softmax`` has the entropy of ``softmax``); for signed weights negative entries count as 0. A valid
+row whose nonnegative mass is 0 (an all-zero softpick row, an all-nonpositive signed row) has no distribution:
+it is left out of these five averages, and a head none of whose rows has one gets NaN for them. It still
+counts for ``row_mass``, ``support`` and ``negative_mass``, which are over all valid rows.
+
 Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
 
 * ``entropy``       ``H_i = -sum_j p_ij log p_ij`` in nats (``0 log 0 = 0``).
-* ``entropy_norm``  ``H_i / log n_i``: 1 for a uniform row, 0 for a one-hot row. Undefined for ``n_i < 2``,
-  so such rows are left out of this average only; NaN for a head where no row has two visible keys.
+* ``entropy_norm``  ``H_i / log n_i``: 1 for a uniform row, 0 for a one-hot row. ``n_i`` counts every visible
+  key, zero-weight ones included, so a sparse row scores below 1. Undefined for ``n_i < 2``, so such rows are
+  left out of this average only; NaN for a head where no row with a distribution has two visible keys.
 * ``max_prob``      ``max_j p_ij``, the head "confidence" of Voita et al. 2019, *Analyzing Multi-Head
   Self-Attention: Specialized Heads Do the Heavy Lifting, the Rest Can Be Pruned* (ACL 2019).
 * ``saturation``    fraction of rows with ``max_j p_ij > threshold`` (default 0.99): the softmax sits in its
@@ -30,6 +45,13 @@ Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
 * ``attn_distance`` ``sum_j p_ij |i - j|`` with query and key positions counted from 0. This assumes
   self-attention alignment (query i and key i are the same token); for cross-attention it is only a
   distance between indices.
+* ``row_mass``      ``sum_j w_ij`` on the raw weights: 1 for softmax, below 1 for softmax1, a sink or softpick,
+  anything >= 0 for sigmoid, any sign for signed weights. Rows of mass 0 count (as 0).
+* ``support``       fraction of the visible keys with ``w_ij != 0``: 1 for softmax (unless it underflows),
+  below 1 for sparse normalizers (sparsemax, entmax15, softpick); 0 for an all-zero row.
+* ``negative_mass`` ``sum_j max(-w_ij, 0)``, the weight a signed (differential) row puts below zero. Present
+  when ``signed=True`` (then also for weights that happen to be all >= 0, where it is 0), or when
+  ``signed=None`` and some visible weight is negative; never with ``signed=False``.
 * ``logit_std``     population standard deviation of the row's logits over its visible keys
   (``sqrt(mean_j (s_ij - mean_j s_ij)^2)``), averaged over rows. Only when ``logits`` is given.
 * ``logit_max``     maximum logit over all visible entries (max over batch, rows and keys, per head).
@@ -68,43 +90,77 @@ def attention_stats(
     logits: Tensor | None = None,
     key_mask: Tensor | None = None,
     threshold: float = 0.99,
+    signed: bool | None = None,
 ) -> dict[str, Tensor]:
     """Per-head attention statistics of one layer.
 
     Args:
-        weights: (B, H, Lq, Lk) attention probabilities; rows sum to 1 over visible keys.
-        logits: (B, H, Lq, Lk) pre-softmax scores, or None. Masked entries are ignored (may be -inf).
+        weights: (B, H, Lq, Lk) attention weights from any normalizer: rows may sum to 1 (softmax), less
+            (softmax1, sink, softpick), anything >= 0 (sigmoid), hold exact zeros (sparsemax, entmax15,
+            softpick) or be signed (differential attention). Entries at masked keys are ignored.
+        logits: (B, H, Lq, Lk) pre-normalizer scores, or (B, k*H, Lq, Lk) for k maps per head, component-major
+            (differential attention, k = 2), or None. Masked entries are ignored (may be -inf).
         key_mask: bool, broadcastable to (B, H, Lq, Lk); True = key visible. None = all keys visible.
-        threshold: a row is saturated when its largest weight is strictly greater than this.
+        threshold: a row is saturated when its largest renormalised weight is strictly greater than this.
+        signed: whether to report ``negative_mass``: True always (0 for nonnegative weights), False never,
+            None (default) only when some visible weight (of any head) is negative, which costs one
+            device-to-host read; callers that know their normalizer should say so.
 
     Returns:
-        Dict of detached (H,) tensors, each the mean over all valid (b, i) rows of the per-row value:
-        ``entropy`` = -sum_j p log p (nats), ``entropy_norm`` = entropy / log(n_visible) over rows with
-        n_visible >= 2 (NaN if there is none), ``max_prob`` = max_j p, ``saturation`` = mean of
-        [max_j p > threshold], ``attn_distance`` = sum_j p |i - j|; and, if ``logits`` is given,
-        ``logit_std`` (population std over visible keys, row mean) and ``logit_max`` (max over visible
-        entries of all rows and batch elements). Rows with no visible key are excluded everywhere.
+        Dict of detached (H,) tensors, each the mean over valid (b, i) rows (at least one visible key) of the
+        per-row value. On the row renormalised over its nonnegative part, p = max(w, 0) / sum_j max(w, 0),
+        and over the valid rows whose nonnegative mass is > 0 only: ``entropy`` = -sum_j p log p (nats),
+        ``entropy_norm`` = entropy / log(n_visible) over those rows with n_visible >= 2 (NaN if there is
+        none), ``max_prob`` = max_j p, ``saturation`` = mean of [max_j p > threshold], ``attn_distance`` =
+        sum_j p |i - j|. On the raw weights, over all valid rows: ``row_mass`` = sum_j w, ``support`` =
+        #{j: w != 0} / n_visible, and (see ``signed``) ``negative_mass`` = sum_j max(-w, 0). If ``logits``
+        is given, ``logit_std`` (population std over visible keys, row mean) and ``logit_max`` (max over
+        visible entries of all rows and batch elements), the rows of all k maps of a head pooled. Rows with
+        no visible key are excluded everywhere. For softmax weights the renormalisation changes nothing
+        beyond float rounding.
     """
     if weights.dim() != 4:
         raise ValueError(f"weights must be (B, H, Lq, Lk), got shape {tuple(weights.shape)}")
-    if logits is not None and logits.shape != weights.shape:
-        raise ValueError(f"logits shape {tuple(logits.shape)} != weights shape {tuple(weights.shape)}")
+    if logits is not None and (
+        logits.dim() != 4
+        or logits.shape[0] != weights.shape[0]
+        or logits.shape[2:] != weights.shape[2:]
+        or logits.shape[1] % weights.shape[1] != 0
+    ):
+        raise ValueError(
+            f"logits shape {tuple(logits.shape)} must be weights shape {tuple(weights.shape)}, "
+            "or that with k times as many heads"
+        )
+    if signed is not None and not isinstance(signed, bool):
+        raise TypeError(f"signed must be True, False or None, got {signed!r}")
     dtype = _work_dtype(weights.dtype)
-    p = weights.detach().to(dtype)
-    _, _, lq, lk = p.shape
-    zero = torch.zeros((), dtype=dtype, device=p.device)
+    w = weights.detach().to(dtype)
+    b, h, lq, lk = w.shape
+    zero = torch.zeros((), dtype=dtype, device=w.device)
 
     if key_mask is None:
-        visible = torch.ones_like(p, dtype=torch.bool)
+        visible = torch.ones_like(w, dtype=torch.bool)
     else:
-        visible = torch.broadcast_to(key_mask.detach().to(device=p.device, dtype=torch.bool), p.shape)
-    p = torch.where(visible, p, zero)
+        visible = torch.broadcast_to(key_mask.detach().to(device=w.device, dtype=torch.bool), w.shape)
+    w = torch.where(visible, w, zero)
 
     n_visible = visible.sum(dim=-1)  # (B, H, Lq)
     valid = n_visible > 0
     n_float = n_visible.to(dtype)
+    safe_n = n_visible.clamp_min(1).to(dtype)  # rows with no visible key are dropped by _row_mean
 
-    # Entropy with 0 log 0 = 0 (the inner where keeps log away from 0, so no NaN appears anywhere).
+    # Raw-weight statistics, over every valid row.
+    row_mass = w.sum(dim=-1)
+    support = (w != 0).sum(dim=-1).to(dtype) / safe_n
+
+    # The distribution of the row: its nonnegative part renormalised to sum 1. Rows without positive mass
+    # have none (the where keeps their division at 0 / 1, so no NaN appears anywhere).
+    pos = w.clamp_min(0)
+    pos_mass = pos.sum(dim=-1)
+    has_dist = valid & (pos_mass > 0)
+    p = pos / torch.where(has_dist, pos_mass, torch.ones_like(pos_mass)).unsqueeze(-1)
+
+    # Entropy with 0 log 0 = 0 (the inner where keeps log away from 0).
     positive = p > 0
     plogp = torch.where(positive, p * torch.log(torch.where(positive, p, torch.ones_like(p))), zero)
     entropy = -plogp.sum(dim=-1)
@@ -116,30 +172,42 @@ def attention_stats(
     max_prob = p.amax(dim=-1)
     saturated = (max_prob > threshold).to(dtype)
 
-    i = torch.arange(lq, device=p.device, dtype=dtype).unsqueeze(-1)
-    j = torch.arange(lk, device=p.device, dtype=dtype).unsqueeze(0)
+    i = torch.arange(lq, device=w.device, dtype=dtype).unsqueeze(-1)
+    j = torch.arange(lk, device=w.device, dtype=dtype).unsqueeze(0)
     distance = (p * (i - j).abs()).sum(dim=-1)
 
     stats = {
-        "entropy": _row_mean(entropy, valid),
-        "entropy_norm": _row_mean(entropy_norm, valid & normable),
-        "max_prob": _row_mean(max_prob, valid),
-        "saturation": _row_mean(saturated, valid),
-        "attn_distance": _row_mean(distance, valid),
+        "entropy": _row_mean(entropy, has_dist),
+        "entropy_norm": _row_mean(entropy_norm, has_dist & normable),
+        "max_prob": _row_mean(max_prob, has_dist),
+        "saturation": _row_mean(saturated, has_dist),
+        "attn_distance": _row_mean(distance, has_dist),
+        "row_mass": _row_mean(row_mass, valid),
+        "support": _row_mean(support, valid),
     }
+    if signed is None:
+        signed = bool((w < 0).any())  # masked entries are 0 here, so only visible weights count
+    if signed:
+        stats["negative_mass"] = _row_mean((-w).clamp_min(0).sum(dim=-1), valid)
 
     if logits is not None:
         # Logits keep their own precision (float64 stays float64). Masked entries (possibly -inf or NaN)
         # are replaced by 0 before any arithmetic and never counted.
         ldtype = _work_dtype(logits.dtype)
-        s = logits.detach().to(device=p.device, dtype=ldtype)
-        s0 = torch.where(visible, s, torch.zeros((), dtype=ldtype, device=p.device))
-        safe_n = n_visible.clamp_min(1).to(ldtype)  # rows with no visible key are dropped by _row_mean
-        mean = s0.sum(dim=-1, keepdim=True) / safe_n.unsqueeze(-1)
-        dev = torch.where(visible, s0 - mean, torch.zeros((), dtype=ldtype, device=p.device))
-        std = torch.sqrt((dev * dev).sum(dim=-1) / safe_n)
-        stats["logit_std"] = _row_mean(std, valid)
-        s_max = torch.where(visible, s, torch.full_like(s, -math.inf)).amax(dim=(0, 2, 3))
+        s = logits.detach().to(device=w.device, dtype=ldtype)
+        maps = s.shape[1] // h
+        # k maps per head, component-major: map c of head h is index c*H + h; each map becomes extra batch rows
+        s = s.unflatten(1, (maps, h)).transpose(0, 1).reshape(maps * b, h, lq, lk)
+        lvisible = visible.repeat(maps, 1, 1, 1)  # row c*B + b is example b, like s
+        lzero = torch.zeros((), dtype=ldtype, device=w.device)
+        s0 = torch.where(lvisible, s, lzero)
+        ln_visible = lvisible.sum(dim=-1)
+        n_l = ln_visible.clamp_min(1).to(ldtype)  # rows with no visible key are dropped by _row_mean
+        mean = s0.sum(dim=-1, keepdim=True) / n_l.unsqueeze(-1)
+        dev = torch.where(lvisible, s0 - mean, lzero)
+        std = torch.sqrt((dev * dev).sum(dim=-1) / n_l)
+        stats["logit_std"] = _row_mean(std, ln_visible > 0)
+        s_max = torch.where(lvisible, s, torch.full_like(s, -math.inf)).amax(dim=(0, 2, 3))
         any_visible = visible.any(dim=-1).any(dim=-1).any(dim=0)
         stats["logit_max"] = torch.where(any_visible, s_max, torch.full_like(s_max, math.nan))
 

@@ -172,7 +172,7 @@ class Segment:
 class Summary:
     """summary.json. ``status``: running | ok | failed | interrupted (``reason`` says why when not ok).
 
-    The key settings (variant ... variant_params) come from the config when the run starts; ``metrics`` are the
+    The key settings (variant ... differential) come from the config when the run starts; ``metrics`` are the
     final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics.
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
     run folder (or as given, for a ``ckpt_path`` outside it).
@@ -193,6 +193,12 @@ class Summary:
     max_steps: int | None = None
     pos_encoding: str | None = None
     variant_params: dict[str, Any] = field(default_factory=dict)
+    normalizer: str | None = None
+    position_bias: str | None = None
+    num_kv_heads: int | None = None
+    qk_norm: str | None = None
+    softcap: float | None = None
+    differential: bool | None = None
     smoke: bool = False
     params: int | None = None
     steps: int | None = None

@@ -3,6 +3,7 @@ and W&B offline runs read back from disk (no mocks)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -23,7 +24,17 @@ from attnlab.training import CONF_DIR, run
 from attnlab.training.loggers import JsonlLogger
 
 REPO = Path(__file__).resolve().parents[1]
-METRICS = ("entropy", "entropy_norm", "max_prob", "saturation", "attn_distance", "logit_std", "logit_max")
+METRICS = (
+    "entropy",
+    "entropy_norm",
+    "max_prob",
+    "saturation",
+    "attn_distance",
+    "row_mass",
+    "support",
+    "logit_std",
+    "logit_max",
+)
 
 
 def _tiny_fit(tmp_path: Path, every: int, max_steps: int, num_layers: int = 2, num_heads: int = 3):
@@ -91,6 +102,64 @@ def test_training_forward_takes_the_fast_path_between_probes(tmp_path, monkeypat
     monkeypatch.setattr(attnlab.attention.MultiHeadAttention, "attend", counting_attend)
     _tiny_fit(tmp_path, every=3, max_steps=6)
     assert len(calls) == 2 * 4
+
+
+def _probe_module(num_layers: int = 3) -> tuple[EncoderModule, AttentionDiagnostics]:
+    torch.manual_seed(0)
+    dm = Digits(batch_size=16, num_train=32, num_val=16, num_test=16)
+    dm.setup("fit")
+    module = EncoderModule(
+        dm.vocab_size,
+        dm.num_classes,
+        dm.per_token,
+        dm.pad_id,
+        dm.max_len,
+        d_model=12,
+        num_heads=3,
+        num_layers=num_layers,
+    )
+    diag = AttentionDiagnostics(probe_size=4)
+    diag._probe = dm.probe_batch(4)[0]
+    return module, diag
+
+
+def test_layers_without_differential_attention_never_report_negative_mass(monkeypatch):
+    """signed=False, not a guess from the values: no negative_mass column even when a layer's weights go negative."""
+    module, diag = _probe_module()
+    stats, _ = diag.compute(module)
+    assert "attn/row_mass" in stats and "attn/L2H0/support" in stats
+    assert not any(k.endswith("/negative_mass") for k in stats)
+
+    original = attnlab.attention.MultiHeadAttention.attend
+    shifted = module.encoder.layers[2].self_attn
+
+    def shifted_attend(self, *args, **kwargs):
+        o = original(self, *args, **kwargs)
+        return o._replace(weights=o.weights - 0.5) if self is shifted else o
+
+    monkeypatch.setattr(attnlab.attention.MultiHeadAttention, "attend", shifted_attend)
+    stats, _ = diag.compute(module)
+    assert stats["attn/L2/row_mass"] < 0.5  # layer 2's weights really are signed
+    assert not any(k.endswith("/negative_mass") for k in stats)
+
+
+def test_differential_layers_report_negative_mass():
+    """A layer whose attention is differential is measured with signed=True: negative_mass for that layer only."""
+    if "differential" not in inspect.signature(attnlab.attention.MultiHeadAttention.__init__).parameters:
+        pytest.skip("MultiHeadAttention has no differential attention yet")
+    module, diag = _probe_module()
+    torch.manual_seed(1)
+    module.encoder.layers[1].self_attn = attnlab.attention.MultiHeadAttention(12, 3, 4, differential=True, layer=2)
+    for _ in range(2):  # the same columns every time
+        stats, _ = diag.compute(module)
+        signed_keys = {k for k in stats if k.endswith("/negative_mass")}
+        assert signed_keys == {"attn/negative_mass", "attn/L1/negative_mass"} | {
+            f"attn/L1H{h}/negative_mass" for h in range(3)
+        }
+        assert stats["attn/L1/negative_mass"] >= 0.0
+        assert stats["attn/negative_mass"] == stats["attn/L1/negative_mass"]  # averaged over the layers that have it
+        for metric in METRICS:  # logits with two maps per head are accepted
+            assert f"attn/L1/{metric}" in stats
 
 
 def _read_wandb(run_dir: Path) -> tuple[dict, list[dict]]:

@@ -21,21 +21,48 @@ def _close(actual: torch.Tensor, expected, tol: float = 1e-12) -> None:
     torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=tol, equal_nan=True)
 
 
-def reference_stats(weights, logits=None, key_mask=None, threshold=0.99):
-    """Plain-Python loop over rows: the definition of each metric, written out independently."""
+DIST_KEYS = ("entropy", "entropy_norm", "max_prob", "saturation", "attn_distance")
+
+
+def reference_stats(weights, logits=None, key_mask=None, threshold=0.99, signed=None):
+    """Plain-Python loop over rows: the definition of each metric, written out independently.
+
+    Distribution metrics use the row's nonnegative part renormalised to sum 1, over the rows that have one;
+    row_mass, support and negative_mass use the raw visible weights of every row with a visible key."""
     w = weights.double()
     B, H, Lq, Lk = w.shape
     mask = torch.ones(B, H, Lq, Lk, dtype=torch.bool) if key_mask is None else key_mask.expand(B, H, Lq, Lk)
+    if signed is None:
+        signed = any(
+            float(w[b, h, i, j]) < 0
+            for b in range(B)
+            for h in range(H)
+            for i in range(Lq)
+            for j in range(Lk)
+            if bool(mask[b, h, i, j])
+        )
     out = {}
     for h in range(H):
-        acc = {k: [] for k in ("entropy", "entropy_norm", "max_prob", "saturation", "attn_distance", "std")}
+        acc = {k: [] for k in (*DIST_KEYS, "row_mass", "support", "negative_mass", "std")}
         lmax = -math.inf
         for b in range(B):
             for i in range(Lq):
                 keys = [j for j in range(Lk) if bool(mask[b, h, i, j])]
                 if not keys:
                     continue
-                ps = [float(w[b, h, i, j]) for j in keys]
+                ws = [float(w[b, h, i, j]) for j in keys]
+                acc["row_mass"].append(sum(ws))
+                acc["support"].append(sum(1 for x in ws if x != 0) / len(keys))
+                acc["negative_mass"].append(sum(-x for x in ws if x < 0))
+                if logits is not None:
+                    ss = [float(logits[b, h, i, j]) for j in keys]
+                    mu = sum(ss) / len(ss)
+                    acc["std"].append(math.sqrt(sum((s - mu) ** 2 for s in ss) / len(ss)))
+                    lmax = max(lmax, *ss)
+                pos_mass = sum(x for x in ws if x > 0)
+                if pos_mass == 0:
+                    continue  # no distribution: out of the five distribution metrics only
+                ps = [max(x, 0.0) / pos_mass for x in ws]
                 ent = -sum(p * math.log(p) for p in ps if p > 0)
                 acc["entropy"].append(ent)
                 if len(keys) >= 2:
@@ -43,16 +70,11 @@ def reference_stats(weights, logits=None, key_mask=None, threshold=0.99):
                 acc["max_prob"].append(max(ps))
                 acc["saturation"].append(1.0 if max(ps) > threshold else 0.0)
                 acc["attn_distance"].append(sum(p * abs(i - j) for p, j in zip(ps, keys, strict=True)))
-                if logits is not None:
-                    ss = [float(logits[b, h, i, j]) for j in keys]
-                    mu = sum(ss) / len(ss)
-                    acc["std"].append(math.sqrt(sum((s - mu) ** 2 for s in ss) / len(ss)))
-                    lmax = max(lmax, *ss)
 
         def mean(xs):
             return sum(xs) / len(xs) if xs else math.nan
 
-        for k in ("entropy", "entropy_norm", "max_prob", "saturation", "attn_distance"):
+        for k in (*DIST_KEYS, "row_mass", "support", *(("negative_mass",) if signed else ())):
             out.setdefault(k, []).append(mean(acc[k]))
         if logits is not None:
             out.setdefault("logit_std", []).append(mean(acc["std"]))
@@ -75,7 +97,7 @@ def test_hand_computed_rows():
     head1 = [[1 / 3] * 3] * 3
     w = _t([[head0, head1]])  # (1, 2, 3, 3)
     st = attention_stats(w)
-    assert set(st) == {"entropy", "entropy_norm", "max_prob", "saturation", "attn_distance"}
+    assert set(st) == {*DIST_KEYS, "row_mass", "support"}  # no negative_mass: every weight is >= 0
     for v in st.values():
         assert v.shape == (2,)
 
@@ -92,6 +114,8 @@ def test_hand_computed_rows():
     # the threshold is strict and configurable: 0.8 and 1.0 exceed 0.75
     _close(attention_stats(w, threshold=0.75)["saturation"], [2 / 3, 0.0])
     _close(attention_stats(w, threshold=0.8)["saturation"], [1 / 3, 0.0])
+    _close(st["row_mass"], [1.0, 1.0])
+    _close(st["support"], [(1 + 1 + 1 / 3) / 3, 1.0])  # the one-hot row has 1 of 3 keys nonzero
 
 
 def test_attn_distance_hand_example_with_offsets():
@@ -260,6 +284,38 @@ def test_logit_max_is_over_batch_and_rows():
     _close(attention_stats(w, logits=logits)["logit_max"], [7.5, 0.0])
 
 
+def test_logits_with_two_maps_per_head_are_component_major():
+    # differential attention: weights (B, H, Lq, Lk), logits (B, 2H, Lq, Lk), map c of head h at index c*H + h
+    logits = torch.zeros(1, 4, 2, 3, dtype=torch.float64)
+    logits[0, :, 0, 0] = torch.tensor([1.0, 2.0, 30.0, 4.0])  # head 0: maps 1 and 30; head 1: maps 2 and 4
+    logits[0, 2, 1] = torch.tensor([0.0, 2.0, 99.0])  # head 0, map 1, query 1: key 2 (99) is masked
+    key_mask = torch.tensor([[True, True, True], [True, True, False]])
+    w = torch.full((1, 2, 2, 3), 1 / 3, dtype=torch.float64)
+    w[..., 1, :] = torch.tensor([0.5, 0.5, 0.0])
+    st = attention_stats(w, logits=logits, key_mask=key_mask)
+    _close(st["logit_max"], [30.0, 4.0])
+    # head 0 rows: map 0 [1, 0, 0], [0, 0]; map 1 [30, 0, 0], [0, 2]; head 1: [2, 0, 0], [0, 0], [4, 0, 0], [0, 0]
+    std3 = lambda a: math.sqrt(2 * a * a / 9)  # noqa: E731  population std of [a, 0, 0]
+    _close(st["logit_std"], [(std3(1) + 0 + std3(30) + 1) / 4, (std3(2) + std3(4)) / 4])
+    # random: the same as the two maps stacked as extra batch elements
+    g = torch.Generator().manual_seed(27)
+    B, H, L = 2, 3, 6
+    logits = torch.randn(B, 2 * H, L, L, generator=g, dtype=torch.float64) * 2
+    mask = _mixed_mask(B, H, L, g)
+    w = _masked_softmax(logits[:, :H], mask) - 0.5 * _masked_softmax(logits[:, H:], mask)
+    st = attention_stats(w, logits=logits, key_mask=mask)
+    ref = reference_stats(
+        torch.cat([w, w]), logits=torch.cat([logits[:, :H], logits[:, H:]]), key_mask=mask.repeat(2, 1, 1, 1)
+    )
+    assert set(st) == set(ref)
+    for k in ref:
+        _close(st[k], ref[k], tol=1e-10)
+    with pytest.raises(ValueError, match="logits shape"):
+        attention_stats(w, logits=logits[:, :5], key_mask=mask)
+    with pytest.raises(ValueError, match="logits shape"):
+        attention_stats(w, logits=logits[:, :, :, :5], key_mask=mask)
+
+
 # ---------------------------------------------------------------- dtypes
 
 
@@ -280,6 +336,254 @@ def test_bf16_inputs_and_detached_float_outputs():
         torch.testing.assert_close(v.double(), ref[k], rtol=2e-2, atol=2e-2)
     assert attention_stats(w32)["entropy"].dtype == torch.float32
     assert attention_stats(w32.double())["entropy"].dtype == torch.float64
+
+
+# ---------------------------------------------------------------- other normalizers
+
+
+def _softmax1(logits, mask):
+    """exp(s_j) / (1 + sum_k exp(s_k)) over visible keys (softmax with an extra zero logit): rows sum to < 1."""
+    s = logits.masked_fill(~mask, -math.inf)
+    m = s.amax(-1, keepdim=True).clamp_min(0.0)  # the extra logit is 0; fully masked rows get m = 0
+    e = torch.exp(s - m)
+    return e / (torch.exp(-m) + e.sum(-1, keepdim=True))
+
+
+def _sparse(logits, mask):
+    """Softmax with every weight below 1/n_visible set to exactly 0, renormalised: exact zeros, rows sum to 1."""
+    w = _masked_softmax(logits, mask)
+    n = mask.sum(-1, keepdim=True).clamp_min(1)
+    w = torch.where(w >= 1.0 / n, w, torch.zeros_like(w))
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-300)
+
+
+def _softpick(logits, mask):
+    """relu(exp(s) - 1) / sum |exp(s) - 1| over visible keys: exact zeros, rows sum to < 1, or are all 0."""
+    e = torch.where(mask, torch.expm1(logits), torch.zeros_like(logits))
+    return torch.relu(e) / (e.abs().sum(-1, keepdim=True) + 1e-6)
+
+
+def _sigmoid(logits, mask):
+    """Elementwise sigmoid, left nonzero at masked keys too (those entries must be ignored)."""
+    del mask
+    return torch.sigmoid(logits)
+
+
+def _differential(logits, mask, lam=0.8):
+    """softmax(s) - lam * softmax(s'), with s' a reshuffle of s: signed weights, rows sum to 1 - lam."""
+    other = logits.flip(-1).roll(1, dims=-2)
+    return _masked_softmax(logits, mask) - lam * _masked_softmax(other, mask)
+
+
+NORMALIZERS = {
+    "softmax1": _softmax1,
+    "sparse": _sparse,
+    "softpick": _softpick,
+    "sigmoid": _sigmoid,
+    "differential": _differential,
+}
+
+
+def _mixed_mask(B, H, L, generator):
+    """Causal & padding, with a few fully masked rows; (B, H, L, L) bool."""
+    causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
+    lengths = torch.randint(2, L + 1, (B,), generator=generator)
+    padding = (torch.arange(L)[None, :] < lengths[:, None]).view(B, 1, 1, L)
+    mask = (causal & padding).expand(B, H, L, L).clone()
+    mask[0, 0, 2] = False
+    mask[-1, -1, -1] = False
+    return mask
+
+
+@pytest.mark.parametrize("name", sorted(NORMALIZERS))
+def test_other_normalizers_match_reference_loop(name):
+    g = torch.Generator().manual_seed(10 + sorted(NORMALIZERS).index(name))
+    B, H, L = 3, 2, 7
+    logits = torch.randn(B, H, L, L, generator=g, dtype=torch.float64) * 2
+    logits[1, 0, 4:] = -logits[1, 0, 4:].abs() - 0.1  # some rows with every logit < 0 (all-zero softpick rows)
+    mask = _mixed_mask(B, H, L, g)
+    w = NORMALIZERS[name](logits, mask)
+    st = attention_stats(w, logits=logits.masked_fill(~mask, -math.inf), key_mask=mask, threshold=0.6)
+    ref = reference_stats(w, logits=logits, key_mask=mask, threshold=0.6)
+    assert set(st) == set(ref)
+    for k in ref:
+        _close(st[k], ref[k], tol=1e-10)
+    # the inputs really are of the kind named
+    mass = torch.where(mask, w, torch.zeros_like(w)).sum(-1)[mask.any(-1)]
+    if name in ("softmax1", "softpick"):
+        assert (mass < 1 - 1e-3).any() and (mass < 1 + 1e-12).all()
+    if name in ("sparse", "softpick"):
+        assert ((w == 0) & mask).any()
+        assert (st["support"] < 1).all()
+    if name == "softpick":
+        assert (mass == 0).any()
+    assert ("negative_mass" in st) == (name == "differential")
+
+
+def test_row_mass_below_one_keeps_the_distribution_of_the_row():
+    g = torch.Generator().manual_seed(20)
+    B, H, L = 2, 3, 6
+    logits = torch.randn(B, H, L, L, generator=g, dtype=torch.float64) * 3
+    mask = _mixed_mask(B, H, L, g)
+    soft = _masked_softmax(logits, mask)
+    st_soft = attention_stats(soft, key_mask=mask)
+    # softmax1 renormalised is the softmax of the same logits; 0.5 * softmax renormalised is softmax
+    for w in (_softmax1(logits, mask), 0.5 * soft):
+        st = attention_stats(w, key_mask=mask, threshold=0.9)
+        for k in DIST_KEYS:
+            _close(st[k], attention_stats(soft, key_mask=mask, threshold=0.9)[k], tol=1e-12)
+        expected = [
+            sum(float(w[b, h, i][mask[b, h, i]].sum()) for b in range(B) for i in range(L) if mask[b, h, i].any())
+            / int(mask[:, h].any(-1).sum())
+            for h in range(H)
+        ]
+        _close(st["row_mass"], expected, tol=1e-12)
+        assert (st["row_mass"] < 1 - 1e-3).all()
+    _close(attention_stats(0.5 * soft, key_mask=mask)["row_mass"], [0.5] * H, tol=1e-12)
+    _close(st_soft["row_mass"], [1.0] * H, tol=1e-12)
+    # hand rows: [0.25, 0.25] has mass 0.5 and the distribution [0.5, 0.5]; a sink row [0.45, 0] is one-hot
+    w = _t([[[[0.25, 0.25], [0.45, 0.0]]]])
+    st = attention_stats(w, threshold=0.99)
+    _close(st["row_mass"], [(0.5 + 0.45) / 2])
+    _close(st["entropy"], [LN2 / 2])
+    _close(st["entropy_norm"], [0.5])
+    _close(st["max_prob"], [(0.5 + 1.0) / 2])
+    _close(st["saturation"], [0.5])  # the sink row is saturated although its largest raw weight is 0.45
+    _close(st["attn_distance"], [(0.5 * 1 + 1.0 * 1) / 2])  # query 0: 0.5*|0-1|; query 1 -> key 0: 1
+
+
+def test_support_counts_exact_zeros_among_visible_keys():
+    # 1 head, 4 keys: [0.5, 0.5, 0, 0] -> 2 of 4; [0.25]*4 -> 1
+    w = _t([[[[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]]])
+    _close(attention_stats(w)["support"], [(0.5 + 1.0) / 2])
+    # hiding key 3 of row 0 (weight 0) leaves 2 of 3; a nonzero weight at a masked key is not counted
+    w_junk = w.clone()
+    w_junk[0, 0, 0, 3] = 7.0
+    key_mask = torch.tensor([[True, True, True, False], [True, True, True, True]]).view(1, 1, 2, 4)
+    st = attention_stats(w_junk, key_mask=key_mask)
+    _close(st["support"], [(2 / 3 + 1.0) / 2])
+    _close(st["row_mass"], [1.0])
+    _close(st["entropy"], [(LN2 + math.log(4)) / 2])
+    # random sparse rows against the loop
+    g = torch.Generator().manual_seed(21)
+    logits = torch.randn(2, 3, 8, 8, generator=g, dtype=torch.float64) * 2
+    mask = _mixed_mask(2, 3, 8, g)
+    w = _sparse(logits, mask)
+    st = attention_stats(w, key_mask=mask)
+    ref = reference_stats(w, key_mask=mask)
+    _close(st["support"], ref["support"], tol=1e-12)
+    assert (st["support"] < 1).all() and (st["support"] > 0).all()
+
+
+def test_negative_mass_of_signed_weights():
+    # query 1 of [0.6, -0.2, 0.6]: mass 1, negative mass 0.2, distribution [0.5, 0, 0.5]
+    w = _t([[[[1.0, 0.0, 0.0], [0.6, -0.2, 0.6]]]])
+    st = attention_stats(w)
+    assert "negative_mass" in st
+    _close(st["negative_mass"], [0.1])
+    _close(st["row_mass"], [1.0])
+    _close(st["support"], [(1 / 3 + 1.0) / 2])
+    _close(st["entropy"], [LN2 / 2])  # with the -0.2 kept in (or the row left unrenormalised) this differs
+    _close(st["max_prob"], [(1.0 + 0.5) / 2])
+    _close(st["attn_distance"], [(0.0 + 1.0) / 2])
+    # random differential rows against the loop, signed=None and signed=True alike
+    g = torch.Generator().manual_seed(22)
+    logits = torch.randn(3, 2, 6, 6, generator=g, dtype=torch.float64) * 2
+    mask = _mixed_mask(3, 2, 6, g)
+    w = _differential(logits, mask, lam=0.7)
+    ref = reference_stats(w, key_mask=mask)
+    for signed in (None, True):
+        st = attention_stats(w, key_mask=mask, signed=signed)
+        assert set(st) == set(ref)
+        for k in ref:
+            _close(st[k], ref[k], tol=1e-10)
+    assert (ref["negative_mass"] > 0.05).all()
+
+
+def test_negative_mass_absent_for_nonnegative_weights_or_signed_false():
+    g = torch.Generator().manual_seed(23)
+    logits = torch.randn(2, 2, 5, 5, generator=g, dtype=torch.float64)
+    mask = _mixed_mask(2, 2, 5, g)
+    for w in (_sparse(logits, mask), _softmax1(logits, mask)):
+        assert "negative_mass" not in attention_stats(w, key_mask=mask)
+        assert "negative_mass" not in attention_stats(w, key_mask=mask, signed=False)
+    # signed weights with signed=False: no key, everything else as with signed=None
+    w = _differential(logits, mask)
+    assert (w < 0).any()
+    st_none = attention_stats(w, key_mask=mask)
+    st_false = attention_stats(w, key_mask=mask, signed=False)
+    assert set(st_none) - set(st_false) == {"negative_mass"}
+    for k in st_false:
+        _close(st_false[k], st_none[k], tol=0.0)
+    # a negative weight at a masked key does not make the weights signed
+    w = _masked_softmax(logits, mask)
+    w[~mask] = -1.0
+    assert "negative_mass" not in attention_stats(w, key_mask=mask)
+    _close(attention_stats(w, key_mask=mask, signed=True)["negative_mass"], [0.0, 0.0])
+    with pytest.raises(TypeError):
+        attention_stats(w, key_mask=mask, signed="yes")
+
+
+def test_negative_mass_present_with_signed_true_even_if_nonnegative():
+    g = torch.Generator().manual_seed(24)
+    w = torch.softmax(torch.randn(2, 3, 4, 4, generator=g), dim=-1)
+    st = attention_stats(w, signed=True)
+    assert st["negative_mass"].shape == (3,)
+    assert st["negative_mass"].dtype == torch.float32
+    assert torch.all(st["negative_mass"] == 0)
+    # a head with no valid row gets NaN, as every other row mean
+    st = attention_stats(w, key_mask=torch.tensor([True, False, True]).view(1, 3, 1, 1), signed=True)
+    _close(st["negative_mass"], [0.0, math.nan, 0.0])
+
+
+def test_rows_of_zero_mass_excluded_from_distribution_stats_only():
+    # head 0: [0.2, 0.2, 0] (distribution [0.5, 0.5, 0]); [0, 0, 0] (softpick: nothing); [-0.1, 0, 0] (signed,
+    # nothing nonnegative). head 1: three all-zero rows -> no distribution at all.
+    w = _t([[[[0.2, 0.2, 0.0], [0.0, 0.0, 0.0], [-0.1, 0.0, 0.0]], [[0.0] * 3] * 3]])
+    st = attention_stats(w)
+    assert set(st) == {*DIST_KEYS, "row_mass", "support", "negative_mass"}
+    _close(st["row_mass"], [(0.4 + 0.0 - 0.1) / 3, 0.0])
+    _close(st["support"], [(2 / 3 + 0 + 1 / 3) / 3, 0.0])
+    _close(st["negative_mass"], [0.1 / 3, 0.0])
+    # only row 0 of head 0 has a distribution
+    _close(st["entropy"], [LN2, math.nan])
+    _close(st["entropy_norm"], [LN2 / LN3, math.nan])
+    _close(st["max_prob"], [0.5, math.nan])
+    _close(st["saturation"], [0.0, math.nan])
+    _close(st["attn_distance"], [0.5, math.nan])  # query 0: 0.5 * |0 - 1|
+    for k, v in attention_stats(w.float()).items():
+        assert not torch.isnan(v[0]), k  # NaN only where there is nothing to average
+
+
+def test_fully_masked_rows_excluded_from_row_mass_and_support():
+    # sigmoid weights are nonzero everywhere, also in rows with no visible key and at masked keys
+    g = torch.Generator().manual_seed(25)
+    B, H, L = 2, 2, 4
+    w = torch.sigmoid(torch.randn(B, H, L, L, generator=g, dtype=torch.float64))
+    key_mask = torch.ones(B, 1, L, L, dtype=torch.bool)
+    key_mask[0, 0, 1] = False  # query 1 of example 0 sees nothing
+    key_mask[1, 0, 2:] = False  # queries 2, 3 of example 1 see nothing
+    key_mask[:, :, :, 3] = False  # key 3 is padding everywhere
+    st = attention_stats(w, key_mask=key_mask)
+    keep = torch.cat([w[0, :, [0, 2, 3], :3], w[1, :, :2, :3]], dim=1)  # (H, 5, 3)
+    _close(st["row_mass"], keep.sum(-1).mean(-1), tol=1e-12)
+    _close(st["support"], [1.0, 1.0])
+    ref = reference_stats(w, key_mask=key_mask)
+    for k in ref:
+        _close(st[k], ref[k], tol=1e-12)
+
+
+def test_bf16_signed_weights():
+    g = torch.Generator().manual_seed(26)
+    logits = torch.randn(2, 3, 8, 8, generator=g) * 2
+    mask = _mixed_mask(2, 3, 8, g)
+    w16 = _differential(logits, mask).to(torch.bfloat16).requires_grad_()
+    st = attention_stats(w16, key_mask=mask)
+    ref = reference_stats(w16.detach(), key_mask=mask)  # the same bf16 values, in float64
+    assert set(st) == set(ref)
+    for k, v in st.items():
+        assert v.dtype == torch.float32 and not v.requires_grad, k
+        torch.testing.assert_close(v.double(), ref[k], rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- anchors

@@ -504,6 +504,9 @@ class Run:
         s.num_heads, s.d_model, s.num_layers, s.seed = get("num_heads"), get("d_model"), get("num_layers"), get("seed")
         s.lr, s.batch_size, s.max_steps = get("lr"), get("batch_size"), get("max_steps")
         s.pos_encoding, s.variant_params = get("model.pos_encoding"), get("variant.params") or {}
+        s.normalizer, s.position_bias = get("normalizer.name"), get("position_bias.name")
+        s.num_kv_heads, s.qk_norm, s.softcap = get("num_kv_heads") or s.num_heads, get("qk_norm"), get("softcap")
+        s.differential = bool(get("model.differential"))
         try:
             s.d_k = resolve_d_k(self.cfg)
         except Exception:
