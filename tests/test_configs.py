@@ -19,6 +19,8 @@ import attnlab.train as T  # registers the ``attnlab_uid`` resolver
 from attnlab.tasks import SequenceTask
 
 CONF_DIR: Path = T.CONF_DIR
+# variant presets that are a registered score plus a model setting: option -> (score, model key, value)
+PIPELINE_PRESETS = {"rope": ("scaled_dot", "pos_encoding", "rope"), "diff": ("scaled_dot", "differential", True)}
 RELATIVE_VARIANTS = ("relative_position", "t5_bias", "alibi")
 ABSOLUTE_VARIANTS = ("dot", "scaled_dot", "general", "additive")
 FAST = "debug=fast"
@@ -146,8 +148,13 @@ def test_every_option_composes_and_resolves(hydra_ctx: None, group: str, option:
     assert "_target_" in plain["task"]["datamodule"]
     assert "_target_" in plain["trainer"]
     # a group's yaml actually lands in the config (not in an unexpected package)
-    if group == "variant" and option != "custom":
+    if group == "variant" and option in PIPELINE_PRESETS:
+        score, model_key, value = PIPELINE_PRESETS[option]
+        assert plain["variant"]["name"] == score and plain["model"][model_key] == value
+    elif group == "variant" and option != "custom":
         assert plain["variant"]["name"] == option
+    if group in ("normalizer", "position_bias") and option != "custom":
+        assert plain[group]["name"] == option
     if group == "task":
         assert plain["task"]["name"] == option
     if group == "logger":
@@ -211,7 +218,31 @@ def test_every_variant_config_names_a_registered_score(hydra_ctx: None) -> None:
     for option in options("variant"):
         if option == "custom":
             continue
+        if option in PIPELINE_PRESETS:  # a score plus a model setting
+            assert compose_cfg(f"variant={option}").variant.name in attnlab.list_scores()
+            continue
         assert option in attnlab.list_scores(), f"conf/variant/{option}.yaml has no registered score"
+
+
+@pytest.mark.parametrize(
+    ("group", "names", "build"),
+    [
+        ("normalizer", attnlab.list_normalizers, lambda n, p: attnlab.build_normalizer(n, num_heads=2, **p)),
+        (
+            "position_bias",
+            attnlab.list_position_biases,
+            lambda n, p: attnlab.build_position_bias(n, d_k=8, num_heads=2, **p),
+        ),
+    ],
+)
+def test_every_registered_normalizer_and_position_bias_has_a_config(hydra_ctx: None, group, names, build) -> None:
+    for name in names():
+        assert (CONF_DIR / group / f"{name}.yaml").is_file(), f"no conf/{group}/{name}.yaml"
+        cfg = compose_cfg(f"{group}={name}")
+        assert cfg[group].name == name
+        params = OmegaConf.to_container(cfg[group].params, resolve=True)
+        build(name, params)  # the params in the yaml are accepted
+    assert compose_cfg().normalizer.name == "softmax" and compose_cfg().position_bias.name == "none"
 
 
 def test_custom_variant_needs_a_name(hydra_ctx: None) -> None:
@@ -219,6 +250,13 @@ def test_custom_variant_needs_a_name(hydra_ctx: None) -> None:
     assert OmegaConf.is_missing(cfg.variant, "name")
     cfg = compose_cfg("variant=custom", "variant.name=dot")
     assert cfg.variant.name == "dot"
+
+
+def test_pipeline_presets_set_their_model_key_and_the_command_line_wins(hydra_ctx: None) -> None:
+    assert compose_cfg("variant=rope").model.pos_encoding == "rope"
+    assert compose_cfg("variant=rope", "model.pos_encoding=sinusoidal").model.pos_encoding == "sinusoidal"
+    assert compose_cfg("variant=diff").model.differential is True
+    assert compose_cfg("variant=scaled_dot").model.differential is False
 
 
 def test_relative_variant_wins_over_model_default_but_not_over_command_line(hydra_ctx: None) -> None:

@@ -39,9 +39,21 @@ __all__ = [
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 # config groups a user picks on the command line (``group=choice``)
-GROUPS = ("variant", "mask", "task", "model", "trainer", "logger", "experiment", "debug", "hparams_search")
+GROUPS = (
+    "variant",
+    "mask",
+    "normalizer",
+    "position_bias",
+    "task",
+    "model",
+    "trainer",
+    "logger",
+    "experiment",
+    "debug",
+    "hparams_search",
+)
 # groups whose ``custom`` choice selects a name registered by the user's own module (through ``imports``)
-CUSTOM_GROUPS = {"variant": "score", "mask": "mask"}
+CUSTOM_GROUPS = {"variant": "score", "mask": "mask", "normalizer": "normalizer", "position_bias": "position bias"}
 
 # keys that may differ between a run and its resume: they change how the run is watched, never its numbers
 NEUTRAL_KEYS = (
@@ -160,8 +172,13 @@ def validate_config(cfg: DictConfig) -> Any:
     """
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        hint = {"variant.name": "variant=custom needs variant.name=<your registered score> and imports=[module]"}
-        raise ConfigError(f"{missing[0]} is not set (???): " + hint.get(missing[0], f"set it with {missing[0]}=..."))
+        group = missing[0].removesuffix(".name")
+        hint = (
+            f"{group}=custom needs {group}.name=<your registered {CUSTOM_GROUPS[group]}> and imports=[module]"
+            if group in CUSTOM_GROUPS
+            else f"set it with {missing[0]}=..."
+        )
+        raise ConfigError(f"{missing[0]} is not set (???): {hint}")
     for key in ("d_model", "num_heads", "num_layers", "batch_size", "max_steps", "eval_every"):
         _check(check_int, key, cfg.get(key), minimum=1)
     _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
@@ -187,8 +204,9 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_trainer(cfg.trainer)
     score = _check_variant(cfg)
     _check_mask(cfg)
+    attention = _check_attention(cfg, score)
     datamodule = _check_task(cfg)
-    _check_memory(cfg, datamodule, score)
+    _check_memory(cfg, datamodule, attention)
     return datamodule
 
 
@@ -203,6 +221,7 @@ def _check_model(model: DictConfig) -> None:
     _check(check_number, "model.weight_decay", model.weight_decay, low=0.0)
     _check(check_choice, "model.pos_encoding", model.pos_encoding, POSITIONAL_ENCODINGS)
     _flag(model, "norm_first")
+    _flag(model, "differential")
     betas = plain(model.betas)
     if not isinstance(betas, list) or len(betas) != 2:
         raise ConfigError(f"model.betas must be two numbers in [0, 1), got {betas!r}")
@@ -267,8 +286,9 @@ def _check_variant(cfg: DictConfig) -> Any:
         raise ConfigError(f"{message}. A score of your own: variant=custom variant.name=<name> 'imports=[module]'")
     params = plain(cfg.variant.get("params")) or {}
     d_k = default_d_k(cfg.d_model, cfg.num_heads, cfg.d_k)
+    heads = cfg.num_heads * (2 if cfg.model.get("differential") else 1)  # differential: two maps per head
     try:
-        return build_score(name, d_k=d_k, num_heads=cfg.num_heads, d_v=cfg.model.d_v or d_k, **params)
+        return build_score(name, d_k=d_k, num_heads=heads, d_v=cfg.model.d_v or d_k, **params)
     except (TypeError, ValueError) as exc:
         raise _prefixed("variant.params.", exc, params) from None
 
@@ -286,6 +306,74 @@ def _check_mask(cfg: DictConfig) -> None:
         build_mask(spec)
     except (TypeError, ValueError) as exc:
         raise _prefixed("mask.", exc, spec if isinstance(spec, dict) else {}) from None
+
+
+def _check_attention(cfg: DictConfig, score: Any) -> Any:
+    """The attention stages beside the score: key/value heads, QK-norm, soft-capping, rotary positions, the
+    normalizer and the position bias, each checked by building it once on the CPU (one line naming the key).
+    Returns one built layer's attention."""
+    from attnlab.attention import MultiHeadAttention
+    from attnlab.normalizers import build_normalizer, list_normalizers
+    from attnlab.positions import RotaryEmbedding
+    from attnlab.scores import build_position_bias, list_position_biases
+
+    d_k = default_d_k(cfg.d_model, cfg.num_heads, cfg.d_k)
+    heads = cfg.num_heads * (2 if cfg.model.differential else 1)
+    kv = cfg.get("num_kv_heads")
+    if kv is not None:
+        _check(check_int, "num_kv_heads", kv, minimum=1)
+        if cfg.num_heads % kv:
+            raise ConfigError(
+                f"num_kv_heads ({kv}) must divide num_heads ({cfg.num_heads}): 1 (multi-query), a divisor (GQA), "
+                "or null (= num_heads)"
+            )
+    if cfg.get("qk_norm") not in (None, "layernorm", "rmsnorm"):
+        raise ConfigError(f"qk_norm must be null, layernorm or rmsnorm, got {cfg.qk_norm!r}")
+    if cfg.get("softcap") is not None:
+        _check(check_number, "softcap", cfg.softcap, low=0.0, low_open=True)
+    rope = plain(cfg.model.get("rope")) or {}
+    if cfg.model.pos_encoding == "rope":
+        try:
+            RotaryEmbedding(d_k, **rope)
+        except (TypeError, ValueError) as exc:
+            raise _prefixed("model.", exc, [f"rope.{k}" for k in rope]) from None
+    stages = (
+        ("normalizer", list_normalizers, lambda name, p: build_normalizer(name, num_heads=heads, **p)),
+        (
+            "position_bias",
+            list_position_biases,
+            lambda name, p: build_position_bias(name, d_k=d_k, num_heads=heads, d_v=cfg.model.d_v or d_k, **p),
+        ),
+    )
+    for group, names, build in stages:
+        name, params = cfg[group].name, plain(cfg[group].get("params")) or {}
+        if name not in names():
+            message = unknown_name_message(group.replace("_", " "), name, names())
+            raise ConfigError(f"{message}. Your own: {group}=custom {group}.name=<name> 'imports=[module]'")
+        try:
+            build(name, params)
+        except (TypeError, ValueError) as exc:
+            raise _prefixed(f"{group}.params.", exc, params) from None
+    return MultiHeadAttention(d_model=cfg.d_model, num_heads=cfg.num_heads, d_k=d_k, **attention_options(cfg, score))
+
+
+def attention_options(cfg: DictConfig, score: Any = None) -> dict[str, Any]:
+    """The :class:`~attnlab.attention.MultiHeadAttention` stages a config selects (``score``: a built score to use
+    instead of building ``variant`` again)."""
+    m = cfg.model
+    return {
+        "d_v": m.d_v,
+        "score": score if score is not None else cfg.variant.name,
+        "num_kv_heads": cfg.get("num_kv_heads"),
+        "rope": (plain(m.get("rope")) or {}) if m.pos_encoding == "rope" else None,
+        "qk_norm": cfg.get("qk_norm"),
+        "softcap": cfg.get("softcap"),
+        "normalizer": cfg.normalizer.name,
+        "normalizer_params": plain(cfg.normalizer.get("params")) or {},
+        "position_bias": cfg.position_bias.name,
+        "position_bias_params": plain(cfg.position_bias.get("params")) or {},
+        "differential": bool(m.get("differential", False)),
+    }
 
 
 def _mask_specs(spec: Any) -> Iterable[Any]:
@@ -329,7 +417,7 @@ def _memory_bytes(trainer: DictConfig) -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "memory"
 
 
-def _check_memory(cfg: DictConfig, datamodule: Any, score: Any) -> None:
+def _check_memory(cfg: DictConfig, datamodule: Any, attention: Any) -> None:
     """Refuse sequences whose data or dense attention tensors cannot fit, before generating anything."""
     from attnlab.scores import DotProductScore
 
@@ -338,7 +426,13 @@ def _check_memory(cfg: DictConfig, datamodule: Any, score: Any) -> None:
     needs = [(sequences * length * 8 * (2 if datamodule.per_token else 1), "the token and label tensors")]
     if cfg.diagnostics.enabled:  # the probe runs the eager path: weights and logits of every layer, float32
         needs.append((cfg.diagnostics.probe_size * heads * length**2 * 4 * 2 * layers, "the diagnostics probe"))
-    fused = isinstance(score, DotProductScore) and type(score).bias is DotProductScore.bias
+    score = attention.score
+    fused = (
+        attention.uses_fast_path
+        and type(score).bias is DotProductScore.bias
+        and attention.position_bias is None
+        and not attention.differential
+    )
     if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
         needs.append((cfg.batch_size * heads * length**2 * 4 * 3 * layers, "a training batch's attention"))
     need, what = max(needs)
@@ -417,6 +511,7 @@ def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = 
         score_params=plain(cfg.variant.get("params")) or {},
         mask=plain(cfg.mask),
         pos_encoding=m.pos_encoding,
+        attention={k: v for k, v in attention_options(cfg).items() if k not in ("d_v", "score")},
         norm_first=m.norm_first,
         dropout=m.dropout,
         lr=cfg.lr,
