@@ -102,7 +102,7 @@ class AttentionDiagnostics(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         try:
-            _, records = encoder(tokens, return_attention=True)
+            _, records = encoder(tokens, need_weights=True)
             prepared = encoder.build_mask(tokens)
             key_mask = None if prepared is None else prepared.allowed
             # differential attention has signed weights: its layers always report negative_mass (the others

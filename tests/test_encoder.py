@@ -92,7 +92,7 @@ SCORES = [
 @pytest.mark.parametrize("setup", ["plain", "causal+pad", "window+lengths"])
 @pytest.mark.parametrize("score,params", SCORES, ids=[f"{s}{'_v' if p.get('value_term') else ''}" for s, p in SCORES])
 def test_return_attention_gives_per_layer_outputs_and_same_h(score, params, setup, ref):
-    """The eager (return_attention=True) and fast paths give the same h; weights/logits are (B, H, L, L)."""
+    """The eager (need_weights=True) and fast paths give the same h; weights/logits are (B, H, L, L)."""
     kwargs = {"score": score, "score_params": params}
     lengths = None
     if setup == "causal+pad":
@@ -104,7 +104,7 @@ def test_return_attention_gives_per_layer_outputs_and_same_h(score, params, setu
     ref.randomize_(enc, seed=1, scale=0.5)
     tokens = tokens_with_pads()
     h = enc(tokens, lengths=lengths)
-    h2, atts = enc(tokens, lengths=lengths, return_attention=True)
+    h2, atts = enc(tokens, lengths=lengths, need_weights=True)
     torch.testing.assert_close(h2, h, rtol=1e-10, atol=1e-10)
     assert len(atts) == LAYERS
     for att in atts:
