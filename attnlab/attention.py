@@ -180,6 +180,16 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q), self.rope(k)
         return q, k
 
+    def prepare_mask(
+        self, mask: Tensor | Mask | PreparedMask | None, num_queries: int, num_keys: int, device: torch.device
+    ) -> PreparedMask | None:
+        """The mask, prepared (:func:`attnlab.masks.prepare_mask`) for the Hq query heads: under differential
+        attention a per-head mask (…, H, Lq, Lk) applies to both maps of each head."""
+        pm = prepare_mask(mask, num_queries, num_keys, device)
+        if pm is None or not self.differential or pm.allowed.shape[1] == 1:
+            return pm
+        return PreparedMask.from_tensor(pm.allowed.repeat(1, 2, 1, 1))  # component-major, like q
+
     def expand_heads(self, t: Tensor, heads: int) -> Tensor:
         """(B, G', L, d) → (B, heads, L, d): each key/value head repeated for the query heads of its group."""
         return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
@@ -257,7 +267,7 @@ class MultiHeadAttention(nn.Module):
             o = self.attend(x, key_value, mask)
             return o.out, (o.weights if need_weights else None)
         q, k, v = self.project(x, key_value)
-        pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        pm = self.prepare_mask(mask, q.shape[2], k.shape[2], x.device)
         z = self.combine_maps(self._sdpa(q, k, v, pm))  # (B, H, Lq, d_v)
         return self.merge(z), None
 
@@ -266,7 +276,7 @@ class MultiHeadAttention(nn.Module):
     ) -> AttentionOutput:
         """The eager path, every stage in turn, returning the output with the weights and the logits."""
         q, k, v = self.project(x, key_value)
-        pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        pm = self.prepare_mask(mask, q.shape[2], k.shape[2], x.device)
         logits = self.logits(q, k)  # (B, Hq, Lq, Lk)
         weights = self.combine_maps(self.normalize(logits, pm, v.dtype))  # (B, H, Lq, Lk)
         dropped = F.dropout(weights, self.dropout) if self.training and self.dropout > 0 else weights

@@ -72,13 +72,14 @@ class RotaryEmbedding(nn.Module):
         self.dim = check_int("rope dim (d_k)", dim, minimum=2)
         self.base = check_number("rope.base", base, low=1.0, low_open=True)
         self.fraction = check_number("rope.fraction", fraction, 0.0, 1.0, low_open=True)
-        self.rotated = 2 * int(self.fraction * dim // 2)
+        self.rotated = 2 * int(self.fraction * dim / 2 + 1e-9)  # 2·⌊fraction·d/2⌋, robust to 0.58·100 = 57.99…
         if self.rotated < 2:
             raise ValueError(
                 f"rope.fraction={fraction} rotates no pair of the d_k={dim} dimensions; use a fraction >= {2 / dim:g}"
             )
         i = torch.arange(self.rotated // 2, dtype=torch.float64)
-        self.register_buffer("inv_freq", self.base ** (-2 * i / dim), persistent=False)  # θ_i, float64
+        # θ_i in float64, deliberately not a buffer: casting the model (.bfloat16()) must not round the angles
+        self.inv_freq = self.base ** (-2 * i / dim)
         self._tables = BoundedCache()
 
     def cos_sin(self, length: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
