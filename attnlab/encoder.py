@@ -43,6 +43,16 @@ POSITIONAL_ENCODINGS: dict[str, type[nn.Module] | None] = {
 }
 
 
+def _hides_later_keys(mask: Mask) -> bool:
+    """Whether every key after the query is hidden: a causal mask, or a position-only one (causal & window) whose
+    64 × 64 tensor has nothing above the diagonal. Decides T5's one-directional buckets."""
+    if mask.is_causal:
+        return True
+    if mask.is_trivial or not mask.position_only:
+        return False
+    return not bool(mask.dense(64, 64)[0, 0].triu(1).any())
+
+
 def _renamed(new: bool, old: bool | None, old_name: str) -> bool:
     """``need_weights``, or the value given under its former name (with a DeprecationWarning)."""
     if old is None:
@@ -143,8 +153,8 @@ class Encoder(nn.Module):
         gets ``layer=l``.
 
     A score or position bias that takes ``bidirectional`` (T5's buckets) and leaves it unset gets False under a
-    causal mask (T5's decoder bucketing: every later key is masked anyway, so all buckets go to the past) and True
-    otherwise.
+    mask that hides every later key (causal, causal & window: T5's decoder bucketing, all buckets go to the past)
+    and True otherwise.
     """
 
     def __init__(
@@ -191,7 +201,7 @@ class Encoder(nn.Module):
         pe_cls = POSITIONAL_ENCODINGS[pos_encoding]
         self.pos = pe_cls(d_model, max_len) if pe_cls is not None else None
         structural = build_mask("none") if mask is None else build_mask(mask)
-        causal = structural.is_causal
+        causal = _hides_later_keys(structural)
         attention = {
             "num_kv_heads": num_kv_heads,
             "rope": dict(rope or {}) if pos_encoding == "rope" else None,

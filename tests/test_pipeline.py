@@ -551,8 +551,17 @@ def test_position_bias_stage_on_a_dot_score_equals_the_preset_score(
         (None, None, True),
         (None, False, False),
         ({"name": "sliding_window", "window": 2}, None, True),
+        ({"name": "and", "masks": ["causal", {"name": "sliding_window", "window": 2}]}, None, False),
     ],
-    ids=["causal", "causal&none", "causal_explicit_bidirectional", "no_mask", "no_mask_explicit_causal", "window"],
+    ids=[
+        "causal",
+        "causal&none",
+        "causal_explicit_bidirectional",
+        "no_mask",
+        "no_mask_explicit_causal",
+        "window",
+        "causal&window",
+    ],
 )
 def test_encoder_t5_buckets_are_one_directional_under_a_causal_mask_unless_told(
     where, mask, bidirectional, expected, ref

@@ -158,10 +158,11 @@ def _prefixed(prefix: str, exc: Exception, keys: Iterable[str]) -> ConfigError:
     return ConfigError(f"{prefix}{message}" if key else f"{prefix.rstrip('.')}: {message}")
 
 
-def _flag(cfg: Any, key: str) -> None:
+def _flag(cfg: Any, key: str, name: str | None = None) -> None:
+    """A boolean at ``key`` of ``cfg``; the error names it ``name`` (default ``key``)."""
     value = OmegaConf.select(cfg, key) if OmegaConf.is_config(cfg) else cfg.get(key)
     if not isinstance(value, bool):
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
+        raise ConfigError(f"{name or key} must be true or false, got {value!r}")
 
 
 def validate_config(cfg: DictConfig) -> Any:
@@ -220,8 +221,8 @@ def _check_model(model: DictConfig) -> None:
     _check(check_number, "model.dropout", model.dropout, 0.0, 1.0, high_open=True)
     _check(check_number, "model.weight_decay", model.weight_decay, low=0.0)
     _check(check_choice, "model.pos_encoding", model.pos_encoding, POSITIONAL_ENCODINGS)
-    _flag(model, "norm_first")
-    _flag(model, "differential")
+    for key in ("norm_first", "differential"):
+        _flag(model, key, f"model.{key}")
     betas = plain(model.betas)
     if not isinstance(betas, list) or len(betas) != 2:
         raise ConfigError(f"model.betas must be two numbers in [0, 1), got {betas!r}")
