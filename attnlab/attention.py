@@ -180,7 +180,7 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q), self.rope(k)
         return q, k
 
-    def prepare_mask(
+    def mask_for_heads(
         self, mask: Tensor | Mask | PreparedMask | None, num_queries: int, num_keys: int, device: torch.device
     ) -> PreparedMask | None:
         """The mask, prepared (:func:`attnlab.masks.prepare_mask`) for the Hq query heads: under differential
@@ -267,7 +267,7 @@ class MultiHeadAttention(nn.Module):
             o = self.attend(x, key_value, mask)
             return o.out, (o.weights if need_weights else None)
         q, k, v = self.project(x, key_value)
-        pm = self.prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        pm = self.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
         z = self.combine_maps(self._sdpa(q, k, v, pm))  # (B, H, Lq, d_v)
         return self.merge(z), None
 
@@ -276,7 +276,7 @@ class MultiHeadAttention(nn.Module):
     ) -> AttentionOutput:
         """The eager path, every stage in turn, returning the output with the weights and the logits."""
         q, k, v = self.project(x, key_value)
-        pm = self.prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        pm = self.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
         logits = self.logits(q, k)  # (B, Hq, Lq, Lk)
         weights = self.combine_maps(self.normalize(logits, pm, v.dtype))  # (B, H, Lq, Lk)
         dropped = F.dropout(weights, self.dropout) if self.training and self.dropout > 0 else weights
