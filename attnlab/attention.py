@@ -249,7 +249,7 @@ class MultiHeadAttention(nn.Module):
             isinstance(self.score, DotProductScore)
             and not self.score.has_value_term
             and (self.position_bias is None or not self.position_bias.has_value_term)
-            and getattr(self.normalizer, "is_softmax", False)
+            and (getattr(self.normalizer, "is_softmax", False) or self._extra_logit() is not None)
             and self.softcap is None
         )
 
@@ -294,9 +294,15 @@ class MultiHeadAttention(nn.Module):
             attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
         if self.differential:
             v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
+        q, k = score.query_map(q), score.key_map(k)
+        extra = self._extra_logit()
+        if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
+            if causal:
+                attn_mask, causal = pm.safe, False
+            q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
         z = F.scaled_dot_product_attention(
-            score.query_map(q),
-            score.key_map(k),
+            q,
+            k,
             v,
             attn_mask=attn_mask,
             dropout_p=self.dropout if self.training else 0.0,
@@ -307,6 +313,11 @@ class MultiHeadAttention(nn.Module):
         if pm is not None and not pm.all_visible:
             z = z * pm.visible  # rows with no visible key: zero output
         return z
+
+    def _extra_logit(self) -> Tensor | None:
+        """The normalizer's sink logit (softmax1, sink), or None."""
+        extra = getattr(self.normalizer, "extra_logit", None)
+        return extra() if extra is not None else None
 
     def _position_logits(self, score: DotProductScore, q: Tensor, num_keys: int) -> tuple[Tensor | None, bool]:
         """The additive logit terms beside q·k (the score's own bias and the position-bias stage), summed, and
@@ -332,6 +343,27 @@ class MultiHeadAttention(nn.Module):
         if self.differential:
             extra.append(f"differential, layer={self.layer}, lambda_init={self.lambda_init:.3f}")
         return ", ".join(extra)
+
+
+def _with_sink_key(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, sink: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """SDPA inputs for a softmax with a sink logit b_h, exactly: q gains a last dimension b_h / scale, every key a
+    0 there, and one more key (0, …, 0, 1) with value 0 is appended, so its logit is b_h and its weight is dropped
+    from the output. ``sink`` (Hq,) or a scalar, already divided by the score's scale; the mask gets a visible
+    column (a row that sees no key then gives 0 / e^b = 0, as the eager path)."""
+    B, Hq, Lq, _ = q.shape
+    Gk = k.shape[1]
+    column = sink.to(q.dtype).to(q.device).expand(Hq).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
+    q = torch.cat((q, column), dim=-1)  # (B, Hq, Lq, d_k + 1)
+    k = F.pad(k, (0, 1))  # (B, Gk, Lk, d_k + 1), 0 in the last dimension
+    sink_key = torch.zeros(B, Gk, 1, k.shape[-1], dtype=k.dtype, device=k.device)
+    sink_key[..., -1] = 1.0
+    k = torch.cat((k, sink_key), dim=2)  # (B, Gk, Lk + 1, d_k + 1)
+    v = F.pad(v, (0, 0, 0, 1))  # (B, G, Lk + 1, d_v), value 0 for the sink
+    if attn_mask is not None:
+        attn_mask = F.pad(attn_mask, (0, 1), value=True if attn_mask.dtype == torch.bool else 0.0)
+    return q, k, v, attn_mask
 
 
 def _masked_bias(bias: Tensor, pm: PreparedMask, static: bool) -> Tensor:

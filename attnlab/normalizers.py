@@ -57,13 +57,19 @@ class Normalizer(nn.Module):
     """Base class: ``forward(logits (B, H, Lq, Lk), allowed bool or None) → weights (B, H, Lq, Lk)``.
 
     ``is_softmax``: the weights are exactly ``softmax`` of the masked logits, so that attention may hand the whole
-    computation to ``scaled_dot_product_attention`` (the fast path).
+    computation to ``scaled_dot_product_attention`` (the fast path). :meth:`extra_logit` not None: the weights are a
+    softmax over the keys and one extra logit that is then dropped, which attention also runs in SDPA, with one
+    extra key.
     """
 
     is_softmax: bool = False
 
     def __init__(self) -> None:
         super().__init__()
+
+    def extra_logit(self) -> Tensor | None:
+        """The extra logit per head, (H,) or a scalar, of a softmax-with-sink normalizer; None for the others."""
+        return None
 
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -164,6 +170,9 @@ class Softmax1(Normalizer):
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
         return softmax_with_sink(logits, allowed, logits.new_zeros(()))
 
+    def extra_logit(self) -> Tensor:
+        return torch.zeros(())
+
 
 @register_normalizer("sink")
 class Sink(Normalizer):
@@ -179,6 +188,9 @@ class Sink(Normalizer):
         if logits.shape[1] != self.num_heads:
             raise ValueError(f"sink normalizer has {self.num_heads} heads, logits have {logits.shape[1]}")
         return softmax_with_sink(logits, allowed, self.sink_logit.to(logits.dtype).view(1, -1, 1, 1))
+
+    def extra_logit(self) -> Tensor:
+        return self.sink_logit
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

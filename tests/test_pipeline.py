@@ -678,7 +678,7 @@ CHOICES = {
     },
     "t5_on_general": {"score": "general", "position_bias": "t5", "position_bias_params": T5_PARAMS},
     "alibi_on_additive": {"score": "additive", "position_bias": "alibi"},
-    **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS},
+    **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS if n not in ("softmax1", "sink")},
     "everything": {
         "rope": True,
         "qk_norm": "rmsnorm",
@@ -748,6 +748,9 @@ FAST_CHOICES = {
     "alibi_on_cosine_mqa": {"score": "cosine", "position_bias": "alibi", "num_kv_heads": 1},
     "t5_on_alibi_preset": {"score": "alibi", "position_bias": "t5", "position_bias_params": T5_PARAMS},
     "rope+qk_norm+gqa+diff": {"rope": True, "qk_norm": "rmsnorm", "num_kv_heads": 2, "differential": True},
+    "softmax1": {"normalizer": "softmax1"},  # one extra key carries the sink logit
+    "sink_gqa_alibi": {"normalizer": "sink", "num_kv_heads": 2, "position_bias": "alibi"},
+    "sink_diff_rope": {"normalizer": "sink", "differential": True, "rope": True},
     "rope+layernorm+mqa+cosine+diff+t5": {
         "rope": {"fraction": 0.5},
         "qk_norm": "layernorm",
@@ -782,7 +785,7 @@ def test_fast_path_calls_sdpa_and_equals_the_eager_path(choice, mask_kind):
 NOT_FAST = {
     "softcap": {"softcap": 2.0},
     "softcap_rope_gqa": {"softcap": 2.0, "rope": True, "num_kv_heads": 2},
-    **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS},
+    **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS if n not in ("softmax1", "sink")},
     "differential_softpick": {"differential": True, "normalizer": "softpick"},
     "alibi_on_additive": {"score": "additive", "position_bias": "alibi"},
     "shaw_value_on_dot": {
