@@ -13,6 +13,12 @@ Sections (each a function below; ``--only`` picks some):
   repetitions (A B C … A B C …), medians; then one profiled step per model for the peak memory (allocations above
   the resting parameters and optimizer state) and the SDPA kernel that ran.
 * ``mha``: the attention module alone, attnlab ``MultiHeadAttention`` against ``nn.MultiheadAttention``.
+* ``variants``: the same encoder training step (same shapes: 4096 tokens per batch, d_model 128, 2 layers, H = 4,
+  d_k = 32) with each attention stage of :data:`ATTENTION_VARIANTS` switched on in turn (rotary positions, QK-norm,
+  grouped/multi-query heads, cosine score, differential attention, soft-capping, ALiBi as a position bias, every
+  eager normalizer), against attnlab's plain ``scaled_dot`` timed in the same interleaved rounds, at
+  L ∈ {128, 512, 1024}; each marked with whether it takes the SDPA fast path
+  (``MultiHeadAttention.uses_fast_path``).
 * ``diagnostics``: real Lightning training of the default config (``attnlab.train.run``, logger none) with the
   attention diagnostics callback on and off, interleaved, whole-run wall times.
 * ``additive_memory``: peak memory of the additive score's forward + backward against the naive form that
@@ -59,12 +65,15 @@ from attnlab.runs import load_run
 from attnlab.scores import AdditiveScore
 
 __all__ = [
+    "ATTENTION_VARIANTS",
     "VARIANTS",
+    "VARIANT_GOALS",
     "FusedKernelUnavailable",
     "Group",
     "ModelSpec",
     "Shape",
     "TorchEncoder",
+    "bench_variants",
     "build_model",
     "check_fused_sdpa",
     "interleaved_times",
@@ -78,7 +87,35 @@ VARIANTS: tuple[str, ...] = ("scaled_dot", "dot", "general", "relative_position"
 VOCAB_SIZE = 64
 NUM_CLASSES = 16
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("fused", "encoder", "mha", "diagnostics", "additive_memory", "default_run")
+SECTIONS = ("fused", "encoder", "mha", "variants", "diagnostics", "additive_memory", "default_run")
+
+# The ``variants`` section: name → the Encoder options that differ from the reference ``scaled_dot`` (score
+# scaled_dot, sinusoidal positions, softmax, H key/value heads). Rotary positions replace the sinusoidal table.
+ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
+    "scaled_dot": {},
+    "rope": {"pos_encoding": "rope"},
+    "rope_half": {"pos_encoding": "rope", "rope": {"fraction": 0.5}},
+    "qk_rmsnorm": {"qk_norm": "rmsnorm"},
+    "qk_layernorm": {"qk_norm": "layernorm"},
+    "gqa2": {"num_kv_heads": 2},
+    "mqa": {"num_kv_heads": 1},
+    "cosine": {"score": "cosine"},
+    "diff": {"differential": True},
+    "softcap50": {"softcap": 50.0},
+    "alibi_bias": {"position_bias": "alibi"},
+    "softmax1": {"normalizer": "softmax1"},
+    "sink": {"normalizer": "sink"},
+    "sigmoid": {"normalizer": "sigmoid"},
+    "sparsemax": {"normalizer": "sparsemax"},
+    "entmax15": {"normalizer": "entmax15"},
+    "softpick": {"normalizer": "softpick"},
+}
+# The variants' goals, judged at the plan's ``target_variant_length``: (target id, variants, limit on step ÷
+# scaled_dot). Rotary, QK-norm and grouped heads must cost (almost) nothing; an eager normalizer at most 2.5×.
+VARIANT_GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
+    ("7", ("rope", "rope_half", "qk_rmsnorm", "qk_layernorm", "gqa2", "mqa"), 1.10),
+    ("8", ("softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"), 2.5),
+)
 
 
 class FusedKernelUnavailable(RuntimeError):
@@ -109,15 +146,22 @@ class Shape:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model of a timing group: ``impl`` is ``torch`` (the reference) or ``attnlab`` with a ``score``."""
+    """One model of a timing group: ``impl`` is ``torch`` (the reference) or ``attnlab`` with a ``score``, and
+    optionally the name of one of :data:`ATTENTION_VARIANTS` (then ``score`` is that variant's score)."""
 
     impl: str
     score: str
     shape: Shape
+    variant: str = ""
+
+    @classmethod
+    def of_variant(cls, variant: str, shape: Shape) -> ModelSpec:
+        """The attnlab encoder of the ``variants`` section named ``variant``."""
+        return cls("attnlab", ATTENTION_VARIANTS[variant].get("score", "scaled_dot"), shape, variant)
 
     @property
     def label(self) -> str:
-        name = "torch" if self.impl == "torch" else self.score
+        name = "torch" if self.impl == "torch" else self.variant or self.score
         return f"{name} {self.shape.tag()}"
 
 
@@ -171,17 +215,18 @@ def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
             raise ValueError(f"torch's encoder needs d_k = d_model / num_heads, got {s.tag()}")
         encoder: nn.Module = TorchEncoder(VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, s.length)
     else:
+        options = {k: v for k, v in ATTENTION_VARIANTS[spec.variant].items() if k != "score"} if spec.variant else {}
+        options.setdefault("pos_encoding", "sinusoidal")
         encoder = Encoder(
-            VOCAB_SIZE,
-            s.d_model,
-            s.num_heads,
-            s.num_layers,
-            d_k=s.d_k,
-            score=spec.score,
-            pos_encoding="sinusoidal",
-            max_len=s.length,
+            VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, d_k=s.d_k, score=spec.score, max_len=s.length, **options
         )
     return _Tagger(encoder, s.d_model)
+
+
+def _fast_path(model: nn.Module) -> bool | None:
+    """Whether every attnlab attention of ``model`` dispatches to SDPA (None: it has none)."""
+    flags = [m.uses_fast_path for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    return all(flags) if flags else None
 
 
 # ============================================================================================ measurement
@@ -323,7 +368,9 @@ class Group:
 class Plan:
     """What to measure. ``groups``: lists of models timed together (interleaved). Every row gets ``ratio_torch``
     against the torch model of its shape and ``ratio_scaled_dot`` against attnlab's scaled_dot of its
-    (B, L, d_model, H) with d_k = d_model / H. ``target_*``: the shapes and lengths the targets read."""
+    (B, L, d_model, H) with d_k = d_model / H. ``variant_shapes``: one shape per length for the ``variants``
+    section, timed ``variant_reps`` rounds (None: ``reps``), then profiled unless ``variant_profile`` is False.
+    ``target_*``: the shapes and lengths the targets read."""
 
     quick: bool
     warmup: int
@@ -336,11 +383,17 @@ class Plan:
     target_short: Shape
     target_long_length: int
     target_additive_length: int
+    variant_shapes: list[Shape] = field(default_factory=list)
+    variant_reps: int | None = None
+    variant_profile: bool = True  # one profiled step per variant (peak MB, SDPA kernel): ~0.25 s each on a CPU
+    target_variant_length: int = 512
 
 
 def full_plan(warmup: int = 2, reps: int = 7) -> Plan:
     """L ∈ {128, 512, 1024} at 4096 tokens per batch, d_model 128, 2 layers; (H, d_k) ∈ {(4, 32), (8, 16),
-    (2, 64)} against torch; every variant at (4, 32); d_k ∈ {16, 64, 128} (≠ d_model / H) at L = 512."""
+    (2, 64)} against torch; every variant at (4, 32); d_k ∈ {16, 64, 128} (≠ d_model / H) at L = 512. The
+    ``variants`` section: every one of :data:`ATTENTION_VARIANTS` at (4, 32) for each L (GQA: 2 key/value heads
+    for 4 query heads, MQA: 1)."""
     target = Shape(32, 128, 128, 4, 32)
     groups = [Group("torch_ab", (ModelSpec("torch", "", target), ModelSpec("attnlab", "scaled_dot", target)), 3)]
     for length, batch in ((128, 32), (512, 8), (1024, 4)):
@@ -364,11 +417,14 @@ def full_plan(warmup: int = 2, reps: int = 7) -> Plan:
         target_short=target,
         target_long_length=512,
         target_additive_length=1024,
+        variant_shapes=[Shape(b, n, 128, 4, 32) for n, b in ((128, 32), (512, 8), (1024, 4))],
+        target_variant_length=512,
     )
 
 
 def quick_plan() -> Plan:
-    """Tiny shapes, one warm-up, three repetitions: checks that every section runs, in seconds."""
+    """Tiny shapes, one warm-up, three repetitions (one for the variants): checks that every section runs, in
+    seconds."""
     short, long = Shape(4, 16, 32, 2, 16), Shape(2, 32, 32, 2, 16)
     groups = [
         Group("torch_ab", (ModelSpec("torch", "", short), ModelSpec("attnlab", "scaled_dot", short)), 2),
@@ -386,6 +442,10 @@ def quick_plan() -> Plan:
         target_short=short,
         target_long_length=32,
         target_additive_length=32,
+        variant_shapes=[Shape(2, 16, 32, 4, 8), Shape(1, 32, 32, 4, 8)],
+        variant_reps=1,
+        variant_profile=False,
+        target_variant_length=32,
     )
 
 
@@ -440,6 +500,52 @@ def _add_ratios(rows: list[dict]) -> None:
                 row["ratio_torch"] = row["median_ms"] / other["median_ms"]
             if other["score"] == "scaled_dot" and other["d_k"] * other["num_heads"] == other["d_model"]:
                 row["ratio_scaled_dot"] = row["median_ms"] / other["median_ms"]
+
+
+def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """The encoder training step of every one of :data:`ATTENTION_VARIANTS`, at each of ``plan.variant_shapes``:
+    all variants of a length timed together, interleaved, then one profiled step each (peak MB, SDPA kernel;
+    unless ``plan.variant_profile`` is False) → one row per model, with ``ratio_scaled_dot`` (median step ÷ the
+    ``scaled_dot`` variant's at that length) and ``fast_path`` (whether its attention dispatches to SDPA)."""
+    reps = plan.variant_reps if plan.variant_reps is not None else plan.reps
+    rows: list[dict] = []
+    for shape in plan.variant_shapes:
+        specs = [ModelSpec.of_variant(name, shape) for name in ATTENTION_VARIANTS]
+        steps, fast = {}, {}
+        for spec in specs:
+            model = build_model(spec)
+            fast[spec.variant] = _fast_path(model)
+            steps[spec.variant] = make_train_step(model, shape.batch, shape.length, device, dtype)
+        log(f"variants: {shape.tag()}, {len(specs)} models ...")
+        times = interleaved_times(steps, plan.warmup, reps, device)
+        ref = statistics.median(times["scaled_dot"])
+        for spec in specs:
+            peak_mb, kernel = profile_step(steps[spec.variant], device) if plan.variant_profile else (None, None)
+            ts = times[spec.variant]
+            stats = _summary(ts)
+            options = ATTENTION_VARIANTS[spec.variant]
+            rows.append(
+                {
+                    "section": "variants",
+                    "group": f"L{shape.length}",
+                    "label": spec.label,
+                    "impl": spec.impl,
+                    "score": spec.score,
+                    "variant": spec.variant,
+                    "options": " ".join(f"{k}={v}" for k, v in options.items()) or "(reference)",
+                    "fast_path": fast[spec.variant],
+                    **asdict(shape),
+                    **stats,
+                    "reps": len(ts),
+                    "tokens_per_s": shape.tokens / (stats["median_ms"] / 1e3),
+                    "peak_mb": peak_mb,
+                    "sdpa_kernel": kernel,
+                    "ratio_torch": None,
+                    "ratio_scaled_dot": statistics.median(ts) / ref,
+                }
+            )
+        del steps
+    return rows
 
 
 def _mha_step(module: nn.Module, shape: Shape, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
@@ -786,7 +892,8 @@ def _find(rows: list[dict], group: str, score: str) -> dict | None:
 
 
 def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 6: id, what, value (a ratio, or seconds), limit (None = reported only), met."""
+    """Each target (issue 6's, then the variants' :data:`VARIANT_GOALS`): id, what, value (a ratio, or seconds),
+    limit (None = reported only), met."""
     rows = results.get("encoder", [])
     targets: list[dict[str, Any]] = []
 
@@ -826,6 +933,14 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                 "note": "",
             }
         )
+    variants = results.get("variants")
+    if variants is not None:
+        length = plan.target_variant_length
+        for tid, names, limit in VARIANT_GOALS:
+            for name in names:
+                r = next((r for r in variants if r["variant"] == name and r["length"] == length), None)
+                note = "" if r is None else ("fast path" if r["fast_path"] else "eager")
+                add(tid, f"{name} step ÷ scaled_dot (L={length})", r and r["ratio_scaled_dot"], limit, note)
     return targets
 
 
@@ -869,6 +984,9 @@ def format_tables(results: dict[str, Any]) -> str:
                 f"{r['median_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['peak_mb']:.0f} | {r['sdpa_kernel']} | "
                 f"{_fmt(r['ratio_torch'])} | {_fmt(r['ratio_scaled_dot'])} |"
             )
+    variants = results.get("variants") or []
+    if variants:
+        lines += ["", *format_variants(variants)]
     mha = results.get("mha") or []
     if mha:
         lines += ["", "| module | shape | step ms | ÷ torch |", "| --- | --- | --- | --- |"]
@@ -878,12 +996,43 @@ def format_tables(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_variants(rows: list[dict]) -> list[str]:
+    """The variants table: per variant, whether it takes the fast path (with the SDPA kernel that ran when it was
+    profiled), then per length its step ÷ scaled_dot and median step (ms); the first line names the shapes."""
+    lengths = sorted({r["length"] for r in rows})
+    cell = {(r["variant"], r["length"]): r for r in rows}
+    shapes = ", ".join(
+        Shape(r["batch"], r["length"], r["d_model"], r["num_heads"], r["d_k"]).tag()
+        for r in rows
+        if r["variant"] == "scaled_dot"
+    )
+    lines = [
+        f"variants: encoder training step ÷ scaled_dot's in the same rounds ({shapes}; {rows[0]['num_layers']} layers)",
+        "",
+        "| variant | options | fast path | " + " | ".join(f"÷ scaled_dot L={n} (ms)" for n in lengths) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in lengths) + " |",
+    ]
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        first = next(r for r in rows if r["variant"] == name)
+        cells = []
+        for n in lengths:
+            r = cell.get((name, n))
+            cells.append("-" if r is None else f"{_fmt(r['ratio_scaled_dot'])} ({r['median_ms']:.1f})")
+        fast = {True: "yes", False: "no (eager)", None: "-"}[first["fast_path"]]
+        if first["fast_path"] and first["sdpa_kernel"]:
+            fast += f" ({first['sdpa_kernel']})"
+        lines.append(f"| {name} | {first['options']} | {fast} | " + " | ".join(cells) + " |")
+    return lines
+
+
 CSV_FIELDS = (
     "section",
     "group",
     "label",
     "impl",
     "score",
+    "variant",
+    "fast_path",
     "batch",
     "length",
     "d_model",
@@ -936,7 +1085,7 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
     with paths[1].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
-        for row in [*results.get("encoder", []), *results.get("mha", [])]:
+        for row in [*results.get("encoder", []), *results.get("variants", []), *results.get("mha", [])]:
             writer.writerow(row)
     with paths[2].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=TARGET_FIELDS)
@@ -977,7 +1126,7 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
     if opts.warmup is not None:
         plan.warmup = opts.warmup
     if opts.reps is not None:
-        plan.reps = opts.reps
+        plan.reps = plan.variant_reps = opts.reps
     results: dict[str, Any] = {"machine": machine_info(device, dtype), "quick": opts.quick, "section_seconds": {}}
     started = time.perf_counter()
     clock = [started]
@@ -1001,6 +1150,9 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
     if "mha" in opts.only:
         results["mha"] = bench_mha(plan, device, dtype, log)
         lap("mha")
+    if "variants" in opts.only:
+        results["variants"] = bench_variants(plan, device, dtype, log)
+        lap("variants")
     if "diagnostics" in opts.only and device.type == "cpu":
         results["diagnostics"] = bench_diagnostics(plan, threads, log)
         lap("diagnostics")
@@ -1030,7 +1182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options | dict[str, Any]:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default $OMP_NUM_THREADS or cores)")
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per model (default 2; quick 1)")
-    p.add_argument("--reps", type=int, default=None, help="timed interleaved rounds (default 7; quick 3)")
+    p.add_argument("--reps", type=int, default=None, help="timed interleaved rounds (default 7; quick 3, variants 1)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child is not None:

@@ -223,13 +223,49 @@ class Sigmoid(Normalizer):
         return "bias=-log n" if self.bias is None else f"bias={self.bias}"
 
 
+class _SoftpickFunction(torch.autograd.Function):
+    """Softpick over the last dimension, with masked keys (``allowed`` False) at exactly 0, and its closed-form
+    backward, in fewer passes over the (…, Lk) tensor than autograd's. With e_j = (e^{s_j} − 1)·e^{−m} (0 for a
+    masked key), D = Σ|e| + ε·e^{−m} and w = ReLU(e)/D:
+        ∂L/∂s_j = (e_j + e^{−m}) / D · (1[e_j > 0]·g_j − sign(e_j)·Σ_i g_i w_i).
+    m is held constant: the ratio does not depend on it."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, allowed: Tensor | None, eps: float) -> Tensor:
+        if allowed is None:
+            m = logits.amax(dim=-1, keepdim=True).clamp_(min=0)
+            e = logits - m
+        else:
+            e = logits.masked_fill(~allowed, float("-inf"))
+            m = e.amax(dim=-1, keepdim=True).clamp_(min=0)
+            e.sub_(m)
+        shift = torch.exp(-m)
+        e.exp_().sub_(shift)  # (e^s − 1)·e^{−m}
+        if allowed is not None:
+            e.masked_fill_(~allowed, 0.0)
+        w = e.clamp(min=0)
+        denom = 2 * w.sum(dim=-1, keepdim=True) - e.sum(dim=-1, keepdim=True) + eps * shift  # Σ|e| = Σ(2·ReLU(e) − e)
+        w.div_(denom)
+        ctx.save_for_backward(e, w, denom, shift)
+        return w
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        e, w, denom, shift = ctx.saved_tensors
+        gw = (grad * w).sum(dim=-1, keepdim=True)
+        inner = torch.where(e > 0, grad - gw, gw).masked_fill_(e == 0, 0.0)
+        return inner.mul_(e + shift).div_(denom), None, None
+
+
 @register_normalizer("softpick")
 class Softpick(Normalizer):
     """w_j = ReLU(e^{s_j} − 1) / (Σ_visible |e^{s} − 1| + ε) (Zuhri et al. 2025, "Softpick: no attention sink, no
     massive activations with rectified softmax"). Keys with s ≤ 0 get exactly 0, and rows sum to at most 1.
 
     Computed as ReLU(e^{s−m} − e^{−m}) / (Σ |e^{s−m} − e^{−m}| + ε·e^{−m}) with m = max(max_j s_j, 0), the same
-    ratio multiplied through by e^{−m}, so that nothing overflows.
+    ratio multiplied through by e^{−m}, so that nothing overflows; the backward pass is written out
+    (:class:`_SoftpickFunction`).
     """
 
     def __init__(self, eps: float = 1e-6) -> None:
@@ -237,13 +273,7 @@ class Softpick(Normalizer):
         self.eps = check_number("eps", eps, low=0.0, low_open=True)
 
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
-        s = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
-        m = s.amax(dim=-1, keepdim=True).clamp(min=0).detach()
-        shift = torch.exp(-m)
-        d = torch.exp(s - m) - shift  # (e^s − 1)·e^{−m}; masked keys: 0 − e^{−m}
-        if allowed is not None:
-            d = d.masked_fill(~allowed, 0.0)
-        return torch.relu(d) / (d.abs().sum(dim=-1, keepdim=True) + self.eps * shift)
+        return _SoftpickFunction.apply(logits, allowed, self.eps)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}"

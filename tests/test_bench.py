@@ -13,7 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.bench import FusedKernelUnavailable, check_fused_sdpa, naive_additive_logits
+from attnlab.bench import (
+    ATTENTION_VARIANTS,
+    VARIANT_GOALS,
+    FusedKernelUnavailable,
+    Options,
+    bench_variants,
+    check_fused_sdpa,
+    evaluate_targets,
+    format_tables,
+    machine_info,
+    naive_additive_logits,
+    parse_args,
+    quick_plan,
+    write_results,
+)
 from attnlab.scores import AdditiveScore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +65,9 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
         assert float(r["ratio_scaled_dot"]) > 0
         assert r["sdpa_kernel"]
     assert all(float(r["ratio_torch"]) > 0 for r in rows if r["section"] == "mha")
+    variants = [r for r in rows if r["section"] == "variants"]
+    assert {r["variant"] for r in variants} == set(ATTENTION_VARIANTS)
+    assert all(float(r["ratio_scaled_dot"]) > 0 for r in variants)
 
     targets = list(csv.DictReader((tmp_path / "targets.csv").open()))
     by_id = {}
@@ -60,7 +77,8 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
         for t in by_id[tid]:
             assert float(t["value"]) > 0, t
     assert len(by_id["3"]) == 3
-    assert all(t["met"] == "" for tid in ("1", "2", "3", "4") for t in by_id[tid])  # not judged
+    assert len(by_id["7"]) == 6 and len(by_id["8"]) == 6
+    assert all(t["met"] == "" for tid in ("1", "2", "3", "4", "7", "8") for t in by_id[tid])  # not judged
     assert results["additive_memory"]["max_rel_diff"] < 1e-4
     assert results["diagnostics"]["wall_with_s"] and results["diagnostics"]["wall_without_s"]
 
@@ -118,3 +136,59 @@ def test_every_bench_run_gets_its_own_results_folder_and_latest_points_to_it(tmp
     assert first != second and first.is_dir() and second.name.endswith("-quick")
     assert (first / "bench.json").read_text() == "{}"  # an earlier run's results are never overwritten
     assert (tmp_path / "latest").resolve() == second.resolve()
+
+
+EAGER = {"softcap50", "softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"}
+
+
+def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_rows(tmp_path, single_thread):
+    """The quick plan's variants section (tiny shapes, one round, no profiling): a row per variant and length with
+    its ratio to scaled_dot and its fast-path flag, in the table, bench.csv and targets.csv (labelled, not
+    judged). Timings are not asserted."""
+    plan = quick_plan()
+    rows = bench_variants(plan, torch.device("cpu"), torch.float32, log=lambda msg: None)
+    lengths = [s.length for s in plan.variant_shapes]
+    assert len(lengths) >= 2 and plan.target_variant_length in lengths
+    assert [(r["variant"], r["length"]) for r in rows] == [(v, n) for n in lengths for v in ATTENTION_VARIANTS]
+    for r in rows:
+        assert r["section"] == "variants" and r["group"] == f"L{r['length']}" and r["reps"] == 1
+        assert r["median_ms"] > 0 and r["ratio_scaled_dot"] > 0
+        assert r["fast_path"] is (r["variant"] not in EAGER), r["variant"]
+        if r["variant"] == "scaled_dot":
+            assert r["ratio_scaled_dot"] == 1.0 and r["options"] == "(reference)"
+    assert {r["score"] for r in rows} == {"scaled_dot", "cosine"}
+    assert {v for _, names, _ in VARIANT_GOALS for v in names} <= set(ATTENTION_VARIANTS)
+
+    results = {"machine": machine_info(torch.device("cpu"), torch.float32), "quick": True, "variants": rows}
+    results["targets"] = evaluate_targets(plan, results)
+    goals = [t for t in results["targets"] if t["id"] in ("7", "8")]
+    assert len(goals) == sum(len(names) for _, names, _ in VARIANT_GOALS)
+    assert all(t["value"] > 0 and t["met"] is None for t in goals)  # a quick run is never judged
+
+    table = format_tables(results)
+    assert "QUICK RUN (--quick)" in table
+    for name in ATTENTION_VARIANTS:
+        assert f"| {name} |" in table
+    assert "| sparsemax | normalizer=sparsemax | no (eager) |" in table
+    write_results(results, tmp_path)
+    saved = [r for r in csv.DictReader((tmp_path / "bench.csv").open()) if r["section"] == "variants"]
+    assert len(saved) == len(rows) and {r["fast_path"] for r in saved} == {"True", "False"}
+    assert len(json.loads((tmp_path / "bench.json").read_text())["variants"]) == len(rows)
+    targets = [t for t in csv.DictReader((tmp_path / "targets.csv").open()) if t["id"] in ("7", "8")]
+    assert len(targets) == len(goals) and all(t["met"] == "" for t in targets)
+
+
+def test_variants_goals_are_judged_on_a_full_plan_and_only_picks_the_section():
+    plan = quick_plan()
+    plan.quick = False
+    rows = [
+        {"variant": v, "length": plan.target_variant_length, "ratio_scaled_dot": 3.0 if v == "rope" else 1.0}
+        for v in ATTENTION_VARIANTS
+    ]
+    for row in rows:
+        row["fast_path"] = row["variant"] not in EAGER
+    targets = {t["what"].split()[0]: t for t in evaluate_targets(plan, {"variants": rows}) if t["id"] in ("7", "8")}
+    assert targets["rope"]["met"] is False and targets["gqa2"]["met"] is True
+    assert targets["sparsemax"]["met"] is True and targets["sparsemax"]["note"] == "eager"
+    opts = parse_args(["--quick", "--only", "variants", "--reps", "2"])
+    assert isinstance(opts, Options) and opts.only == ["variants"] and opts.reps == 2
