@@ -17,8 +17,10 @@ from attnlab.bench import (
     ATTENTION_VARIANTS,
     VARIANT_GOALS,
     FusedKernelUnavailable,
+    ModelSpec,
     Options,
     bench_variants,
+    build_model,
     check_fused_sdpa,
     evaluate_targets,
     format_tables,
@@ -138,7 +140,7 @@ def test_every_bench_run_gets_its_own_results_folder_and_latest_points_to_it(tmp
     assert (tmp_path / "latest").resolve() == second.resolve()
 
 
-EAGER = {"softcap50", "softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"}
+EAGER = {"softcap50", "sparsemax", "entmax15"}  # never expressible as SDPA; the others' flags are read off the module
 
 
 def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_rows(tmp_path, single_thread):
@@ -153,7 +155,11 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
     for r in rows:
         assert r["section"] == "variants" and r["group"] == f"L{r['length']}" and r["reps"] == 1
         assert r["median_ms"] > 0 and r["ratio_scaled_dot"] > 0
-        assert r["fast_path"] is (r["variant"] not in EAGER), r["variant"]
+        model = build_model(ModelSpec.of_variant(r["variant"], plan.variant_shapes[0]))
+        attention = model.encoder.layers[0].self_attn
+        assert r["fast_path"] is attention.uses_fast_path, r["variant"]
+        if r["variant"] in EAGER or r["variant"] == "scaled_dot":
+            assert r["fast_path"] is (r["variant"] == "scaled_dot"), r["variant"]
         if r["variant"] == "scaled_dot":
             assert r["ratio_scaled_dot"] == 1.0 and r["options"] == "(reference)"
     assert {r["score"] for r in rows} == {"scaled_dot", "cosine"}
@@ -173,6 +179,7 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
     write_results(results, tmp_path)
     saved = [r for r in csv.DictReader((tmp_path / "bench.csv").open()) if r["section"] == "variants"]
     assert len(saved) == len(rows) and {r["fast_path"] for r in saved} == {"True", "False"}
+    assert {r["variant"] for r in saved} == set(ATTENTION_VARIANTS)
     assert len(json.loads((tmp_path / "bench.json").read_text())["variants"]) == len(rows)
     targets = [t for t in csv.DictReader((tmp_path / "targets.csv").open()) if t["id"] in ("7", "8")]
     assert len(targets) == len(goals) and all(t["met"] == "" for t in targets)
@@ -190,5 +197,6 @@ def test_variants_goals_are_judged_on_a_full_plan_and_only_picks_the_section():
     targets = {t["what"].split()[0]: t for t in evaluate_targets(plan, {"variants": rows}) if t["id"] in ("7", "8")}
     assert targets["rope"]["met"] is False and targets["gqa2"]["met"] is True
     assert targets["sparsemax"]["met"] is True and targets["sparsemax"]["note"] == "eager"
+    assert targets["softmax1"]["note"] == "fast path"
     opts = parse_args(["--quick", "--only", "variants", "--reps", "2"])
     assert isinstance(opts, Options) and opts.only == ["variants"] and opts.reps == 2
