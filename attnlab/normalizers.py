@@ -246,16 +246,19 @@ class _SoftpickFunction(torch.autograd.Function):
         w = e.clamp(min=0)
         denom = 2 * w.sum(dim=-1, keepdim=True) - e.sum(dim=-1, keepdim=True) + eps * shift  # Σ|e| = Σ(2·ReLU(e) − e)
         w.div_(denom)
-        ctx.save_for_backward(e, w, denom, shift)
+        u = e.add_(shift).div_(denom)  # e^{s−m} / D, 0 for a masked key
+        if allowed is not None:
+            u.masked_fill_(~allowed, 0.0)
+        ctx.save_for_backward(u, w, shift / denom)
         return w
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        e, w, denom, shift = ctx.saved_tensors
+        u, w, cut = ctx.saved_tensors  # e_j > 0 ⟺ u_j > e^{−m}/D = cut; e_j = 0 ⟺ u_j = cut (s_j = 0)
         gw = (grad * w).sum(dim=-1, keepdim=True)
-        inner = torch.where(e > 0, grad - gw, gw).masked_fill_(e == 0, 0.0)
-        return inner.mul_(e + shift).div_(denom), None, None
+        inner = torch.where(u > cut, grad - gw, gw)
+        return inner.masked_fill_(u == cut, 0.0).mul_(u), None, None
 
 
 @register_normalizer("softpick")
@@ -295,18 +298,52 @@ def _sparse_input(logits: Tensor, allowed: Tensor | None, scale: float) -> tuple
     return z.masked_fill(~safe, -2.0), visible
 
 
+def _sparsemax_threshold(zs: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows sorted in descending order (all of a row, or its top k) → (τ, support size), both (…, 1)."""
+    k = torch.arange(1, zs.shape[-1] + 1, device=zs.device, dtype=zs.dtype)
+    cumsum = zs.cumsum(dim=-1) - 1
+    support = (k * zs > cumsum).sum(dim=-1, keepdim=True)  # k(z) ≥ 1
+    return cumsum.gather(-1, support - 1) / support.to(zs.dtype), support
+
+
+def _entmax15_threshold(zs: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows sorted in descending order (all of a row, or its top k) → (τ, support size), both (…, 1)."""
+    rho = torch.arange(1, zs.shape[-1] + 1, device=zs.device, dtype=zs.dtype)
+    mean = zs.cumsum(dim=-1) / rho
+    mean_sq = (zs * zs).cumsum(dim=-1) / rho
+    ss = rho * (mean_sq - mean * mean)
+    delta = ((1 - ss) / rho).clamp(min=0)
+    tau = mean - delta.sqrt()
+    support = (tau <= zs).sum(dim=-1, keepdim=True)
+    return tau.gather(-1, support - 1), support
+
+
+def _threshold(z: Tensor, find: Callable[[Tensor], tuple[Tensor, Tensor]], k: int = 64) -> Tensor:
+    """τ of each row of z (…, n), exactly as from the fully sorted row, but from its top k values where that
+    suffices: the support is a prefix of the sorted row, so a support smaller than k found among the top k is the
+    row's support. Rows whose support reaches k are done again with 2k, up to a full sort."""
+    n = z.shape[-1]
+    flat = z.reshape(-1, n)
+    tau = flat.new_empty(flat.shape[0], 1)
+    rows = torch.arange(flat.shape[0], device=z.device)
+    while rows.numel():
+        k = min(k, n)
+        part = flat if rows.numel() == flat.shape[0] else flat[rows]
+        top = part.topk(k, dim=-1).values if k < n else part.sort(dim=-1, descending=True).values
+        t, support = find(top)
+        done = (support < k).squeeze(-1) if k < n else torch.ones_like(rows, dtype=torch.bool)
+        tau[rows[done]] = t[done]
+        rows, k = rows[~done], 2 * k
+    return tau.view(*z.shape[:-1], 1)
+
+
 class _SparsemaxFunction(torch.autograd.Function):
-    """Sort-based sparsemax (Martins & Astudillo 2016, Alg. 1) over the last dimension, with its closed-form
-    backward: ∂L/∂z = s ⊙ (g − mean_{j∈S} g_j), S the support."""
+    """Sparsemax (Martins & Astudillo 2016, Alg. 1: τ from the sorted row) over the last dimension, with its
+    closed-form backward: ∂L/∂z = s ⊙ (g − mean_{j∈S} g_j), S the support."""
 
     @staticmethod
     def forward(ctx: Any, z: Tensor) -> Tensor:
-        zs = z.sort(dim=-1, descending=True).values
-        k = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
-        cumsum = zs.cumsum(dim=-1) - 1
-        support = (k * zs > cumsum).sum(dim=-1, keepdim=True)  # k(z) ≥ 1
-        tau = cumsum.gather(-1, support - 1) / support.to(z.dtype)
-        p = (z - tau).clamp(min=0)
+        p = (z - _threshold(z, _sparsemax_threshold)).clamp_(min=0)
         ctx.save_for_backward(p)
         return p
 
@@ -320,22 +357,13 @@ class _SparsemaxFunction(torch.autograd.Function):
 
 
 class _Entmax15Function(torch.autograd.Function):
-    """Sort-based exact 1.5-entmax (Peters et al. 2019, Alg. 2) of z = s/2 over the last dimension, with its
+    """Exact 1.5-entmax (Peters et al. 2019, Alg. 2: τ from the sorted row) of z = s/2 over the last dimension, with its
     closed-form backward: with u = √p, ∂p_i/∂z_j = 2(u_i δ_ij − u_i u_j / Σ u), so ∂L/∂z = 2(u ⊙ g − u · Σ u g / Σ u);
     autograd then applies the ½ of z = s/2."""
 
     @staticmethod
     def forward(ctx: Any, z: Tensor) -> Tensor:
-        zs = z.sort(dim=-1, descending=True).values
-        rho = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
-        mean = zs.cumsum(dim=-1) / rho
-        mean_sq = (zs * zs).cumsum(dim=-1) / rho
-        ss = rho * (mean_sq - mean * mean)
-        delta = ((1 - ss) / rho).clamp(min=0)
-        tau = mean - delta.sqrt()
-        support = (tau <= zs).sum(dim=-1, keepdim=True)
-        tau_star = tau.gather(-1, support - 1)
-        p = (z - tau_star).clamp(min=0) ** 2
+        p = (z - _threshold(z, _entmax15_threshold)).clamp_(min=0).square_()
         ctx.save_for_backward(p)
         return p
 

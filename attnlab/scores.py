@@ -119,7 +119,10 @@ class DotProductScore(Score):
         return None
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        logits = torch.matmul(self.query_map(q), self.key_map(k).transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
+        phi = self.query_map(q)
+        if self.scale != 1.0:
+            phi = phi * self.scale  # on (B, H, Lq, d_k), not on the Lk-times larger logits
+        logits = torch.matmul(phi, self.key_map(k).transpose(-2, -1))  # (B, H, Lq, Lk)
         b = self.bias(q, k.shape[-2])
         return logits if b is None else logits + b
 

@@ -667,3 +667,20 @@ def test_a_user_registered_normalizer_function_can_be_built_and_used(scratch_nam
             torch.testing.assert_close(got[0, h, i], torch.tensor(expected, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"does not take parameter 'temperature'; allowed: power$"):
         build_normalizer(name, temperature=1.0)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_sparse_thresholds_from_the_top_k_match_the_reference_on_long_rows(name):
+    """Rows longer than the first top-k (64) whose supports are small, around 64, 128 and the whole row: the
+    threshold found from the top k values (k doubled where the support reaches k) is the full row's."""
+    Lk = 300
+    # logit scales: the smaller, the wider the support (sparsemax: about 200, 126, 85, 39, 9 keys; entmax15 wider)
+    rows = [0.005, 0.01, 0.02, 0.05, 0.3, 3.0]
+    logits = torch.stack([s * torch.randn(Lk, generator=gen(90 + i), dtype=torch.float64) for i, s in enumerate(rows)])
+    logits = logits.view(1, 1, len(rows), Lk)
+    allowed = torch.rand(1, 1, len(rows), Lk, generator=gen(99)) < 0.9
+    for mask in (None, allowed):
+        got = build_normalizer(name)(logits, mask)
+        torch.testing.assert_close(got, reference(name, logits, mask), rtol=1e-9, atol=1e-12)
+    supports = (build_normalizer(name)(logits) > 0).sum(-1).flatten().tolist()
+    assert min(supports) < 64 and max(supports) > 128, supports  # every refinement step is exercised
