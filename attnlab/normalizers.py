@@ -285,19 +285,6 @@ class Softpick(Normalizer):
 # --------------------------------------------------------------------------------------------- sparse: α-entmax
 
 
-def _sparse_input(logits: Tensor, allowed: Tensor | None, scale: float) -> tuple[Tensor, Tensor | None]:
-    """``scale``·logits shifted so that each row's visible maximum is 0, with masked keys set to −2: below any
-    threshold τ, which lies in [max − 1, max) for sparsemax and entmax15 (Peters et al. 2019, Prop. 1), so they get
-    exactly 0 without any ±inf inside the sort-based algorithms. Returns it with the rows' visibility."""
-    z = logits * scale if scale != 1.0 else logits
-    if allowed is None:
-        return z - z.amax(dim=-1, keepdim=True).detach(), None
-    safe, visible = open_empty_rows(allowed)
-    z = z.masked_fill(~safe, float("-inf"))
-    z = z - z.amax(dim=-1, keepdim=True).detach()
-    return z.masked_fill(~safe, -2.0), visible
-
-
 def _sparsemax_threshold(zs: Tensor) -> tuple[Tensor, Tensor]:
     """Rows sorted in descending order (all of a row, or its top k) → (τ, support size), both (…, 1)."""
     k = torch.arange(1, zs.shape[-1] + 1, device=zs.device, dtype=zs.dtype)
@@ -337,57 +324,58 @@ def _threshold(z: Tensor, find: Callable[[Tensor], tuple[Tensor, Tensor]], k: in
     return tau.view(*z.shape[:-1], 1)
 
 
-class _SparsemaxFunction(torch.autograd.Function):
-    """Sparsemax (Martins & Astudillo 2016, Alg. 1: τ from the sorted row) over the last dimension, with its
-    closed-form backward: ∂L/∂z = s ⊙ (g − mean_{j∈S} g_j), S the support."""
+class _EntmaxFunction(torch.autograd.Function):
+    """Exact α-entmax over the last dimension for α = 2 (sparsemax; Martins & Astudillo 2016, Alg. 1) and α = 1.5
+    (Peters et al. 2019, Alg. 2), with τ found as from the sorted row (:func:`_threshold`), masked keys and rows
+    that see no key at exactly 0, and the closed-form backward, in place where it can be:
+
+    * α = 2:   p = [s − τ]₊,        ∂L/∂s = 1_S ⊙ (g − mean_{j∈S} g_j), S the support;
+    * α = 1.5: p = [s/2 − τ]₊² = u², ∂L/∂s = u ⊙ g − u · Σ u g / Σ u.
+
+    The row maximum is taken out first (held constant: τ moves with it) and masked keys are −inf, which falls
+    outside every support.
+    """
 
     @staticmethod
-    def forward(ctx: Any, z: Tensor) -> Tensor:
-        p = (z - _threshold(z, _sparsemax_threshold)).clamp_(min=0)
+    def forward(ctx: Any, logits: Tensor, allowed: Tensor | None, alpha: float) -> Tensor:
+        if allowed is None:
+            z, visible = logits - logits.amax(dim=-1, keepdim=True), None
+        else:
+            safe, visible = open_empty_rows(allowed)
+            z = logits.masked_fill(~safe, float("-inf"))
+            z.sub_(z.amax(dim=-1, keepdim=True))
+        if alpha == 1.5:
+            z.mul_(0.5)
+        find = _sparsemax_threshold if alpha == 2 else _entmax15_threshold
+        p = z.sub_(_threshold(z, find)).clamp_(min=0)  # p for α = 2, u = √p for α = 1.5
+        if visible is not None:
+            p.mul_(visible)
+        ctx.alpha = alpha
         ctx.save_for_backward(p)
-        return p
+        return p if alpha == 2 else p.square()
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (p,) = ctx.saved_tensors
-        s = (p > 0).to(grad.dtype)
-        mean = (grad * s).sum(dim=-1, keepdim=True) / s.sum(dim=-1, keepdim=True)
-        return s * (grad - mean)
-
-
-class _Entmax15Function(torch.autograd.Function):
-    """Exact 1.5-entmax (Peters et al. 2019, Alg. 2: τ from the sorted row) of z = s/2 over the last dimension, with its
-    closed-form backward: with u = √p, ∂p_i/∂z_j = 2(u_i δ_ij − u_i u_j / Σ u), so ∂L/∂z = 2(u ⊙ g − u · Σ u g / Σ u);
-    autograd then applies the ½ of z = s/2."""
-
-    @staticmethod
-    def forward(ctx: Any, z: Tensor) -> Tensor:
-        p = (z - _threshold(z, _entmax15_threshold)).clamp_(min=0).square_()
-        ctx.save_for_backward(p)
-        return p
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> Tensor:
-        (p,) = ctx.saved_tensors
-        u = p.sqrt()
-        gu = grad * u
-        return 2 * (gu - u * (gu.sum(dim=-1, keepdim=True) / u.sum(dim=-1, keepdim=True)))
+        if ctx.alpha == 2:
+            support = (p > 0).to(grad.dtype)
+            gs = grad * support
+            mean = gs.sum(dim=-1, keepdim=True) / support.sum(dim=-1, keepdim=True).clamp(min=1)
+            return gs.sub_(support.mul_(mean)), None, None
+        gu = grad * p  # p is u here
+        q = gu.sum(dim=-1, keepdim=True) / p.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(p.dtype).tiny)
+        return gu.sub_(p * q), None, None
 
 
 def sparsemax(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
     """sparsemax(s) = argmin_{p ∈ Δ} ‖p − s‖² = [s − τ]₊ over the visible keys of the last dimension."""
-    z, visible = _sparse_input(logits, allowed, 1.0)
-    p = _SparsemaxFunction.apply(z)
-    return p if visible is None else p * visible
+    return _EntmaxFunction.apply(logits, allowed, 2.0)
 
 
 def entmax15(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
     """1.5-entmax(s) = [s/2 − τ]₊² over the visible keys of the last dimension (Peters et al. 2019)."""
-    z, visible = _sparse_input(logits, allowed, 0.5)
-    p = _Entmax15Function.apply(z)
-    return p if visible is None else p * visible
+    return _EntmaxFunction.apply(logits, allowed, 1.5)
 
 
 @register_normalizer("sparsemax")
