@@ -309,7 +309,7 @@ class MultiHeadAttention(nn.Module):
             is_causal=causal,
             scale=score.scale,
             enable_gqa=self.key_heads != self.query_heads,
-        )  # (B, Hq, Lq, d_v)
+        )[..., : self.d_v]  # (B, Hq, Lq, d_v); the sink key's padding cut off
         if pm is not None and not pm.all_visible:
             z = z * pm.visible  # rows with no visible key: zero output
         return z
@@ -351,7 +351,8 @@ def _with_sink_key(
     """SDPA inputs for a softmax with a sink logit b_h, exactly: q gains a last dimension b_h / scale, every key a
     0 there, and one more key (0, …, 0, 1) with value 0 is appended, so its logit is b_h and its weight is dropped
     from the output. ``sink`` (Hq,) or a scalar, already divided by the score's scale; the mask gets a visible
-    column (a row that sees no key then gives 0 / e^b = 0, as the eager path)."""
+    column (a row that sees no key then gives 0 / e^b = 0, as the eager path). q, k and v are zero-padded to one
+    size (the output's extra columns are cut off by the caller)."""
     B, Hq, Lq, _ = q.shape
     Gk = k.shape[1]
     column = sink.to(q.dtype).to(q.device).expand(Hq).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
@@ -361,6 +362,8 @@ def _with_sink_key(
     sink_key[..., -1] = 1.0
     k = torch.cat((k, sink_key), dim=2)  # (B, Gk, Lk + 1, d_k + 1)
     v = F.pad(v, (0, 0, 0, 1))  # (B, G, Lk + 1, d_v), value 0 for the sink
+    size = max(q.shape[-1], v.shape[-1])  # equal q/k and v sizes let SDPA use its fused kernel: pad with zeros
+    q, k, v = (F.pad(t, (0, size - t.shape[-1])) for t in (q, k, v))
     if attn_mask is not None:
         attn_mask = F.pad(attn_mask, (0, 1), value=True if attn_mask.dtype == torch.bool else 0.0)
     return q, k, v, attn_mask
