@@ -355,7 +355,7 @@ def _with_sink_key(
     size (the output's extra columns are cut off by the caller)."""
     B, Hq, Lq, _ = q.shape
     Gk = k.shape[1]
-    column = sink.to(q.dtype).to(q.device).expand(Hq).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
+    column = sink.to(q.dtype).expand(Hq).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
     q = torch.cat((q, column), dim=-1)  # (B, Hq, Lq, d_k + 1)
     k = F.pad(k, (0, 1))  # (B, Gk, Lk, d_k + 1), 0 in the last dimension
     sink_key = torch.zeros(B, Gk, 1, k.shape[-1], dtype=k.dtype, device=k.device)

@@ -167,11 +167,15 @@ class Softmax1(Normalizer):
     """w_j = e^{s_j} / (1 + Σ e^{s}) (Miller 2023, "attention is off by one"): a sink fixed at logit 0, so that a
     head can attend to nothing (Σ w < 1)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("zero", torch.zeros(()), persistent=False)  # the sink logit, on the model's device
+
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
-        return softmax_with_sink(logits, allowed, logits.new_zeros(()))
+        return softmax_with_sink(logits, allowed, self.zero.to(logits.dtype))
 
     def extra_logit(self) -> Tensor:
-        return torch.zeros(())
+        return self.zero
 
 
 @register_normalizer("sink")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 # ---------------------------------------------------------------- utilities
@@ -34,6 +35,26 @@ def grads(out, inputs, seed=123):
     c = randn(*out.shape, seed=seed).to(out.dtype)
     gs = torch.autograd.grad(out, inputs, grad_outputs=c, allow_unused=True, retain_graph=True)
     return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs, strict=True)]
+
+
+def assert_same(a, b, inputs, atol=1e-10):
+    """Equal values, and equal gradients (for one fixed random cotangent) w.r.t. every input."""
+    torch.testing.assert_close(a, b, rtol=atol, atol=atol)
+    for ga, gb in zip(grads(a, inputs), grads(b, inputs), strict=True):
+        torch.testing.assert_close(ga, gb, rtol=atol, atol=atol)
+
+
+class SDPACalls(TorchFunctionMode):
+    """Records the keyword arguments of every ``scaled_dot_product_attention`` call (use as a context manager)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kwargs = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
+            self.kwargs.append(dict(kwargs or {}))
+        return func(*args, **(kwargs or {}))
 
 
 # ---------------------------------------------------------------- relative positions

@@ -37,21 +37,16 @@ METRICS = (
 )
 
 
-def _tiny_fit(tmp_path: Path, every: int, max_steps: int, num_layers: int = 2, num_heads: int = 3):
+def _digits_module(num_train: int, **sizes) -> tuple[Digits, EncoderModule]:
+    """A small Digits datamodule (set up) and a d_model=12 EncoderModule for it, seeded."""
     torch.manual_seed(0)
-    dm = Digits(batch_size=16, num_train=64, num_val=16, num_test=16)
+    dm = Digits(batch_size=16, num_train=num_train, num_val=16, num_test=16)
     dm.setup("fit")
-    module = EncoderModule(
-        dm.vocab_size,
-        dm.num_classes,
-        dm.per_token,
-        dm.pad_id,
-        dm.max_len,
-        d_model=12,
-        num_heads=num_heads,
-        num_layers=num_layers,
-        max_steps=max_steps,
-    )
+    return dm, EncoderModule(dm.vocab_size, dm.num_classes, dm.per_token, dm.pad_id, dm.max_len, d_model=12, **sizes)
+
+
+def _tiny_fit(tmp_path: Path, every: int, max_steps: int, num_layers: int = 2, num_heads: int = 3):
+    dm, module = _digits_module(64, num_heads=num_heads, num_layers=num_layers, max_steps=max_steps)
     diag = AttentionDiagnostics(every_n_steps=every, probe_size=4, output_dir=tmp_path)
     logger = JsonlLogger(tmp_path)
     trainer = L.Trainer(
@@ -105,19 +100,7 @@ def test_training_forward_takes_the_fast_path_between_probes(tmp_path, monkeypat
 
 
 def _probe_module(num_layers: int = 3) -> tuple[EncoderModule, AttentionDiagnostics]:
-    torch.manual_seed(0)
-    dm = Digits(batch_size=16, num_train=32, num_val=16, num_test=16)
-    dm.setup("fit")
-    module = EncoderModule(
-        dm.vocab_size,
-        dm.num_classes,
-        dm.per_token,
-        dm.pad_id,
-        dm.max_len,
-        d_model=12,
-        num_heads=3,
-        num_layers=num_layers,
-    )
+    dm, module = _digits_module(32, num_heads=3, num_layers=num_layers)
     diag = AttentionDiagnostics(probe_size=4)
     diag._probe = dm.probe_batch(4)[0]
     return module, diag

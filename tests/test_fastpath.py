@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from conftest import SDPACalls, assert_same, randn
+from conftest import randomize_ as _randomize
 
 import attnlab
 from attnlab.attention import prepare_mask
@@ -32,45 +33,13 @@ SDPA_SCORES = [
 ]
 
 
-class SDPACalls(TorchFunctionMode):
-    """Records the keyword arguments of every ``scaled_dot_product_attention`` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kwargs: list[dict] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            self.kwargs.append(dict(kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
 def grid(lq: int, lk: int, pred) -> torch.Tensor:
     return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
 
 
-def randomize_(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    return module
-
-
-def randn(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def grads(out: torch.Tensor, inputs: list[torch.Tensor], seed: int = 123) -> list[torch.Tensor]:
-    c = randn(*out.shape, seed=seed)
-    gs = torch.autograd.grad(out, inputs, grad_outputs=c, allow_unused=True, retain_graph=True)
-    return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs, strict=True)]
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor, inputs: list[torch.Tensor]) -> None:
-    torch.testing.assert_close(a, b, rtol=ATOL, atol=ATOL)
-    for ga, gb in zip(grads(a, inputs), grads(b, inputs), strict=True):
-        torch.testing.assert_close(ga, gb, rtol=ATOL, atol=ATOL)
+def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter N(0, 0.5²)."""
+    return _randomize(module, seed, scale=0.5)
 
 
 def make_mha(score: str, params: dict, d_k: int = 4, seed: int = 0) -> attnlab.MultiHeadAttention:

@@ -15,7 +15,8 @@ import warnings
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from conftest import SDPACalls, assert_same, grads, randn
+from conftest import randomize_ as _randomize
 
 import attnlab
 
@@ -34,43 +35,9 @@ T5_PARAMS = {"num_buckets": 8, "max_distance": 16}
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-class SDPACalls(TorchFunctionMode):
-    """Records the keyword arguments of every ``scaled_dot_product_attention`` call."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kwargs: list[dict] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            self.kwargs.append(dict(kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
-def randn(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-
-
-def grads(out: torch.Tensor, inputs: list[torch.Tensor], seed: int = 123) -> list[torch.Tensor]:
-    """Gradients of <out, c> for a fixed random cotangent c (unused inputs: zeros)."""
-    c = randn(*out.shape, seed=seed)
-    gs = torch.autograd.grad(out, inputs, grad_outputs=c, allow_unused=True, retain_graph=True)
-    return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs, strict=True)]
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor, inputs: list[torch.Tensor], atol: float = ATOL) -> None:
-    """Equal values, and equal gradients w.r.t. every input."""
-    torch.testing.assert_close(a, b, rtol=atol, atol=atol)
-    for ga, gb in zip(grads(a, inputs), grads(b, inputs), strict=True):
-        torch.testing.assert_close(ga, gb, rtol=atol, atol=atol)
-
-
-def randomize_(module: torch.nn.Module, seed: int = 0, scale: float = 0.5) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    return module
+def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every parameter N(0, 0.5²)."""
+    return _randomize(module, seed, scale=0.5)
 
 
 def make_mha(
@@ -678,7 +645,7 @@ CHOICES = {
     },
     "t5_on_general": {"score": "general", "position_bias": "t5", "position_bias_params": T5_PARAMS},
     "alibi_on_additive": {"score": "additive", "position_bias": "alibi"},
-    **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS if n not in ("softmax1", "sink")},
+    **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS},
     "everything": {
         "rope": True,
         "qk_norm": "rmsnorm",
@@ -733,22 +700,18 @@ def test_causal_mask_blocks_future_gradients_for_every_new_choice(choice, mask_k
 
 
 FAST_CHOICES = {
-    "rope": {"rope": True},
-    "rope_partial": {"rope": {"base": 50.0, "fraction": 0.5}},
-    "qk_layernorm": {"qk_norm": "layernorm"},
-    "qk_rmsnorm": {"qk_norm": "rmsnorm"},
-    "gqa": {"num_kv_heads": 2},
-    "mqa": {"num_kv_heads": 1},
-    "cosine": {"score": "cosine"},
-    "differential": {"differential": True},
+    **{
+        name: CHOICES[name]
+        for name in ("rope", "rope_partial", "qk_layernorm", "qk_rmsnorm", "gqa", "mqa", "cosine", "differential")
+    },
     "differential_gqa": {"differential": True, "num_kv_heads": 2},
     "shaw_on_dot": {"score": "dot", "position_bias": "shaw", "position_bias_params": {"clip": 2}},
-    "t5_on_general": {"score": "general", "position_bias": "t5", "position_bias_params": T5_PARAMS},
+    "t5_on_general": CHOICES["t5_on_general"],
     "alibi_on_scaled_dot": {"position_bias": "alibi"},
     "alibi_on_cosine_mqa": {"score": "cosine", "position_bias": "alibi", "num_kv_heads": 1},
     "t5_on_alibi_preset": {"score": "alibi", "position_bias": "t5", "position_bias_params": T5_PARAMS},
     "rope+qk_norm+gqa+diff": {"rope": True, "qk_norm": "rmsnorm", "num_kv_heads": 2, "differential": True},
-    "softmax1": {"normalizer": "softmax1"},  # one extra key carries the sink logit
+    "softmax1": CHOICES["normalizer_softmax1"],  # one extra key carries the sink logit
     "sink_gqa_alibi": {"normalizer": "sink", "num_kv_heads": 2, "position_bias": "alibi"},
     "sink_diff_rope": {"normalizer": "sink", "differential": True, "rope": True},
     "rope+layernorm+mqa+cosine+diff+t5": {
