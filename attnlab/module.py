@@ -3,6 +3,15 @@
 Per-sequence tasks pool the encoder output (mean over non-pad tokens) into (B, C) logits; per-token tasks give
 (B, L, C) logits and ignore labels equal to ``IGNORE_INDEX`` (−100). AdamW with linear warm-up then cosine decay,
 stepped every optimizer step. Accuracy is torchmetrics' micro-averaged multiclass accuracy.
+
+Besides ``train/*``, ``val/*`` and ``test/*`` (loss, acc), a run logs:
+
+* ``test/acc@L`` and ``test/loss@L`` for each of the task's ``test_lengths`` (length generalisation);
+* ``val/bpc`` and ``test/bpc`` (and ``test/bpc@L``) for language-modelling tasks: the cross-entropy in bits;
+* ``train/steps_to_99``: the first validated step at which ``val/acc >= 0.99``, and ``train/plateau_steps``: the
+  first at which ``val/acc`` has left chance, i.e. is at least ``chance + 0.1 * (1 - chance)`` (``chance`` is the
+  task's ``chance_accuracy``, by default ``1 / num_classes``). Both are measured at validations (every
+  ``eval_every`` steps), logged from then on, and absent from the summary when never reached.
 """
 
 from __future__ import annotations
@@ -45,6 +54,9 @@ class EncoderModule(L.LightningModule):
             ``softcap``, ``normalizer``, ``normalizer_params``, ``position_bias``, ``position_bias_params``,
             ``differential``).
         lr, weight_decay, warmup_steps, max_steps, betas: AdamW with warm-up + cosine decay over ``max_steps``.
+        test_lengths: the task's extra test lengths: test dataloader ``k >= 1`` is length ``test_lengths[k - 1]``.
+        report_bits: log ``val/bpc`` and ``test/bpc`` (language modelling).
+        chance_accuracy: the task's chance level for ``train/plateau_steps`` (``None`` → ``1 / num_classes``).
     """
 
     def __init__(
@@ -72,6 +84,9 @@ class EncoderModule(L.LightningModule):
         max_steps: int = 1000,
         betas: tuple[float, float] = (0.9, 0.98),
         attention: dict[str, Any] | None = None,
+        test_lengths: tuple[int, ...] | list[int] = (),
+        report_bits: bool = False,
+        chance_accuracy: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -102,6 +117,18 @@ class EncoderModule(L.LightningModule):
         self.test_acc = MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE_INDEX)
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_acc_best = MaxMetric()
+        self.test_lengths = tuple(int(length) for length in test_lengths)
+        self.length_acc = nn.ModuleList(
+            MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE_INDEX) for _ in self.test_lengths
+        )
+        self.length_loss = nn.ModuleList(MeanMetric() for _ in self.test_lengths)
+        self.report_bits = bool(report_bits)
+        chance = 1.0 / num_classes if chance_accuracy is None else float(chance_accuracy)
+        self.milestones: dict[str, float] = {
+            "train/plateau_steps": chance + 0.1 * (1 - chance),
+            "train/steps_to_99": 0.99,
+        }
+        self.reached: dict[str, int] = {}  # milestone → step; saved in checkpoints
 
     # ----------------------------------------------------------------------------------------- forward
 
@@ -145,15 +172,42 @@ class EncoderModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking:
             return
-        self.val_acc_best(self.val_acc.compute())
+        acc = self.val_acc.compute()
+        self.val_acc_best(acc)
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+        if self.report_bits:
+            self.log("val/bpc", self.val_loss.compute() / math.log(2))
+        for name, threshold in self.milestones.items():
+            if name not in self.reached and float(acc) >= threshold:
+                self.reached[name] = int(self.global_step)
+            if name in self.reached:
+                self.log(name, float(self.reached[name]))
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["milestones"] = dict(self.reached)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.reached = {str(k): int(v) for k, v in (checkpoint.get("milestones") or {}).items()}
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         loss, logits, labels = self._loss(batch)
-        self.test_loss(loss, weight=(labels != IGNORE_INDEX).sum())
-        self.test_acc(logits, labels)
-        self.log("test/loss", self.test_loss)
-        self.log("test/acc", self.test_acc)
+        weight = (labels != IGNORE_INDEX).sum()
+        if dataloader_idx == 0:
+            acc, mean_loss, suffix = self.test_acc, self.test_loss, ""
+        else:
+            k = dataloader_idx - 1
+            acc, mean_loss, suffix = self.length_acc[k], self.length_loss[k], f"@{self.test_lengths[k]}"
+        mean_loss(loss, weight=weight)
+        acc(logits, labels)
+        self.log(f"test/loss{suffix}", mean_loss, add_dataloader_idx=False)
+        self.log(f"test/acc{suffix}", acc, add_dataloader_idx=False)
+
+    def on_test_epoch_end(self) -> None:
+        if not self.report_bits:
+            return
+        self.log("test/bpc", self.test_loss.compute() / math.log(2))
+        for length, mean_loss in zip(self.test_lengths, self.length_loss, strict=True):
+            self.log(f"test/bpc@{length}", mean_loss.compute() / math.log(2))
 
     # ----------------------------------------------------------------------------------------- optimisation
 

@@ -55,7 +55,20 @@ class AssociativeRecall(SequenceTask):
         seq_len: total length ``S >= 2 * num_pairs + num_queries`` (``num_pairs + num_queries`` with fused pairs);
             ``None`` → exactly that minimum.
         fused_pairs: one token per key-value pair (see above).
+        resample: a fresh training set every epoch (see :class:`SequenceTask`); ``experiment=mqar`` sets it.
+        test_lengths: extra test sets whose ``seq_len`` is each given length (same pairs and queries, more or less
+            filler: the recall distance grows with the length); each must be at least the minimum length.
         batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
+
+    ``chance_accuracy`` is ``1 / num_pairs``: a model that has learnt which values the context holds, but not which
+    key each belongs to, guesses among ``num_pairs`` values. The plateau (``train/plateau_steps``) is measured
+    from it.
+
+    **Bidirectional attention on the interleaved layout.** With ``mask=causal`` (as Zoology trains, and as
+    ``experiment=mqar`` sets) a 2-layer model solves 8 pairs in a few hundred steps. Without a mask the same
+    model stays at chance for thousands of steps, although a bidirectional 2-layer solution exists (built by
+    hand in ``experiments/mqar``): it is a property of optimisation without the causal mask, not a defect of the
+    data, labels or masks; ``experiments/mqar/README.md`` has the evidence.
 
     Batches: ``tokens LongTensor (B, seq_len)``, ``labels LongTensor (B, seq_len)``.
     """
@@ -78,8 +91,10 @@ class AssociativeRecall(SequenceTask):
         num_test: int = 1_000,
         seed: int = 0,
         num_workers: int = 0,
+        resample: bool = False,
+        test_lengths: list[int] | None = None,
     ) -> None:
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers)
+        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers, resample=resample)
         self.num_pairs = check_int("num_pairs", num_pairs, minimum=1)
         if num_queries is None:
             num_queries = self.num_pairs
@@ -91,10 +106,9 @@ class AssociativeRecall(SequenceTask):
         min_len = self.context_len + self.num_queries
         if seq_len is None:
             seq_len = min_len
+        self.min_len = min_len
         seq_len = check_int("seq_len", seq_len)
-        if seq_len < min_len:
-            what = "num_pairs" if self.fused_pairs else "2*num_pairs"
-            raise ValueError(f"seq_len must be >= {what} + num_queries = {min_len}, got {seq_len}")
+        self.check_length(seq_len, "seq_len")
 
         self.key_offset: int = 1
         self.value_offset: int = 1 + self.vocab_keys
@@ -106,10 +120,24 @@ class AssociativeRecall(SequenceTask):
         self.num_classes = self.vocab_values
         self.seq_len = seq_len
         self.max_len = seq_len
+        self.chance_accuracy = 1.0 / self.num_pairs
+        self.test_lengths = self._check_test_lengths(test_lengths)
+        for length in self.test_lengths:
+            self.check_length(length)
+
+    def check_length(self, length: int, name: str = "test_lengths") -> None:
+        """Sequences must hold the context and the queries: ``length >= min_len``."""
+        if length < self.min_len:
+            what = "num_pairs" if self.fused_pairs else "2*num_pairs"
+            raise ValueError(f"{name} must be >= {what} + num_queries = {self.min_len}, got {length}")
 
     def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``num`` MQAR sequences: tokens ``(num, seq_len)`` and labels ``(num, seq_len)`` (int64)."""
-        n, m, length = self.num_pairs, self.num_queries, self.seq_len
+        return self.generate_length(num, rng, self.seq_len)
+
+    def generate_length(self, num: int, rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """``num`` MQAR sequences of ``length`` tokens (the query region filled up with FILLER)."""
+        n, m = self.num_pairs, self.num_queries
         c = self.context_len
         region = length - c
         # distinct keys / values per row: the first n columns of a random permutation of each range

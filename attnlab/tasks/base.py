@@ -13,6 +13,19 @@ of ``(tokens, labels)``:
 Random numbers come from ``numpy.random.Generator(PCG64(SeedSequence([seed, split_index])))``: one
 independent stream per split (train=0, val=1, test=2), so the validation and test sets do not change
 when ``num_train`` changes.
+
+Two options are shared by the generated tasks:
+
+* ``resample=True`` draws a fresh training set for every pass over the data (epoch ``e`` from
+  ``SeedSequence([seed, 0, e])``), so a model cannot memorise a fixed set; the validation and test sets stay
+  fixed. Epoch ``e``'s data depends only on ``seed`` and ``e``, so a resumed run sees what an uninterrupted one
+  would. The default ``False`` keeps one fixed training set.
+* ``test_lengths=[L1, L2, ...]`` adds one test set of ``num_test`` examples per length (from
+  ``SeedSequence([seed, 2, L])``, so adding a length changes no other set): length generalisation. The run
+  reports ``test/acc@L`` and ``test/loss@L`` for each, besides ``test/acc`` on the ordinary test split.
+  ``max_len`` (which sizes positional tables) covers the longest test length, so a learned table has rows
+  there that training never updated: that is the experiment, not an error. Tasks support it by implementing
+  :meth:`SequenceTask.generate_length`.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from collections.abc import Sequence
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from attnlab.checks import check_int
 
@@ -52,6 +65,19 @@ def pad_sequences(seqs: Sequence[Sequence[int]], length: int, pad_id: int = PAD_
             raise ValueError(f"sequence {i} has length {len(seq)}, longer than the padded length {length}")
         out[i, : len(seq)] = seq
     return out
+
+
+class EpochSampler(RandomSampler):
+    """The training sampler of a ``resample`` task: a random order (from the loader's generator) whose
+    ``set_epoch`` (called by Lightning at the start of every pass, resumed passes included) swaps in that
+    epoch's training data."""
+
+    def __init__(self, dataset: TensorDataset, task: SequenceTask, generator: torch.Generator | None) -> None:
+        super().__init__(dataset, generator=generator)
+        self.task = task
+
+    def set_epoch(self, epoch: int) -> None:
+        self.task.set_epoch(epoch)
 
 
 class SequenceTask(L.LightningDataModule):
@@ -88,6 +114,12 @@ class SequenceTask(L.LightningDataModule):
     max_len: int
     length_keys: tuple[str, ...] = ()
 
+    chance_accuracy: float | None = None
+    """Accuracy of the best guess that ignores what the task tests (``None`` → ``1 / num_classes``); the end of
+    the plateau (``train/plateau_steps``) is measured from it."""
+    reports_bits: bool = False
+    """Language-modelling tasks: the run also reports ``val/bpc`` and ``test/bpc`` (bits per token)."""
+
     def __init__(
         self,
         batch_size: int = 64,
@@ -96,6 +128,9 @@ class SequenceTask(L.LightningDataModule):
         num_test: int = 200,
         seed: int = 0,
         num_workers: int = 0,
+        *,
+        resample: bool = False,
+        test_lengths: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
@@ -104,7 +139,32 @@ class SequenceTask(L.LightningDataModule):
         self.num_test = check_int("num_test", num_test, minimum=1)
         self.seed = check_int("seed", seed, minimum=0)
         self.num_workers = check_int("num_workers", num_workers, minimum=0)
+        self.resample = bool(resample)
+        self.test_lengths: tuple[int, ...] = self._check_test_lengths(test_lengths)
         self._data: dict[str, TensorDataset] = {}
+        self._length_data: dict[int, TensorDataset] = {}
+        self._train_epoch: int | None = None
+
+    def _check_test_lengths(self, test_lengths: Sequence[int] | None) -> tuple[int, ...]:
+        if test_lengths is None or len(test_lengths) == 0:
+            return ()
+        if isinstance(test_lengths, (str, int)):
+            raise ValueError(f"test_lengths must be a list of lengths, e.g. [32, 64, 128], got {test_lengths!r}")
+        if type(self).generate_length is SequenceTask.generate_length:
+            raise ValueError(f"task {self.name} does not support test_lengths (it has no length-generalisation split)")
+        lengths = [check_int("test_lengths[]", length, minimum=1) for length in test_lengths]
+        if len(set(lengths)) != len(lengths):
+            raise ValueError(f"test_lengths has a length twice: {lengths}")
+        return tuple(lengths)
+
+    @property
+    def max_len(self) -> int:
+        """Largest sequence length over all splits, test lengths included (size positional tables with it)."""
+        return max((self._max_len, *self.test_lengths))
+
+    @max_len.setter
+    def max_len(self, value: int) -> None:
+        self._max_len = value
 
     # ------------------------------------------------------------------ generation (subclass hooks)
 
@@ -116,6 +176,16 @@ class SequenceTask(L.LightningDataModule):
             ``pad_id``; labels ``(num,)`` or ``(num, L_split)`` (per-token tasks).
         """
         raise NotImplementedError
+
+    def generate_length(self, num: int, rng: np.random.Generator, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """``num`` test examples of (padded) length ``length``, for ``test_lengths``: tokens ``(num, length)`` and
+        labels ``(num,)`` or ``(num, length)``. Tasks that support length generalisation implement it (and raise
+        ``ValueError`` naming the allowed lengths for one they cannot make)."""
+        raise NotImplementedError
+
+    def check_length(self, length: int) -> None:
+        """Raise ``ValueError`` if the task cannot make test sequences of ``length`` (called before training, for
+        every entry of ``test_lengths``); the default accepts every length."""
 
     def split_size(self, split: str) -> int:
         """Number of examples requested for ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
@@ -143,10 +213,31 @@ class SequenceTask(L.LightningDataModule):
         data: dict[str, TensorDataset] = {}
         for split, (tokens, labels) in self.build_splits().items():
             data[split] = TensorDataset(*self._to_tensors(split, tokens, labels))
+        self._length_data = {}
+        for length in self.test_lengths:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 2, length])))
+            tokens, labels = self.generate_length(self.num_test, rng, length)
+            self._length_data[length] = TensorDataset(*self._to_tensors("test", tokens, labels, length))
         self._data = data
+        self._train_epoch = None
 
-    def _to_tensors(self, split: str, tokens: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        num, length = self.split_size(split), self.split_len(split)
+    def set_epoch(self, epoch: int) -> None:
+        """With ``resample``, make the training set that of ``epoch`` (drawn from ``SeedSequence([seed, 0, epoch])``)
+        in place; called by the training sampler at the start of every pass. A no-op without ``resample``."""
+        if not self.resample or epoch == self._train_epoch:
+            return
+        self.setup()
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 0, epoch])))
+        tokens, labels = self._to_tensors("train", *self.generate("train", self.num_train, rng))
+        dataset = self._data["train"]
+        dataset.tensors[0].copy_(tokens)
+        dataset.tensors[1].copy_(labels)
+        self._train_epoch = epoch
+
+    def _to_tensors(
+        self, split: str, tokens: np.ndarray, labels: np.ndarray, length: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        num, length = self.split_size(split), length or self.split_len(split)
         if tokens.shape != (num, length):
             raise RuntimeError(f"{self.name}: {split} tokens have shape {tokens.shape}, expected {(num, length)}")
         expected = (num, length) if self.per_token else (num,)
@@ -162,29 +253,50 @@ class SequenceTask(L.LightningDataModule):
         tokens, labels = self._data[split].tensors
         return tokens, labels
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        self.setup()
+    def _loader(self, dataset: TensorDataset, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed) if shuffle else None
+        sampler = EpochSampler(dataset, self, generator) if shuffle and self.resample else None
         return DataLoader(
-            self._data[split],
+            dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            shuffle=shuffle if sampler is None else None,
+            sampler=sampler,
             generator=generator,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches ``(tokens (B, seq_len), labels)``; order fixed by ``seed``."""
-        return self._loader("train", shuffle=True)
+        """Shuffled training batches ``(tokens (B, seq_len), labels)``; order fixed by ``seed`` (with ``resample``,
+        a new set each epoch: see :meth:`set_epoch`)."""
+        self.setup()
+        trainer = getattr(self, "trainer", None)
+        if self.resample and trainer is not None and trainer.world_size > 1:
+            raise ValueError("resample=true needs a single training process (its per-epoch data follows one sampler)")
+        if self.resample and self.num_workers > 0:
+            raise ValueError("resample=true needs num_workers=0 (worker processes would keep the first epoch's data)")
+        return self._loader(self._data["train"], shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         """Validation batches in a fixed order."""
-        return self._loader("val", shuffle=False)
+        self.setup()
+        return self._loader(self._data["val"], shuffle=False)
 
-    def test_dataloader(self) -> DataLoader:
-        """Test batches in a fixed order (may be longer than ``seq_len``; at most ``max_len``)."""
-        return self._loader("test", shuffle=False)
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        """Test batches in a fixed order (may be longer than ``seq_len``; at most ``max_len``). With
+        ``test_lengths``, a list: the test split, then one loader per test length, in the order given."""
+        self.setup()
+        test = self._loader(self._data["test"], shuffle=False)
+        if not self.test_lengths:
+            return test
+        return [test, *(self._loader(self._length_data[length], shuffle=False) for length in self.test_lengths)]
+
+    def length_tensors(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The test set of one of ``test_lengths``: ``(tokens (num_test, length), labels)``."""
+        self.setup()
+        if length not in self._length_data:
+            raise ValueError(f"{length} is not one of test_lengths {list(self.test_lengths)}")
+        return self._length_data[length].tensors
 
     # ------------------------------------------------------------------ diagnostics
 
@@ -200,10 +312,13 @@ class SequenceTask(L.LightningDataModule):
     def describe(self) -> str:
         """One-line summary of the task and its sizes."""
         kind = "per-token" if self.per_token else "per-sequence"
+        extra = ", resampled each epoch" if self.resample else ""
+        if self.test_lengths:
+            extra += f", test_lengths={list(self.test_lengths)}"
         return (
             f"{self.name}: {self._describe_details()}; vocab_size={self.vocab_size}, "
             f"num_classes={self.num_classes}, {kind}, seq_len={self.seq_len}, max_len={self.max_len}, "
-            f"train/val/test={self.num_train}/{self.num_val}/{self.num_test}, seed={self.seed}"
+            f"train/val/test={self.num_train}/{self.num_val}/{self.num_test}{extra}, seed={self.seed}"
         )
 
     def _describe_details(self) -> str:

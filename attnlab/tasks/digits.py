@@ -54,7 +54,10 @@ class Digits(SequenceTask):
         num_test: int = 270,
         seed: int = 0,
         num_workers: int = 0,
+        resample: bool = False,
     ) -> None:
+        if resample:
+            raise ValueError("resample=true needs a generated task; digits is a fixed data set (1,797 images)")
         num_val = check_int("num_val", num_val, minimum=_MIN_SPLIT)
         num_test = check_int("num_test", num_test, minimum=_MIN_SPLIT)
         available = NUM_IMAGES - num_val - num_test

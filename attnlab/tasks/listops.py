@@ -197,8 +197,15 @@ class ListOps(SequenceTask):
         num_test: int = 1_000,
         seed: int = 0,
         num_workers: int = 0,
+        resample: bool = False,
+        test_lengths: list[int] | None = None,
     ) -> None:
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers)
+        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers, resample=resample)
+        if test_lengths:
+            raise ValueError(
+                "task listops does not support test_lengths; set test_min_length and test_max_length for a longer "
+                "test split"
+            )
         self.leaf_prob = check_prob("leaf_prob", leaf_prob)
         self.max_depth, self.max_args, self.min_length, self.max_length = self._check_shape_args(
             "", max_depth, max_args, min_length, max_length

@@ -21,7 +21,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 
 from attnlab.runs import RunFolder, atomic_open
 from attnlab.training.config import ConfigError
@@ -80,9 +80,10 @@ class RunCheckpoint(ModelCheckpoint):
         super().load_state_dict(state)
 
 
-class LastCheckpoint(L.Callback):
+class LastCheckpoint(Checkpoint):
     """``last.ckpt`` at every validation during training: what a resume continues from. (Lightning's ``save_last``
-    writes it only when the best checkpoint is written.)"""
+    writes it only when the best checkpoint is written.) A :class:`~lightning.pytorch.callbacks.Checkpoint`, so that
+    Lightning runs it after the best checkpoint's callback, whose new best score it must save."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

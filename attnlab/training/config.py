@@ -520,6 +520,9 @@ def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = 
         warmup_steps=min(m.warmup_steps, max(1, steps // 5)),
         max_steps=steps,
         betas=tuple(m.betas),
+        test_lengths=tuple(getattr(datamodule, "test_lengths", ())),
+        report_bits=bool(getattr(datamodule, "reports_bits", False)),
+        chance_accuracy=getattr(datamodule, "chance_accuracy", None),
     )
 
 
