@@ -10,8 +10,9 @@ Content-Security-Policy forbids every fetch.
 
 The page holds a sortable runs table (failed runs in red, with the reason as a tooltip); final metrics and
 attention diagnostics against ``d_k`` and ``num_heads`` with the mean and a 95 % t confidence interval across
-seeds; the step-0 diagnostics against ``d_k``; training curves per variant; per-layer x per-head heatmaps of the
-final ``entropy_norm`` and ``saturation``; and a few saved attention-map images.
+seeds; the step-0 diagnostics against ``d_k``; length generalisation (``test/acc@L`` against the test length ``L``,
+when the runs were given ``task.datamodule.test_lengths``); training curves per variant; per-layer x per-head heatmaps
+of the final ``entropy_norm`` and ``saturation``; and a few saved attention-map images.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "Run",
     "Series",
     "aggregate",
+    "aggregate_lengths",
     "build_html",
     "find_run_dirs",
     "load_run",
@@ -68,6 +70,7 @@ DIAG_METRICS = (
 INIT_METRICS = ("attn/entropy_norm", "attn/saturation", "attn/max_prob", "attn/logit_std", "attn/logit_max")
 CURVE_METRICS = ("train/loss", "val/acc", "attn/entropy_norm", "attn/saturation")
 HEAD_METRICS = ("entropy_norm", "saturation")
+LENGTH_METRICS = ("test/acc", "test/loss", "test/bpc")  # reported as ``<metric>@<L>`` for each test length L
 MAX_IMAGES = 8
 MAX_IMAGE_BYTES = 2_000_000
 MAX_HEATMAP_RUNS = 40  # per variant, in the heatmap dropdown
@@ -93,6 +96,8 @@ _GROUP_FIELDS = (  # what must match (besides the plotted x and the seed) for ru
     ("softcap", "softcap"),
     ("differential", "diff"),
 )
+# the length chart pools runs by the same fields and by the training length (one subplot row per task)
+_LENGTH_GROUP_FIELDS = (*_GROUP_FIELDS, ("train_length", "train L"))
 _CONFIG_KEYS = {  # where a run older than its summary field keeps a setting in config.yaml
     "pos_encoding": "model.pos_encoding",
     "normalizer": "normalizer.name",
@@ -225,7 +230,7 @@ class Run:
             return json.dumps(params, sort_keys=True, default=str) if params else ""
         if name in ("num_heads", "d_model", "num_layers", "batch_size", "max_steps", "seed"):
             return _int(self._get(name))
-        if name in ("variant", "mask", "task"):
+        if name in ("variant", "mask", "task", "train_length"):
             return getattr(self, name)
         if name in _CONFIG_KEYS:
             return self._get(name, _CONFIG_KEYS[name])
@@ -241,6 +246,44 @@ class Run:
             value = _finite(row.get(metric))
             if value is not None:
                 return value
+        return None
+
+    @functools.cached_property
+    def _metric_keys(self) -> frozenset[str]:
+        """Every metric name in the summary's ``metrics`` or in a ``metrics.jsonl`` row."""
+        metrics = _dig(self.summary, "metrics") if self.summary is not None else None
+        keys = set(metrics) if isinstance(metrics, dict) else set()
+        for row in self.rows:
+            keys.update(row)
+        return frozenset(keys)
+
+    def by_length(self, metric: str) -> dict[int, float]:
+        """``{L: final value of "<metric>@<L>"}`` (e.g. ``test/acc@64``) for each test length the run reports with a
+        finite value, sorted by ``L``; empty when the run had no ``test_lengths``."""
+        found = {}
+        for key in self._metric_keys:
+            head, _, length = key.rpartition("@")
+            if head == metric and length.isdigit():
+                value = self.final(key)
+                if value is not None:
+                    found[int(length)] = value
+        return dict(sorted(found.items()))
+
+    @property
+    def train_length(self) -> int | None:
+        """The training sequence length from config.yaml: ``task.datamodule.seq_len``, else ``max_length`` (the
+        longest training sequence of a task of varying length), else, for ``associative_recall`` with ``seq_len:
+        null``, its shortest length (pairs, one token each when fused, plus queries); None when unknown."""
+        datamodule = _dig(self.config, "task.datamodule")
+        if not isinstance(datamodule, dict):
+            return None
+        for key in ("seq_len", "max_length"):
+            if _int(datamodule.get(key)):
+                return _int(datamodule[key])
+        pairs = _int(datamodule.get("num_pairs"))
+        if self.task == "associative_recall" and pairs:
+            queries = _int(datamodule.get("num_queries")) or pairs
+            return pairs * (1 if datamodule.get("fused_pairs") is True else 2) + queries
         return None
 
     def init(self, metric: str) -> float | None:
@@ -396,27 +439,71 @@ def aggregate(runs: Sequence[Run], x: str, metric: str, init: bool = False) -> l
     usable = [r for r in runs if r.ok and _finite(_x_value(r, x)) is not None]
     # d_k groups as "auto" when the config left it null, so a heads sweep at fixed d_model pools into one line
     fields = [(key, short) for key, short in _GROUP_FIELDS if key != x]
-    varying = {key for key, _ in fields if len({repr(r.field_value(key)) for r in usable}) > 1}
-    groups: dict[tuple[str, ...], list[Run]] = {}
-    for run in usable:
-        groups.setdefault(tuple(repr(run.field_value(key)) for key, _ in fields), []).append(run)
     series = []
-    for members in groups.values():
-        first = members[0]
+    for label, members in _grouped(usable, fields):
         by_x: dict[float, list[float]] = {}
         for run in members:
             value = value_of(run)
             if value is not None:
                 by_x.setdefault(float(_x_value(run, x)), []).append(value)
-        if not by_x:
-            continue
-        points = []
-        for xv in sorted(by_x):
-            mean, half, n = mean_ci(by_x[xv])
-            points.append(Point(x=xv, mean=mean, half_width=half, n=n, values=tuple(by_x[xv])))
-        extra = [f"{short}={first.field_value(key)}" for key, short in fields if key in varying and key != "variant"]
-        series.append(Series(label=" · ".join([first.variant, *extra]), variant=first.variant, points=tuple(points)))
+        if by_x:
+            series.append(Series(label=label, variant=members[0].variant, points=_points(by_x)))
     return sorted(series, key=lambda s: _natural_key(s.label))
+
+
+def aggregate_lengths(runs: Sequence[Run], metric: str = "test/acc") -> dict[str, list[Series]]:
+    """Length generalisation: per task, the mean and 95 % CI across seeds of ``<metric>@<L>`` against the test
+    length ``L``, one series per combination of the grouping fields of :func:`aggregate` and the training length.
+    Only finished (``ok``) runs that report ``<metric>@<L>`` count; a task without such runs is absent. A label
+    names the variant and whatever else varies among the runs of one task (the task is the key, not in the label)."""
+    values = {id(run): run.by_length(metric) for run in runs if run.ok}
+    usable = [run for run in runs if values.get(id(run))]
+    by_task: dict[str, list[Series]] = {}
+    for label, members in _grouped(usable, _LENGTH_GROUP_FIELDS, within="task"):
+        by_x: dict[float, list[float]] = {}
+        for run in members:
+            for length, value in values[id(run)].items():
+                by_x.setdefault(float(length), []).append(value)
+        series = Series(label=label, variant=members[0].variant, points=_points(by_x))
+        by_task.setdefault(members[0].task, []).append(series)
+    return {
+        task: sorted(series, key=lambda s: _natural_key(s.label))
+        for task, series in sorted(by_task.items(), key=lambda kv: _natural_key(kv[0]))
+    }
+
+
+def _grouped(
+    runs: Sequence[Run], fields: Sequence[tuple[str, str]], within: str | None = None
+) -> list[tuple[str, list[Run]]]:
+    """``runs`` pooled by their values of ``fields`` ((key, short name) pairs), each group with its label: the
+    variant and ``short=value`` for each other field that varies among ``runs`` -- or, with ``within`` (one of the
+    fields, drawn as separate panels and left out of the labels), among the runs sharing a value of ``within``."""
+    parts: dict[str, list[Run]] = {}
+    for run in runs:
+        parts.setdefault(repr(run.field_value(within)) if within else "", []).append(run)
+    varying = {key for part in parts.values() for key, _ in fields if len({repr(r.field_value(key)) for r in part}) > 1}
+    groups: dict[tuple[str, ...], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(repr(run.field_value(key)) for key, _ in fields), []).append(run)
+    labelled = []
+    for members in groups.values():
+        first = members[0]
+        extra = [
+            f"{short}={first.field_value(key)}"
+            for key, short in fields
+            if key in varying and key not in ("variant", within)
+        ]
+        labelled.append((" · ".join([first.variant, *extra]), members))
+    return labelled
+
+
+def _points(by_x: dict[float, list[float]]) -> tuple[Point, ...]:
+    """One point per x (sorted): mean and 95 % CI of its values."""
+    points = []
+    for xv in sorted(by_x):
+        mean, half, n = mean_ci(by_x[xv])
+        points.append(Point(x=xv, mean=mean, half_width=half, n=n, values=tuple(by_x[xv])))
+    return tuple(points)
 
 
 def _x_value(run: Run, x: str) -> Any:
@@ -441,7 +528,6 @@ def _present(runs: Sequence[Run], metrics: Sequence[str], init: bool = False) ->
 
 def _comparison_figure(runs: Sequence[Run], x: str, metrics: Sequence[str], colors: dict[str, str], init: bool):
     """Subplots of ``metrics`` against ``x``, one line per series, error bars = 95 % CI across seeds."""
-    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     cols = min(3, len(metrics))
@@ -450,40 +536,13 @@ def _comparison_figure(runs: Sequence[Run], x: str, metrics: Sequence[str], colo
         rows=rows, cols=cols, subplot_titles=list(metrics), horizontal_spacing=0.07, vertical_spacing=0.16
     )
     shown: set[str] = set()
-    dash_cycle = ("solid", "dash", "dot", "dashdot", "longdash")
     dash_of: dict[str, str] = {}  # series of one variant share its colour and differ in dash
     xs_all: set[float] = set()
     for i, metric in enumerate(metrics):
         row, col = 1 + i // cols, 1 + i % cols
         for s in aggregate(runs, x, metric, init=init):
-            if s.label not in dash_of:
-                siblings = sum(1 for label in dash_of if label.split(" · ")[0] == s.variant)
-                dash_of[s.label] = dash_cycle[siblings % len(dash_cycle)]
-            xs = np.array([p.x for p in s.points])
-            xs_all.update(xs.tolist())
-            halves = np.array([np.nan if p.half_width is None else p.half_width for p in s.points])
-            hover = [
-                f"{_e(s.label)}<br>{x}={p.x:g}<br>{metric} = {p.mean:.4g}"
-                + (f" ± {p.half_width:.3g} (95% CI, n={p.n})" if p.half_width is not None else f" (n={p.n})")
-                for p in s.points
-            ]
-            fig.add_trace(
-                go.Scatter(
-                    x=xs,
-                    y=np.array([p.mean for p in s.points]),
-                    error_y={"type": "data", "array": halves, "visible": True, "thickness": 1.2, "width": 4},
-                    mode="lines+markers",
-                    name=_e(s.label),
-                    legendgroup=_e(s.label),
-                    showlegend=s.label not in shown,
-                    line={"color": colors.get(s.variant), "dash": dash_of[s.label]},
-                    hovertext=hover,
-                    hoverinfo="text",
-                ),
-                row=row,
-                col=col,
-            )
-            shown.add(s.label)
+            xs_all.update(p.x for p in s.points)
+            fig.add_trace(_series_trace(s, x, metric, colors, dash_of, shown), row=row, col=col)
     ticks = sorted(xs_all)
     fig.update_xaxes(
         type="log" if x == "d_k" else "linear",
@@ -496,6 +555,118 @@ def _comparison_figure(runs: Sequence[Run], x: str, metrics: Sequence[str], colo
         template="plotly_white",
         height=300 * rows + 70,
         margin={"l": 50, "r": 20, "t": 50, "b": 40},
+        legend={"title": {"text": "click to toggle"}},
+        hovermode="closest",
+    )
+    return fig
+
+
+_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+
+
+def _series_trace(s: Series, x: str, metric: str, colors: dict[str, str], dash_of: dict[str, str], shown: set[str]):
+    """One series as a line of means with the 95 % CI as error bars (none for one seed), coloured by variant; the
+    series of one variant differ in dash (kept in ``dash_of``); a label enters the legend once (``shown``)."""
+    import plotly.graph_objects as go
+
+    if s.label not in dash_of:
+        siblings = sum(1 for label in dash_of if label.split(" · ")[0] == s.variant)
+        dash_of[s.label] = _DASHES[siblings % len(_DASHES)]
+    halves = np.array([np.nan if p.half_width is None else p.half_width for p in s.points])
+    hover = [
+        f"{_e(s.label)}<br>{x}={p.x:g}<br>{metric} = {p.mean:.4g}"
+        + (f" ± {p.half_width:.3g} (95% CI, n={p.n} seeds)" if p.half_width is not None else f" (n={p.n} seed)")
+        for p in s.points
+    ]
+    trace = go.Scatter(
+        x=np.array([p.x for p in s.points]),
+        y=np.array([p.mean for p in s.points]),
+        error_y={"type": "data", "array": halves, "visible": True, "thickness": 1.2, "width": 4},
+        mode="lines+markers",
+        name=_e(s.label),
+        legendgroup=_e(s.label),
+        showlegend=s.label not in shown,
+        line={"color": colors.get(s.variant), "dash": dash_of[s.label]},
+        hovertext=hover,
+        hoverinfo="text",
+    )
+    shown.add(s.label)
+    return trace
+
+
+def _length_figure(runs: Sequence[Run], colors: dict[str, str]):
+    """Length generalisation: one row per task, test accuracy against the test length L (left) and, where the runs
+    report them, test bits per byte (language modelling) or else test loss (right); one line per series (see
+    :func:`aggregate_lengths`), error bars = 95 % CI across seeds, the training length as a dashed vertical line.
+    The x axis is log-scaled when the lengths (training length included) span more than a factor of 4. None when no
+    finished run reports ``test/acc@L``."""
+    from plotly.subplots import make_subplots
+
+    acc = aggregate_lengths(runs, "test/acc")
+    if not acc:
+        return None
+    others = {metric: aggregate_lengths(runs, metric) for metric in ("test/bpc", "test/loss")}
+    panels = {}  # task -> [(metric, series), ...]: accuracy, then bpc (LM tasks) or else loss
+    for task, series in acc.items():
+        panels[task] = [("test/acc", series)]
+        other = next((metric for metric in ("test/bpc", "test/loss") if task in others[metric]), None)
+        if other is not None:
+            panels[task].append((other, others[other][task]))
+    rows, cols = len(panels), max(len(p) for p in panels.values())
+    titles = []
+    for task, task_panels in panels.items():
+        names = [f"{metric}@L" for metric, _ in task_panels] + [""] * (cols - len(task_panels))
+        titles += [_e(f"{task}: {name}") if name and rows > 1 else name for name in names]
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=titles,
+        horizontal_spacing=0.08,
+        vertical_spacing=min(0.16, 0.9 / max(1, rows - 1)),
+    )
+    shown: set[str] = set()
+    dash_of: dict[str, str] = {}
+    for row, (task, task_panels) in enumerate(panels.items(), start=1):
+        members = [r for r in runs if r.ok and r.task == task and r.by_length("test/acc")]
+        trained = sorted({r.train_length for r in members} - {None})
+        lengths = sorted({p.x for _, series in task_panels for s in series for p in s.points} | set(trained))
+        log = max(lengths) > 4 * min(lengths)
+        for col, (metric, series) in enumerate(task_panels, start=1):
+            for s in series:
+                fig.add_trace(_series_trace(s, "L", f"{metric}@L", colors, dash_of, shown), row=row, col=col)
+            for length in trained:
+                fig.add_vline(x=length, line={"dash": "dash", "color": "#888", "width": 1.2}, row=row, col=col)
+                fig.add_annotation(
+                    x=math.log10(length) if log else length,  # annotations on a log axis take log10 positions
+                    y=1.0,
+                    xref="x",
+                    yref="y domain",
+                    text=f"train L={length}",
+                    showarrow=False,
+                    xanchor="left",
+                    yanchor="top",
+                    font={"size": 10, "color": "#666"},
+                    row=row,
+                    col=col,
+                )
+            fig.update_xaxes(
+                type="log" if log else "linear",
+                tickvals=lengths,
+                ticktext=[f"{t:g}" for t in lengths],
+                title_text="test length L",
+                title_standoff=4,
+                row=row,
+                col=col,
+            )
+            name = {"test/acc": "accuracy", "test/bpc": "bits per byte"}.get(metric, "loss")
+            fig.update_yaxes(title_text=f"test {name}", title_standoff=4, row=row, col=col)
+        for col in range(len(task_panels) + 1, cols + 1):  # a task without a second panel: no empty axes
+            fig.update_xaxes(visible=False, row=row, col=col)
+            fig.update_yaxes(visible=False, row=row, col=col)
+    fig.update_layout(
+        template="plotly_white",
+        height=320 * rows + 70,
+        margin={"l": 60, "r": 20, "t": 50, "b": 40},
         legend={"title": {"text": "click to toggle"}},
         hovermode="closest",
     )
@@ -744,6 +915,17 @@ def build_html(runs: Sequence[Run], title: str = "attnlab results", source: str 
         body = '<p class="note">No step-0 diagnostics (attn_init) for two or more d_k values.</p>'
     sections.append(("init", "At initialisation (step 0) vs d_k", body))
 
+    length_fig = _length_figure(runs, colors)
+    if length_fig is not None:  # only when some finished run reports test/acc@L (task.datamodule.test_lengths)
+        trained = any(r.train_length is not None for r in ok_runs if r.by_length("test/acc"))
+        note = (
+            '<p class="note">Test accuracy on the extra test sets of each length L (<code>task.datamodule.'
+            "test_lengths</code>; right: test loss, or bits per byte for language modelling), one line per variant "
+            "and setting, mean over seeds with the 95 % t interval"
+            + ("; the dashed line marks the training length.</p>" if trained else ".</p>")
+        )
+        sections.append(("lengths", "Length generalisation", note + _figure_html(length_fig, "fig-lengths")))
+
     if any(run.rows for run in runs):
         body = _figure_html(_curves_figure(runs, colors), "fig-curves")
     else:
@@ -867,7 +1049,8 @@ CSV_SETTINGS = ("normalizer", "position_bias", "num_kv_heads", "qk_norm", "softc
 
 
 def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
-    """One row per run: identity, key config values, final metrics, step-0 (``init/...``) diagnostics."""
+    """One row per run: identity, key config values, final metrics, step-0 (``init/...``) diagnostics, settings,
+    and ``test/acc@L`` (``test/loss@L``, ``test/bpc@L``) for every test length any run reports."""
     import csv
 
     path = Path(path)
@@ -876,6 +1059,9 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     columns += ["seed", "params", "status", "reason", "wall_time_s", *CSV_METRICS]
     columns += [f"init/{m}" for m in CSV_METRICS if m.startswith("attn/")]
     columns += list(CSV_SETTINGS)
+    # length generalisation (task.datamodule.test_lengths): test/acc@L, then test/loss@L, then test/bpc@L
+    lengths = [f"{m}@{n}" for m in LENGTH_METRICS for n in sorted({n for r in runs for n in r.by_length(m)})]
+    columns += lengths
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(columns)
@@ -894,6 +1080,7 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
             row += [run.final(m) for m in CSV_METRICS]
             row += [run.init(m) for m in CSV_METRICS if m.startswith("attn/")]
             row += [run.field_value(k) for k in CSV_SETTINGS]
+            row += [run.final(m) for m in lengths]
             writer.writerow(["" if v is None else v for v in row])
     return path
 

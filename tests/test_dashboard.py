@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html as html_lib
 import json
 import math
 import re
@@ -74,23 +75,33 @@ def write_run(
     torn: bool = False,
     image: bool = False,
     num_heads: int = HEADS,
+    task: str = "digits",
+    datamodule: dict | None = None,
+    lengths: dict[int, float] | None = None,
+    normalizer: str | None = None,
 ) -> Path:
-    """One synthetic run folder; ``status=None`` leaves out summary.json (a crashed run)."""
+    """One synthetic run folder; ``status=None`` leaves out summary.json (a crashed run). ``lengths`` ({L: acc})
+    adds ``test/acc@L`` and ``test/loss@L`` (= 1 - acc) as a run with ``task.datamodule.test_lengths`` has them;
+    ``datamodule`` is written under ``task.datamodule`` in config.yaml."""
     folder.mkdir(parents=True)
     d_model = 64
     resolved = d_k if d_k is not None else d_model // num_heads
     config = (
-        f"variant:\n  name: {json.dumps(variant)}\n  params: {{}}\nmask:\n  name: none\ntask:\n  name: digits\n"
+        f"variant:\n  name: {json.dumps(variant)}\n  params: {{}}\nmask:\n  name: none\ntask:\n"
+        f"  name: {json.dumps(task)}\n  datamodule: {json.dumps(datamodule or {})}\n"
         f"d_model: {d_model}\nd_k: {'null' if d_k is None else d_k}\nnum_heads: {num_heads}\nnum_layers: {LAYERS}\n"
         f"lr: 0.003\nbatch_size: 32\nmax_steps: 100\nseed: {seed}\nmodel:\n  pos_encoding: sinusoidal\n"
     )
+    by_length = {}
+    for length, value in (lengths or {}).items():
+        by_length.update({f"test/acc@{length}": value, f"test/loss@{length}": round(1 - value, 6)})
     (folder / "config.yaml").write_text(config)
     acc = acc_of(variant, resolved, seed)
     rows = [_diag_row(variant, resolved, 0)]
     rows += [{"step": s, "train/loss": 2.3 - s / 60, "train/acc": min(1.0, s / 120)} for s in range(10, 101, 10)]
     rows += [{"step": 50, "val/loss": 1.5, "val/acc": acc - 0.1, "val/acc_best": acc - 0.1}]
     rows += [{"step": 100, "val/loss": 1.0, "val/acc": acc, "val/acc_best": acc}, _diag_row(variant, resolved, 100)]
-    rows += [{"step": 100, "test/acc": acc, "test/loss": 0.9}]
+    rows += [{"step": 100, "test/acc": acc, "test/loss": 0.9, **by_length}]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     if torn:
         text += '{"step": 110, "train/loss": 0.'  # a killed run's half-written last line
@@ -101,7 +112,7 @@ def write_run(
             "reason": reason,
             "variant": variant,
             "mask": "none",
-            "task": "digits",
+            "task": task,
             "d_k": resolved,
             "num_heads": num_heads,
             "d_model": d_model,
@@ -116,9 +127,12 @@ def write_run(
             "wall_time_s": 12.5 + seed,
             "steps": 100,
         }
+        if normalizer is not None:
+            summary["normalizer"] = normalizer
         if status == "ok":
             final = {k: v for k, v in _diag_row(variant, resolved, 100).items() if k.count("/") == 1}
             summary["metrics"] = {"val/acc_best": acc, "val/acc": acc, "test/acc": acc, "test/loss": 0.9, **final}
+            summary["metrics"].update(by_length)
             summary["attn_init"] = {k: v for k, v in _diag_row(variant, resolved, 0).items() if k.count("/") == 1}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     if image:
@@ -159,6 +173,49 @@ def sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def page(sweeps: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("page") / "dashboard.html"
     assert main([str(sweeps), "-o", str(out)]) == 0
+    return out
+
+
+LENGTHS = (16, 64, 256)  # the shift task's test lengths (trained at 16): a factor of 16, so a log axis
+LENGTH_BASE = {("scaled_dot", "softmax"): 0.9, ("alibi", "softmax"): 0.95, ("scaled_dot", "sparsemax"): 0.85}
+
+
+def len_acc(variant: str, normalizer: str, length: int, seed: int) -> float:
+    """Synthetic test/acc@L: 0.05 lower per doubling of L past 16, 0.05 higher per seed."""
+    return round(LENGTH_BASE[variant, normalizer] - 0.05 * math.log2(length / 16) + 0.05 * seed, 6)
+
+
+@pytest.fixture(scope="module")
+def length_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Runs with test/acc@L: task shift (seq_len 16, L = 16, 64, 256): scaled_dot (2 seeds), alibi (3 seeds) and
+    scaled_dot with normalizer sparsemax (2 seeds), a failed run and a run without length metrics (both left out of
+    the chart); task reverse (seq_len 8, L = 8, 16): one seed of a variant named by a script tag."""
+    root = tmp_path_factory.mktemp("lengths")
+    shift = {"seq_len": 16, "test_lengths": list(LENGTHS)}
+    job = 0
+    for variant, normalizer, seeds in (
+        ("scaled_dot", "softmax", 2),
+        ("alibi", "softmax", 3),
+        ("scaled_dot", "sparsemax", 2),
+    ):
+        for seed in range(seeds):
+            acc = {n: len_acc(variant, normalizer, n, seed) for n in LENGTHS}
+            write_run(root / f"{job}_{variant}_{normalizer}_{seed}", variant, 16, seed, task="shift", datamodule=shift,
+                      lengths=acc, normalizer=normalizer)  # fmt: skip
+            job += 1
+    write_run(root / f"{job}_failed", "alibi", 16, 9, status="failed", reason="NaN", task="shift", datamodule=shift,
+              lengths={16: 0.1, 64: 0.1, 256: 0.1}, normalizer="softmax")  # fmt: skip
+    write_run(root / f"{job + 1}_no_lengths", "alibi", 16, 8, task="shift", datamodule={"seq_len": 16},
+              normalizer="softmax")  # fmt: skip
+    write_run(root / f"{job + 2}_evil", EVIL, 16, 0, task="reverse", datamodule={"seq_len": 8, "test_lengths": [8, 16]},
+              lengths={8: 0.5, 16: 0.25}, normalizer="softmax")  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def length_page(length_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("length_page") / "dashboard.html"
+    dashboard.write_dashboard(length_sweep, out)
     return out
 
 
@@ -264,6 +321,56 @@ def test_aggregate_mean_and_ci_by_hand(sweeps: Path) -> None:
     assert [p.mean for p in init["dot"].points] == pytest.approx([saturation("dot", d, 0) for d in D_KS])
 
 
+def test_aggregate_lengths_by_hand(length_sweep: Path, sweeps: Path, tmp_path: Path) -> None:
+    runs = load_runs(length_sweep)
+    by_task = dashboard.aggregate_lengths(runs)
+    assert list(by_task) == ["reverse", "shift"]
+    # normalizer varies within the shift task, so it names the lines; the task (one panel each) and the training
+    # length (one per task) do not; the failed run and the run without test/acc@L are left out
+    shift = {s.label: s for s in by_task["shift"]}
+    assert list(shift) == ["alibi · norm=softmax", "scaled_dot · norm=softmax", "scaled_dot · norm=sparsemax"]
+    assert all([p.x for p in s.points] == [16.0, 64.0, 256.0] for s in shift.values())
+    # alibi at L = 64, seeds 0, 1, 2: 0.85, 0.90, 0.95 -> mean 0.90, s = 0.05, half = t_{0.975,2} * 0.05 / sqrt(3)
+    point = shift["alibi · norm=softmax"].points[1]
+    assert point.n == 3 and sorted(point.values) == pytest.approx([0.85, 0.9, 0.95])
+    assert point.mean == pytest.approx(0.9, abs=1e-12)
+    assert point.half_width == pytest.approx(T975_DF2 * 0.05 / math.sqrt(3), rel=1e-6)
+    assert point.half_width == pytest.approx(0.1242068, rel=1e-6)
+    # scaled_dot/softmax at L = 256, seeds 0, 1: 0.70, 0.75 -> mean 0.725, half = t_{0.975,1} * 0.05 / 2
+    point = shift["scaled_dot · norm=softmax"].points[2]
+    assert (point.n, point.mean) == (2, pytest.approx(0.725, abs=1e-12))
+    assert point.half_width == pytest.approx(T975_DF1 * 0.05 / 2, rel=1e-6)
+    assert [p.mean for p in shift["scaled_dot · norm=sparsemax"].points] == pytest.approx([0.875, 0.775, 0.675])
+    (evil,) = by_task["reverse"]
+    assert evil.label == f"{EVIL} · norm=softmax" and [(p.x, p.mean, p.half_width, p.n) for p in evil.points] == [
+        (8.0, 0.5, None, 1),
+        (16.0, 0.25, None, 1),
+    ]
+    loss = dashboard.aggregate_lengths(runs, "test/loss")
+    assert [p.mean for p in loss["reverse"][0].points] == pytest.approx([0.5, 0.75])
+    assert dashboard.aggregate_lengths(runs, "test/bpc") == {} and dashboard.aggregate_lengths(load_runs(sweeps)) == {}
+    # the training length: seq_len, else max_length, else associative recall's own (pairs + queries)
+    assert {r.task: r.train_length for r in runs} == {"shift": 16, "reverse": 8}
+    for i, (task, datamodule, expected) in enumerate(
+        [
+            ("listops", {"max_length": 64}, 64),
+            ("associative_recall", {"num_pairs": 2, "num_queries": None, "seq_len": None, "fused_pairs": True}, 4),
+            ("associative_recall", {"num_pairs": 8, "num_queries": 4, "seq_len": None, "fused_pairs": False}, 20),
+            ("digits", {}, None),
+        ]
+    ):
+        write_run(tmp_path / str(i), "dot", 8, 0, task=task, datamodule=datamodule)
+        assert dashboard.load_run(tmp_path / str(i)).train_length == expected, task
+    # CSV: one column per metric and length, after the others; empty where a run has no such value
+    out = dashboard.write_csv(runs, tmp_path / "lengths.csv")
+    header = next(csv.reader(out.open()))
+    assert header[-8:] == [f"{m}@{n}" for m in ("test/acc", "test/loss") for n in (8, 16, 64, 256)]
+    rows = {r["run"]: r for r in csv.DictReader(out.open())}
+    assert float(rows["0_scaled_dot_softmax_0"]["test/acc@256"]) == pytest.approx(0.7)
+    assert rows["0_scaled_dot_softmax_0"]["test/acc@8"] == "" and rows["8_no_lengths"]["test/acc@64"] == ""
+    assert float(rows["9_evil"]["test/loss@16"]) == pytest.approx(0.75)
+
+
 # ---------------------------------------------------------------------------------------------------- the page
 def test_page_is_self_contained_escaped_and_lists_every_run(page: Path, sweeps: Path, capsys) -> None:
     html = page.read_text()
@@ -292,7 +399,18 @@ def test_page_is_self_contained_escaped_and_lists_every_run(page: Path, sweeps: 
     for div in ("fig-vs-dk", "fig-init", "fig-curves", "fig-heads-0", "fig-heads-1", "fig-heads-2"):
         assert f'id="{div}"' in html
     assert "num_heads has 1 value(s)" in html
+    assert 'id="lengths"' not in html and "Length generalisation" not in html  # no run has test/acc@L
     assert html.count('<img src="data:image/png;base64,') == 2  # one image per variant that saved one
+
+
+def test_length_section_escaped_with_training_length(length_page: Path) -> None:
+    html = length_page.read_text()
+    section = html[html.index('<section id="lengths">') : html.index("</section>", html.index('id="lengths"'))]
+    assert "<h2>Length generalisation</h2>" in section and 'id="fig-lengths"' in section
+    assert 'href="#lengths"' in html and "the dashed line marks the training length" in section
+    # the variant's name, HTML-escaped, inside the figure's JSON (which escapes "/" and "·" in turn)
+    assert "<script>alert" not in html and r"&lt;script&gt;alert(1)&lt;\u002fscript&gt; \u00b7 norm=softmax" in section
+    assert "train L=16" in section and "train L=8" in section
 
 
 def test_page_size_is_plotly_plus_a_little(page: Path) -> None:
@@ -357,15 +475,15 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
-    """Open the page in a real browser: every plotly div gets its SVG, no JS error, and the table sorts."""
+def _render(html: str, script: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """Open ``html`` with ``script`` added at the end of the body in headless Chromium; (its process with the final
+    DOM as stdout and the console on stderr, seconds taken). Asserts that the page loaded without a JS error, a CSP
+    violation or an "Uncaught" on the console."""
     browser = _chromium()
     if browser is None:
         pytest.skip("chromium not installed: apt-get install chromium")
-    html = page.read_text()
-    click = "<script>document.querySelector('#runs-table th[data-key=\"d_k\"]').click();</script>"
     probe = tmp_path / "probe.html"
-    probe.write_text(html.replace("</body>", click + "</body>"))
+    probe.write_text(html.replace("</body>", f"<script>{script}</script></body>"))
     started = time.perf_counter()
     proc = subprocess.run(
         [
@@ -398,6 +516,14 @@ def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     assert errors is not None and errors.group(1).strip() == "", errors.group(1) if errors else dom[:500]
     assert "Uncaught" not in proc.stderr, proc.stderr[-2000:]
     assert "Content Security Policy" not in proc.stderr, proc.stderr[-2000:]
+    return proc, elapsed
+
+
+def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
+    """Open the page in a real browser: every plotly div gets its SVG, no JS error, and the table sorts."""
+    html = page.read_text()
+    proc, elapsed = _render(html, "document.querySelector('#runs-table th[data-key=\"d_k\"]').click();", tmp_path)
+    dom = proc.stdout
     # every figure rendered its SVG
     div_ids = re.findall(r'<div id="(fig-[\w-]+)" class="plotly-graph-div"', html)
     assert len(div_ids) == 6
@@ -410,6 +536,33 @@ def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     cells = [re.findall(r'<td[^>]*data-v="([^"]*)"', row) for row in table.split("<tr")[2:]]
     d_ks = [int(row[4]) for row in cells]
     assert len(d_ks) == 15 and d_ks == sorted(d_ks), d_ks
+    assert elapsed < 60
+
+
+def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: Path) -> None:
+    """The length chart in a real browser: one trace per series and panel (reverse: 1 series, shift: 3; accuracy
+    and loss panels), drawn as SVG with the training-length lines; the shift row on a log axis; no JS error."""
+    read = """window.addEventListener('load', function () {
+      var g = document.getElementById('fig-lengths'), L = g._fullLayout;
+      var axes = Object.keys(L).filter(function (k) { return /^xaxis\\d*$/.test(k); }).sort();
+      document.body.setAttribute('data-probe', JSON.stringify({
+        traces: g.data.length, names: g.data.map(function (t) { return t.name; }),
+        types: axes.map(function (k) { return L[k].type; }), shapes: L.shapes.length}));
+    });"""
+    proc, elapsed = _render(length_page.read_text(), read, tmp_path)
+    dom = proc.stdout
+    probe = re.search(r'<body[^>]*data-probe="([^"]*)"', dom)
+    assert probe is not None, dom[-2000:]
+    got = json.loads(html_lib.unescape(probe.group(1)))
+    assert got["traces"] == 2 * (1 + 3) and got["shapes"] == 4  # one training-length line per panel
+    evil = "&lt;script&gt;alert(1)&lt;/script&gt; · norm=softmax"  # names are HTML-escaped, as in the other figures
+    shift = ["alibi · norm=softmax", "scaled_dot · norm=softmax", "scaled_dot · norm=sparsemax"]
+    assert got["names"] == [evil, *shift, evil, *shift] or sorted(got["names"]) == sorted([evil, *shift] * 2)
+    assert got["types"] == ["linear", "linear", "log", "log"]  # reverse: L = 8, 16; shift: L = 16 ... 256
+    start = dom.index('id="fig-lengths"')
+    figure = dom[start : dom.index("</section>", start)]
+    assert 'class="main-svg"' in figure and figure.count('class="trace scatter') == 8
+    assert figure.count('class="shape-group"') == 4 and "train L=16" in figure
     assert elapsed < 60
 
 
