@@ -19,6 +19,10 @@ SMALL: dict[str, dict[str, Any]] = {
     "associative_recall": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
     "listops": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
     "digits": dict(num_val=100, num_test=100, batch_size=32),
+    "shift": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
+    "reverse": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
+    "sort": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
+    "text": dict(seq_len=32, num_train=300, num_val=100, num_test=100, batch_size=32),
 }
 
 

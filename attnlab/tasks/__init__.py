@@ -11,11 +11,17 @@ from attnlab.tasks.associative_recall import AssociativeRecall
 from attnlab.tasks.base import IGNORE_INDEX, PAD_ID, SequenceTask
 from attnlab.tasks.digits import Digits
 from attnlab.tasks.listops import ListOps
+from attnlab.tasks.position import Reverse, Shift, Sort
+from attnlab.tasks.text import TextLM
 
 TASKS: dict[str, type[SequenceTask]] = {
     "associative_recall": AssociativeRecall,
     "listops": ListOps,
     "digits": Digits,
+    "text": TextLM,
+    "shift": Shift,
+    "reverse": Reverse,
+    "sort": Sort,
 }
 
 
@@ -33,6 +39,10 @@ __all__ = [
     "AssociativeRecall",
     "Digits",
     "ListOps",
+    "Reverse",
     "SequenceTask",
+    "Shift",
+    "Sort",
+    "TextLM",
     "make_task",
 ]

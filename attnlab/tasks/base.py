@@ -119,6 +119,9 @@ class SequenceTask(L.LightningDataModule):
     the plateau (``train/plateau_steps``) is measured from it."""
     reports_bits: bool = False
     """Language-modelling tasks: the run also reports ``val/bpc`` and ``test/bpc`` (bits per token)."""
+    requires_causal: bool = False
+    """The label at a position is a later input token (language modelling): a run with a mask that lets a position
+    see a later key is refused before it starts."""
 
     def __init__(
         self,
@@ -146,10 +149,10 @@ class SequenceTask(L.LightningDataModule):
         self._train_epoch: int | None = None
 
     def _check_test_lengths(self, test_lengths: Sequence[int] | None) -> tuple[int, ...]:
+        if isinstance(test_lengths, (str, int, float)):
+            raise ValueError(f"test_lengths must be a list of lengths, e.g. [32, 64, 128], got {test_lengths!r}")
         if test_lengths is None or len(test_lengths) == 0:
             return ()
-        if isinstance(test_lengths, (str, int)):
-            raise ValueError(f"test_lengths must be a list of lengths, e.g. [32, 64, 128], got {test_lengths!r}")
         if type(self).generate_length is SequenceTask.generate_length:
             raise ValueError(f"task {self.name} does not support test_lengths (it has no length-generalisation split)")
         lengths = [check_int("test_lengths[]", length, minimum=1) for length in test_lengths]

@@ -207,8 +207,28 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_mask(cfg)
     attention = _check_attention(cfg, score)
     datamodule = _check_task(cfg)
+    _check_causal(cfg, datamodule)
     _check_memory(cfg, datamodule, attention)
     return datamodule
+
+
+def _check_causal(cfg: DictConfig, datamodule: Any) -> None:
+    """A task whose labels are later input tokens (``requires_causal``) refuses a mask that shows a later key."""
+    if not getattr(datamodule, "requires_causal", False):
+        return
+    import torch
+
+    from attnlab.masks import build_mask
+
+    mask = build_mask(plain(cfg.mask))
+    for length in sorted({datamodule.seq_len, datamodule.max_len}):
+        allowed = mask.materialize(length, length, tokens=torch.ones(1, length, dtype=torch.long))[0, 0]
+        if torch.triu(allowed, diagonal=1).any():
+            raise ConfigError(
+                f"mask={cfg.mask.name} lets a position attend to later tokens, but task={cfg.task.name} is a causal "
+                "language model (the label at position t is the token at t+1, which it would read): use mask=causal "
+                "or mask=causal_window"
+            )
 
 
 def _check_model(model: DictConfig) -> None:
