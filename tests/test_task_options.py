@@ -186,3 +186,14 @@ def test_test_lengths_errors_are_one_line(hydra_ctx: None, tmp_path: Path, capsy
         assert message in err
     with pytest.raises(ValueError, match="task listops does not support test_lengths"):
         ListOps(test_lengths=[32])
+
+
+def test_experiment_mqar_is_zoology_s_setup_and_runs(hydra_ctx: None, tmp_path: Path) -> None:
+    cfg = compose("config", overrides=["experiment=mqar", "debug=fast", "threads=1", "results_table=false"])
+    assert cfg.mask.name == "causal" and cfg.task.name == "associative_recall"
+    data = cfg.task.datamodule
+    assert data.resample is True and data.fused_pairs is False
+    assert data.seq_len > 2 * data.num_pairs + data.num_pairs  # filler among the queries
+    T.run(cfg, tmp_path / "run")
+    summary = summary_of(tmp_path / "run")
+    assert summary["status"] == "ok" and summary["mask"] == "causal"
