@@ -187,8 +187,9 @@ class SequenceTask(L.LightningDataModule):
         raise NotImplementedError
 
     def check_length(self, length: int) -> None:
-        """Raise ``ValueError`` if the task cannot make test sequences of ``length`` (called before training, for
-        every entry of ``test_lengths``); the default accepts every length."""
+        """Raise ``ValueError`` if the task cannot make test sequences of ``length``; a task calls it from its
+        ``__init__`` for every entry of ``test_lengths``, so a bad length is refused before training. The default
+        accepts every length."""
 
     def split_size(self, split: str) -> int:
         """Number of examples requested for ``split`` (``"train"``, ``"val"`` or ``"test"``)."""
