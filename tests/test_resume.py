@@ -349,6 +349,12 @@ def kill_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _default_sigint() -> None:
+    """In the child, before exec: SIGINT back to its default (a suite started in the background, e.g. with ``&``,
+    runs with SIGINT ignored, which children inherit, and the SIGINT test would then signal a deaf process)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "train.py", *args],
@@ -357,6 +363,7 @@ def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
 
 
