@@ -49,9 +49,10 @@ SPLITS: tuple[str, str, str] = ("train", "val", "test")
 """Split names, in the order of their seed-stream index."""
 
 
-def split_rng(seed: int, split_index: int) -> np.random.Generator:
-    """The numpy generator of one split: ``Generator(PCG64(SeedSequence([seed, split_index])))``."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, split_index])))
+def split_rng(seed: int, split_index: int, *more: int) -> np.random.Generator:
+    """The numpy generator of one split: ``Generator(PCG64(SeedSequence([seed, split_index, *more])))`` (``more``:
+    the epoch of a resampled training set, the length of a length-generalisation test set)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, split_index, *more])))
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], length: int, pad_id: int = PAD_ID) -> np.ndarray:
@@ -200,11 +201,14 @@ class SequenceTask(L.LightningDataModule):
         return self.seq_len
 
     def build_splits(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """All three splits as ``{split: (tokens, labels)}``, one seeded stream per split."""
+        """All three splits as ``{split: (tokens, labels)}``, one seeded stream per split (with ``resample``, the
+        training set is epoch 0's)."""
         return {
-            split: self.generate(split, self.split_size(split), split_rng(self.seed, index))
-            for index, split in enumerate(SPLITS)
+            split: self.generate(split, self.split_size(split), self._rng(index)) for index, split in enumerate(SPLITS)
         }
+
+    def _rng(self, index: int) -> np.random.Generator:
+        return split_rng(self.seed, 0, 0) if index == 0 and self.resample else split_rng(self.seed, index)
 
     # ------------------------------------------------------------------ LightningDataModule API
 
@@ -219,11 +223,10 @@ class SequenceTask(L.LightningDataModule):
             data[split] = TensorDataset(*self._to_tensors(split, tokens, labels))
         self._length_data = {}
         for length in self.test_lengths:
-            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 2, length])))
-            tokens, labels = self.generate_length(self.num_test, rng, length)
+            tokens, labels = self.generate_length(self.num_test, split_rng(self.seed, 2, length), length)
             self._length_data[length] = TensorDataset(*self._to_tensors("test", tokens, labels, length))
         self._data = data
-        self._train_epoch = None
+        self._train_epoch = 0 if self.resample else None
 
     def set_epoch(self, epoch: int) -> None:
         """With ``resample``, make the training set that of ``epoch`` (drawn from ``SeedSequence([seed, 0, epoch])``)
@@ -231,8 +234,8 @@ class SequenceTask(L.LightningDataModule):
         if not self.resample or epoch == self._train_epoch:
             return
         self.setup()
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 0, epoch])))
-        tokens, labels = self._to_tensors("train", *self.generate("train", self.num_train, rng))
+        generated = self.generate("train", self.num_train, split_rng(self.seed, 0, epoch))
+        tokens, labels = self._to_tensors("train", *generated)
         dataset = self._data["train"]
         dataset.tensors[0].copy_(tokens)
         dataset.tensors[1].copy_(labels)

@@ -50,6 +50,8 @@ generalisation) hold sequences of *exactly* the given length, no padding, so ``t
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from attnlab.checks import check_int
@@ -171,8 +173,9 @@ class PositionTask(SequenceTask):
             self.check_length(length)
 
     def bag_of_tokens_accuracy(self, min_length: int, max_length: int) -> float:
-        """The best permutation-equivariant accuracy for lengths uniform in ``[min_length, max_length]``."""
-        return bag_of_tokens_accuracy(self.name, self.vocab, min_length, max_length)
+        """The best permutation-equivariant accuracy for lengths uniform in ``[min_length, max_length]`` (Shift's
+        offset is ``shortest - 1``)."""
+        return bag_of_tokens_accuracy(self.name, self.vocab, min_length, max_length, offset=self.shortest - 1)
 
     def check_length(self, length: int, name: str = "test_lengths") -> int:
         """``length`` if a sequence that long has a target (``>= 1``; Shift: ``>= offset + 1``), else a one-line
@@ -236,36 +239,10 @@ class Shift(PositionTask):
 
     name = "shift"
 
-    def __init__(
-        self,
-        offset: int = 1,
-        vocab: int = 16,
-        seq_len: int = 32,
-        min_length: int | None = None,
-        batch_size: int = 64,
-        num_train: int = 10_000,
-        num_val: int = 1_000,
-        num_test: int = 1_000,
-        seed: int = 0,
-        num_workers: int = 0,
-        resample: bool = False,
-        test_lengths: list[int] | None = None,
-    ) -> None:
+    def __init__(self, offset: int = 1, **kwargs: Any) -> None:
         self.offset = check_int("offset", offset, minimum=1)
         self.shortest = self.offset + 1
-        super().__init__(
-            vocab,
-            seq_len,
-            min_length,
-            batch_size,
-            num_train,
-            num_val,
-            num_test,
-            seed,
-            num_workers,
-            resample=resample,
-            test_lengths=test_lengths,
-        )
+        super().__init__(**kwargs)
 
     def check_length(self, length: int, name: str = "test_lengths") -> int:
         """``length`` if it is at least ``offset + 1`` (the shortest sequence with a target), else a ``ValueError``."""
@@ -273,9 +250,6 @@ class Shift(PositionTask):
         if value < self.shortest:
             raise ValueError(f"{name} must be >= offset + 1 = {self.shortest} (no target otherwise), got {value}")
         return value
-
-    def bag_of_tokens_accuracy(self, min_length: int, max_length: int) -> float:
-        return bag_of_tokens_accuracy("shift", self.vocab, min_length, max_length, offset=self.offset)
 
     def labels_for(self, tokens: np.ndarray, lengths: np.ndarray, content: np.ndarray) -> np.ndarray:
         k = self.offset
