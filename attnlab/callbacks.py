@@ -29,7 +29,8 @@ __all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_a
 
 
 def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | None, path: str | Path) -> Path:
-    """Save a (layers × heads) grid of heatmaps of one sequence's attention weights.
+    """Save a (layers × heads) grid of heatmaps of one sequence's attention weights, with a colour bar (0 to 1) and
+    the token positions (from 0) on the axes.
 
     Args:
         weights: one (H, L, L) tensor per layer.
@@ -45,15 +46,19 @@ def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | Non
     n = int((tokens != pad_id).sum()) if pad_id is not None else tokens.shape[0]
     num_layers, num_heads = len(weights), weights[0].shape[0]
     fig, axes = plt.subplots(
-        num_layers, num_heads, figsize=(2.2 * num_heads, 2.2 * num_layers), squeeze=False, constrained_layout=True
+        num_layers, num_heads, figsize=(2.2 * num_heads + 0.8, 2.2 * num_layers), squeeze=False, constrained_layout=True
     )
+    ticks = sorted({0, (n - 1) // 2, n - 1})  # token positions, counted from 0
+    image = None
     for layer, w in enumerate(weights):
         for head in range(num_heads):
             ax = axes[layer][head]
-            ax.imshow(w[head, :n, :n].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+            image = ax.imshow(w[head, :n, :n].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
             ax.set_title(f"L{layer} H{head}", fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set_xticks(ticks)
+            ax.set_yticks(ticks)
+            ax.tick_params(labelsize=6, length=2)
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.supxlabel("key position")
     fig.supylabel("query position")
     path = Path(path)

@@ -123,9 +123,9 @@ class EncoderModule(L.LightningModule):
         )
         self.length_loss = nn.ModuleList(MeanMetric() for _ in self.test_lengths)
         self.report_bits = bool(report_bits)
-        chance = 1.0 / num_classes if chance_accuracy is None else float(chance_accuracy)
+        self.chance_accuracy = 1.0 / num_classes if chance_accuracy is None else float(chance_accuracy)
         self.milestones: dict[str, float] = {
-            "train/plateau_steps": chance + 0.1 * (1 - chance),
+            "train/plateau_steps": self.chance_accuracy + 0.1 * (1 - self.chance_accuracy),
             "train/steps_to_99": 0.99,
         }
         self.reached: dict[str, int] = {}  # milestone → step; saved in checkpoints

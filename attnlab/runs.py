@@ -173,7 +173,8 @@ class Summary:
     """summary.json. ``status``: running | ok | failed | interrupted (``reason`` says why when not ok).
 
     The key settings (variant ... differential) come from the config when the run starts; ``metrics`` are the
-    final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics.
+    final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics;
+    ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes).
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
     run folder (or as given, for a ``ckpt_path`` outside it).
     """
@@ -200,6 +201,7 @@ class Summary:
     softcap: float | None = None
     differential: bool | None = None
     smoke: bool = False
+    chance_accuracy: float | None = None
     params: int | None = None
     steps: int | None = None
     metrics: dict[str, float | None] = field(default_factory=dict)

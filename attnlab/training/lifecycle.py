@@ -527,6 +527,7 @@ class Run:
         s.metrics_rows_floor = max(s.metrics_rows_floor, self.rows_floor)  # an extension keeps the rows so far
         s.status, s.reason = "running", None
         s.params = self.module.num_parameters
+        s.chance_accuracy = getattr(self.module, "chance_accuracy", None)
         s.threads, s.torch = self.threads, torch.__version__
         s.device, s.world_size = str(self.trainer.strategy.root_device), self.trainer.world_size
         s.wandb_id = self.wandb_id if self.cfg.logger.name == "wandb" else None

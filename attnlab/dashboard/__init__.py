@@ -1,0 +1,57 @@
+"""A self-contained results page (and a terminal table and a CSV) for a run folder, a sweep or a folder of sweeps.
+
+    python -m attnlab.dashboard multirun/2026-11-22/14-03-32_339463     # writes <PATH>/dashboard.html
+    attnlab-dashboard multirun/ -o /tmp/all_sweeps.html --x lr --facet none --csv /tmp/runs.csv
+
+It reads only the files every run leaves (``config.yaml``, ``summary.json``, ``metrics.jsonl``, the attention
+maps), through :mod:`attnlab.runs`, never a W&B server, and writes ONE HTML file that opens from disk with no
+network.
+
+What varies is found, not hard-wired: every config key with two or more values across the runs is a dimension
+(:mod:`attnlab.dashboard.dims`); seeds are replicates. The page opens with the headline, one table per headline
+metric (the runs' ``optimized_metric``, and ``test/acc``): a row per configuration, a column per value of the main
+key (``--x``; default the first numeric key that varies, e.g. ``d_k``), cells "mean ± 95 % CI (n)", the best cell
+of each column starred, and a sentence naming the winner, its margin over the runner-up and whether their
+intervals overlap. Then: final metrics against the main key as small multiples (a panel per value of ``--facet``),
+a search view when a numeric key took 5 or more values (an Optuna sweep), length generalisation, the step-0
+diagnostics, training curves with seed bands, per layer × head heatmaps and attention maps (best run of each
+variant, with a selector), and the sortable runs table.
+
+Modules: ``load`` (run folders), ``dims`` (what varies), ``metrics`` (how each metric family is drawn),
+``stats`` (means, intervals, headline), ``figures`` (plotly figure dicts), ``page`` (HTML, with ``page.css``,
+``page.js`` and ``errors.js``), ``cli``.
+"""
+
+from attnlab.dashboard.cli import DEFAULT_OUTPUT, main, print_table, write_csv, write_dashboard
+from attnlab.dashboard.dims import Dimension, Sweep
+from attnlab.dashboard.load import Run, find_run_dirs, load_run, load_runs
+from attnlab.dashboard.metrics import MetricSpec, parse_metric, register_metric, spec_for
+from attnlab.dashboard.page import Options, build_html
+from attnlab.dashboard.stats import Headline, Point, Series, aggregate, headline, mean_ci, t_critical
+
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "Dimension",
+    "Headline",
+    "MetricSpec",
+    "Options",
+    "Point",
+    "Run",
+    "Series",
+    "Sweep",
+    "aggregate",
+    "build_html",
+    "find_run_dirs",
+    "headline",
+    "load_run",
+    "load_runs",
+    "main",
+    "mean_ci",
+    "parse_metric",
+    "print_table",
+    "register_metric",
+    "spec_for",
+    "t_critical",
+    "write_csv",
+    "write_dashboard",
+]

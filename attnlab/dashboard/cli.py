@@ -1,0 +1,189 @@
+"""``attnlab-dashboard PATH``: the page, the terminal table and the CSV export."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from attnlab.dashboard.dims import Sweep
+from attnlab.dashboard.load import Run, load_runs
+from attnlab.dashboard.metrics import spec_for
+from attnlab.dashboard.page import Options, build_html, headline_metrics
+from attnlab.runs import CONFIG_FILE, SUMMARY_FILE
+
+__all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
+
+DEFAULT_OUTPUT = "dashboard.html"
+CSV_METRICS = (
+    "val/acc_best",
+    "test/acc",
+    "test/loss",
+    "attn/entropy_norm",
+    "attn/saturation",
+    "attn/max_prob",
+    "attn/logit_std",
+    "attn/attn_distance",
+    "attn/row_mass",
+    "attn/support",
+    "attn/negative_mass",
+)
+CSV_SETTINGS = ("normalizer", "position_bias", "num_kv_heads", "qk_norm", "softcap", "differential")
+LENGTH_METRICS = ("test/acc", "test/loss", "test/bpc")  # reported as ``<metric>@<L>`` for each test length L
+
+
+def write_dashboard(
+    path: str | Path,
+    output: str | Path | None = None,
+    runs: Sequence[Run] | None = None,
+    options: Options | None = None,
+) -> Path:
+    """Write the page for the runs under ``path`` (or the given ``runs``) to ``output`` (default
+    ``<path>/dashboard.html``) and return its path.
+
+    Raises FileNotFoundError when ``path`` is not a folder and ValueError when it holds no run or an option names
+    a key that does not vary."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder")
+    runs = load_runs(root) if runs is None else runs
+    if not runs:
+        raise ValueError(f"no runs under {root} (no {SUMMARY_FILE} or {CONFIG_FILE} found)")
+    page = build_html(runs, title=f"attnlab · {root.resolve().name}", source=str(root), options=options)
+    out = Path(output) if output is not None else root / DEFAULT_OUTPUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def _fmt(value: float | int | None, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "int":
+        return f"{int(value):,}"
+    if kind == "time":
+        return f"{value:.1f} s" if value < 120 else f"{int(value // 60)}m {int(value % 60):02d}s"
+    return f"{value:.3f}"
+
+
+def print_table(runs: Sequence[Run], console: Any = None) -> None:
+    """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, entropy and saturation,
+    status and time; 120 columns wide when the output is not a terminal (CI logs)."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)
+    sweep = Sweep(runs)
+    dims = sweep.dims or []
+    metrics = headline_metrics(runs)[:2]
+    table = Table(title=f"attnlab · {len(runs)} runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for d in dims:
+        table.add_column(d.name, justify="left" if not d.numeric else "right", no_wrap=d.numeric)
+    for col in ["seed", *metrics, "ent_n", "sat", "status", "time"]:
+        table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
+    for run in runs:
+        style = "" if run.ok else ("yellow" if run.status == "running" else "red")
+        table.add_row(
+            *[Text(d.format(run.value(d.key)), overflow="ellipsis") for d in dims],
+            _fmt(run.seed, "int"),
+            *[spec_for(m).format(run.final(m)) for m in metrics],
+            _fmt(run.final("attn/entropy_norm"), "f"),
+            _fmt(run.final("attn/saturation"), "f"),
+            Text(run.status),
+            _fmt(run.wall_time_s, "time"),
+            style=style,
+        )
+    console.print(table)
+
+
+def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
+    """One row per run: identity, key config values, every key that varies across the runs (by its dotted config
+    key: ``lr``, ``variant.params.d_attn``), final metrics, step-0 (``init/...``) diagnostics, settings, and
+    ``test/acc@L`` (``test/loss@L``, ``test/bpc@L``) for every test length any run reports."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep = Sweep(runs)
+    fixed = ["variant", "variant_params", "mask", "task", "pos_encoding", "d_k", "num_heads", "d_model"]
+    known = {"variant.name", "mask.name", "task.name", "model.pos_encoding", "d_k", "num_heads", "d_model"}
+    swept = [d.key for d in sweep.dims if d.key not in known]
+    columns = ["run", *fixed, *swept, "seed", "params", "status", "reason", "wall_time_s", *CSV_METRICS]
+    columns += [f"init/{m}" for m in CSV_METRICS if m.startswith("attn/")]
+    columns += list(CSV_SETTINGS)
+    lengths = [f"{m}@{n}" for m in LENGTH_METRICS for n in sorted({n for r in runs for n in r.by_length(m)})]
+    columns += lengths
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for run in runs:
+            params = run._get("variant_params", "variant.params") or {}
+            import json
+
+            row: list[Any] = [run.name, run.variant, json.dumps(params, sort_keys=True, default=str) if params else ""]
+            row += [run.mask, run.task, run._get("pos_encoding", "model.pos_encoding"), run.d_k, run.num_heads]
+            row += [run.d_model]
+            row += [None if run.value(k) == "—" else run.value(k) for k in swept]
+            row += [run.seed, run.params, run.status, run.reason or ""]
+            row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
+            row += [run.final(m) for m in CSV_METRICS]
+            row += [run.init(m) for m in CSV_METRICS if m.startswith("attn/")]
+            row += [_setting(run, k) for k in CSV_SETTINGS]
+            row += [run.final(m) for m in lengths]
+            writer.writerow(["" if v is None else v for v in row])
+    return path
+
+
+_CONFIG_KEYS = {  # where a run older than its summary field keeps a setting in config.yaml
+    "normalizer": "normalizer.name",
+    "position_bias": "position_bias.name",
+    "differential": "model.differential",
+}
+
+
+def _setting(run: Run, key: str) -> Any:
+    return run._get(key, _CONFIG_KEYS.get(key))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``attnlab-dashboard PATH [-o FILE] [--x KEY] [--facet KEY] [--metric NAME] [--csv FILE]``: write the page
+    and print the runs table; 2 on a bad PATH or option."""
+    from attnlab import dashboard
+
+    parser = argparse.ArgumentParser(prog="attnlab-dashboard", description=dashboard.__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, help="a run folder, a multirun folder, or a folder of sweeps")
+    parser.add_argument("-o", "--output", type=Path, default=None, help=f"output file (default PATH/{DEFAULT_OUTPUT})")
+    parser.add_argument("--csv", type=Path, default=None, help="also write one CSV row per run to this file")
+    parser.add_argument("--x", default=None, help="the main key: headline columns and x axis (default: the first "
+                        "numeric key that varies, e.g. d_k)")  # fmt: skip
+    parser.add_argument("--facet", default=None, help="the key split into panels, or 'none' (default: the other "
+                        "key with the fewest values, 2 to 4)")  # fmt: skip
+    parser.add_argument("--metric", default=None, help="the headline metric (default: the runs' optimized_metric)")
+    args = parser.parse_args(argv)
+    options = Options(x=args.x, facet=args.facet, metric=args.metric)
+    try:
+        runs = load_runs(args.path) if args.path.is_dir() else []
+        out = write_dashboard(args.path, args.output, runs=runs, options=options)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"attnlab-dashboard: error: {err}", file=sys.stderr)
+        return 2
+    for run in runs:
+        for problem in run.problems:
+            print(f"attnlab-dashboard: warning: run {run.name}: {problem}", file=sys.stderr)
+    print_table(runs)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, of which plotly.js {_plotly_mb():.1f} MB)")
+    if args.csv is not None:
+        print(f"wrote {write_csv(runs, args.csv)}")
+    return 0
+
+
+def _plotly_mb() -> float:
+    from plotly.offline import get_plotlyjs
+
+    return len(get_plotlyjs().encode()) / 1e6

@@ -1,0 +1,273 @@
+"""What a set of runs varies: every config key whose value differs between runs is a dimension of the comparison.
+
+:class:`Sweep` reads the runs' ``config.yaml`` leaves (``variant.name``, ``d_k``, ``lr``, ``variant.params.d_attn``,
+``task.datamodule.num_pairs``, ...). A key with one value in every run is a *constant*, shown once; a key with two
+or more values is a *dimension*. Seeds are replicates, never a dimension. Keys that only repeat another are left
+out, so that a sweep over ``variant`` has one dimension, not five:
+
+* bookkeeping that differs per run without being a setting (``seed``, ``resume``, ``threads``, ``logger.*``, ...);
+* a mirror: a key whose value equals another key's in every run (``trainer.max_steps`` = ``max_steps``);
+* a key inside a named group that is fixed by the group's name (``variant.params.d_attn`` once ``variant.name``
+  is known, ``task.datamodule.*`` once ``task.name`` is);
+* a key that a categorical dimension fixes (``model.pos_encoding`` when only the ``alibi`` preset sets it to
+  ``none``): it is listed in :attr:`Sweep.derived` and the page's header, not in every legend. A numeric
+  dimension never absorbs another, and a key that a run's command line set (summary.json's ``overrides``, e.g.
+  an Optuna search's ``d_k=16``) is always a dimension, even where it happens to follow the variant.
+
+Runs that agree on every dimension form one *configuration*; its seeds are pooled into a mean and interval.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from attnlab.dashboard.load import MISSING, Run, finite, natural_key
+
+__all__ = ["IGNORED_KEYS", "Dimension", "Sweep", "format_value"]
+
+IGNORED_KEYS = (
+    "seed",
+    "*.seed",
+    "resume",
+    "overwrite",
+    "ckpt_path",
+    "results_table",
+    "threads",
+    "imports",
+    "smoke",
+    "optimized_metric",
+    "logger.*",
+    "diagnostics.*",
+    "hydra.*",
+    "trainer.enable_*",
+    "trainer.log_every_n_steps",
+    "task.datamodule.test_lengths",
+)
+"""Config keys (``fnmatch`` patterns) that are never a dimension: replicates and bookkeeping (the test lengths are
+the x axis of their own chart)."""
+
+_ORDER = (
+    "variant.name",
+    "normalizer.name",
+    "position_bias.name",
+    "model.pos_encoding",
+    "mask.name",
+    "task.name",
+    "d_k",
+    "num_heads",
+    "num_kv_heads",
+    "d_model",
+    "num_layers",
+    "lr",
+    "batch_size",
+    "max_steps",
+)
+"""Dimensions come in this order (the first is the colour of a chart's lines), then the others alphabetically."""
+
+_SHORT = {
+    "variant.name": "variant",
+    "num_heads": "heads",
+    "num_kv_heads": "kv_heads",
+    "num_layers": "layers",
+    "model.pos_encoding": "pos",
+    "batch_size": "batch",
+}
+
+
+def format_value(value: Any) -> str:
+    """A config value as short text: ``0.003``, ``64``, ``null``, ``true``, ``[1, 2]``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    if _is_number(value):
+        return (0, float(value))
+    return (1, natural_key(format_value(value)))
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """A config key that varies across the runs.
+
+    Attributes:
+        key: the dotted config key (``variant.name``, ``lr``).
+        name: its display name (``variant``, ``lr``, ``heads``).
+        values: the distinct values, numbers ascending then text naturally.
+    """
+
+    key: str
+    name: str
+    values: tuple[Any, ...]
+
+    @property
+    def numeric(self) -> bool:
+        """Whether at least two values are numbers and every other value is null or missing."""
+        numbers = [v for v in self.values if _is_number(v)]
+        return len(numbers) >= 2 and all(_is_number(v) or v is None or v == MISSING for v in self.values)
+
+    @property
+    def log(self) -> bool:
+        """Whether charts put this key on a log axis: numeric, all positive, spanning a factor of 8 or more
+        (d_k 8..512, lr 1e-4..1e-2, lengths 16..256; not heads 1..4)."""
+        numbers = [float(v) for v in self.values if _is_number(v)]
+        return self.numeric and min(numbers) > 0 and max(numbers) >= 8 * min(numbers)
+
+    def format(self, value: Any) -> str:
+        """A value of this key as text."""
+        return format_value(value)
+
+    def label(self, value: Any) -> str:
+        """``heads=4`` (``additive`` for the variant, whose values name themselves)."""
+        return self.format(value) if self.key == "variant.name" else f"{self.name}={self.format(value)}"
+
+
+class Sweep:
+    """The dimensions and constants of a set of runs (see the module docstring).
+
+    Args:
+        runs: every run to compare (failed ones included: they still have a configuration).
+    """
+
+    def __init__(self, runs: Sequence[Run]) -> None:
+        self.runs = list(runs)
+        keys: set[str] = set()
+        for run in self.runs:
+            keys.update(run.flat)
+        keys = {k for k in keys if not any(fnmatch.fnmatchcase(k, pattern) for pattern in IGNORED_KEYS)}
+        column = {k: [_hashable(run.value(k)) for run in self.runs] for k in keys}
+        varying = sorted((k for k in keys if len(set(column[k])) > 1), key=_key_order)
+        self.constants: dict[str, Any] = {k: column[k][0] for k in sorted(keys - set(varying), key=_key_order)}
+        kept: list[str] = []
+        self.derived: dict[str, str] = {}  # key -> the categorical key that fixes it (pos follows the variant)
+        swept = _overridden(self.runs)  # keys a sweep set on the command line: always dimensions
+        for key in varying:
+            if any(column[key] == column[other] for other in [*kept, *self.derived]):  # a mirror
+                continue
+            group = key.split(".")[0]
+            parent = f"{group}.name"
+            if key != parent and parent in varying and _function_of(column[key], column[parent]):
+                continue  # fixed by its group's name
+            owner = next((k for k in kept if _categorical(column[k]) and _function_of(column[key], column[k])), None)
+            if owner is not None and key not in swept:  # set by a preset of a named choice (alibi: no positions)
+                self.derived[key] = owner
+                continue
+            kept.append(key)
+        names = _display_names(kept)
+        self.dims: list[Dimension] = [
+            Dimension(key, names[key], tuple(sorted(set(column[key]), key=_sort_key))) for key in kept
+        ]
+
+    # -------------------------------------------------------------------------------- lookup
+    def dim(self, name: str | None) -> Dimension | None:
+        """The dimension with this display name or dotted key; None for None."""
+        if name is None:
+            return None
+        for dim in self.dims:
+            if name in (dim.name, dim.key):
+                return dim
+        allowed = ", ".join(d.name for d in self.dims) or "none: every run has the same config"
+        raise ValueError(f"{name!r} is not a key that varies across these runs (varying: {allowed})")
+
+    def main_dim(self, preferred: str | None = None) -> Dimension | None:
+        """The key of the headline's columns and the charts' x axis: ``preferred``, else the first numeric
+        dimension (in the order of :data:`_ORDER`), else None."""
+        if preferred is not None:
+            return self.dim(preferred)
+        return next((d for d in self.dims if d.numeric), None)
+
+    def facet_dim(self, x: Dimension | None, preferred: str | None = None) -> Dimension | None:
+        """The key split into side-by-side panels: ``preferred`` (``"none"`` for no panels), else, among the
+        dimensions other than ``x`` and the first (the line colour), the one with the fewest values (2 to 4)."""
+        if preferred is not None:
+            return None if preferred == "none" else self.dim(preferred)
+        others = [d for d in self.dims if d is not x]
+        candidates = [d for d in others[1:] if 2 <= len(d.values) <= 4]
+        return min(candidates, key=lambda d: len(d.values), default=None)
+
+    def series_dims(self, *exclude: Dimension | None) -> list[Dimension]:
+        """The dimensions that tell lines apart once ``exclude`` (x axis, panels) are drawn otherwise."""
+        return [d for d in self.dims if d not in exclude]
+
+    # -------------------------------------------------------------------------------- a run's place
+    def key_of(self, run: Run, dims: Iterable[Dimension]) -> tuple[Any, ...]:
+        """The run's values of ``dims`` (hashable)."""
+        return tuple(_hashable(run.value(d.key)) for d in dims)
+
+    def label(self, run: Run, dims: Sequence[Dimension]) -> str:
+        """``additive · heads=1``: the run's values of ``dims``; ``all runs`` when ``dims`` is empty."""
+        return " · ".join(d.label(run.value(d.key)) for d in dims) or "all runs"
+
+    def constants_text(self) -> tuple[list[str], list[str]]:
+        """The constant settings as ``name=value``: (the main ones, for the header; every other one)."""
+        main, rest = [], []
+        for key, value in self.constants.items():
+            if value == MISSING:
+                continue
+            text = f"{_SHORT.get(key, key)}={format_value(value)}"
+            (main if key in _ORDER else rest).append(text)
+        return main, rest
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    return (_ORDER.index(key), "") if key in _ORDER else (len(_ORDER), key)
+
+
+def _categorical(column: list[Any]) -> bool:
+    return not all(_is_number(v) or v is None or v == MISSING for v in column)
+
+
+def _overridden(runs: Sequence[Run]) -> set[str]:
+    """The config keys that some run's command line set (summary.json's ``overrides``: ``d_k=8``, ``lr=0.001``)."""
+    keys = set()
+    for run in runs:
+        for item in (run.summary or {}).get("overrides") or []:
+            if isinstance(item, str) and "=" in item:
+                keys.add(item.split("=", 1)[0].lstrip("+~"))
+    return keys
+
+
+def _function_of(child: list[Any], parent: list[Any]) -> bool:
+    """Whether ``child``'s value is fixed by ``parent``'s (one child value per parent value)."""
+    seen: dict[Any, Any] = {}
+    return all(seen.setdefault(p, c) == c for p, c in zip(parent, child, strict=True))
+
+
+def _display_names(keys: Sequence[str]) -> dict[str, str]:
+    """Short names: a known short form, ``X.name`` → ``X``, else the last part; the full key where two collide."""
+    short = {}
+    for key in keys:
+        if key in _SHORT:
+            short[key] = _SHORT[key]
+        elif key.endswith(".name"):
+            short[key] = key[: -len(".name")]
+        else:
+            short[key] = key.rsplit(".", 1)[-1]
+    counts: dict[str, int] = {}
+    for name in short.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {key: (name if counts[name] == 1 else key) for key, name in short.items()}
+
+
+def numeric_x(value: Any) -> float | None:
+    """A dimension value as an x position (None when it is not a number)."""
+    return finite(value) if _is_number(value) else None

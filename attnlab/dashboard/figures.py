@@ -1,0 +1,635 @@
+"""The page's charts as plotly figure dicts (``{"data": [...], "layout": {...}}``), drawn in the browser by page.js.
+
+Building plain dicts instead of ``plotly.graph_objects`` keeps a 300-run page fast to write. Conventions shared by
+every chart:
+
+* small multiples: panels in a grid at most :data:`MAX_COLS` wide (each at least 300 px at a 1400 px window), one
+  row per metric and one panel per value of the facet key;
+* one legend on top, names built from the varying keys only (``additive · heads=1``), plain text; a line keeps its
+  colour (by the first key, usually the variant) and dash in every panel, and clicking its name hides it everywhere;
+* points are the mean over seeds with the 95 % t interval as error bars, clipped to the metric's range, and
+  shifted sideways a little per line so that the intervals at one x do not hide each other;
+* log x for keys spanning a factor of 8 or more (d_k, lr, test lengths), a dashed line at the task's chance
+  accuracy, y-axis titles with units.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from attnlab.dashboard.dims import Dimension, Sweep
+from attnlab.dashboard.load import Run, natural_key
+from attnlab.dashboard.metrics import MetricSpec, spec_for
+from attnlab.dashboard.stats import Curve, Series, aggregate, aggregate_lengths, curves, x_position
+
+__all__ = [
+    "MAX_COLS",
+    "Style",
+    "comparison_figure",
+    "curves_figure",
+    "head_figure",
+    "length_figure",
+    "plain",
+    "search_figure",
+]
+
+MAX_COLS = 3
+ROW_HEIGHT = 270  # px per row of panels
+PALETTE = (
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+    "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363",
+)  # fmt: skip
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "cross", "star", "triangle-down")
+GRID_COLOUR = "#eaeaea"
+
+
+def plain(text: Any) -> str:
+    """Text for a plotly label: plotly reads ``<...>`` as markup, so ``<`` and ``>`` become ``‹`` and ``›``."""
+    return str(text).replace("<", "‹").replace(">", "›")
+
+
+class Style:
+    """Colour, dash and marker of each line: colour by the value of the first series key, dash and marker by the
+    values of the others, the same in every chart of the page."""
+
+    def __init__(self, sweep: Sweep, series_dims: Sequence[Dimension]) -> None:
+        self.dims = list(series_dims)
+        first = self.dims[0] if self.dims else None
+        self.colour = {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(first.values)} if first else {}
+        rest = self.dims[1:]
+        combos = sorted({tuple(run.value(d.key) for d in rest) for run in sweep.runs}, key=lambda t: natural_key(t))
+        self.dash = {c: DASHES[i % len(DASHES)] for i, c in enumerate(combos)}
+        self.symbol = {c: SYMBOLS[(i // len(DASHES)) % len(SYMBOLS)] for i, c in enumerate(combos)}
+
+    def line(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        rest = tuple(key[1:])
+        return {
+            "color": self.colour.get(key[0], PALETTE[0]) if key else PALETTE[0],
+            "dash": self.dash.get(rest, "solid"),
+        }
+
+    def marker(self, key: tuple[Any, ...]) -> dict[str, Any]:
+        return {"symbol": self.symbol.get(tuple(key[1:]), "circle"), "size": 7}
+
+
+# ---------------------------------------------------------------------------------------------------- layout
+def _axis(i: int) -> str:
+    return "" if i == 0 else str(i + 1)
+
+
+def _grid(rows: int, cols: int, titles: Sequence[str], legend_entries: Sequence[str] = ()) -> dict[str, Any]:
+    """A layout with ``rows`` x ``cols`` panels (panel i at row i // cols), their titles, and room for a legend of
+    ``legend_entries`` on top."""
+    gap_x, gap_y_px = 0.07, 90
+    legend_rows = _legend_rows(legend_entries)
+    top = 40 + 22 * legend_rows
+    height = rows * ROW_HEIGHT + (rows - 1) * gap_y_px + top + 60
+    plot_h = height - top - 60
+    layout: dict[str, Any] = {
+        "height": height,
+        "margin": {"l": 70, "r": 20, "t": top, "b": 60},
+        "template": None,
+        "paper_bgcolor": "white",
+        "plot_bgcolor": "white",
+        "hovermode": "closest",
+        "showlegend": bool(legend_entries),
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "y": 1.0 + 30 / plot_h,  # above the panel titles
+            "yanchor": "bottom",
+            "font": {"size": 12},
+        },
+        "annotations": [],
+        "shapes": [],
+        "font": {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12},
+    }
+    width = (1 - gap_x * (cols - 1)) / cols
+    row_h = ROW_HEIGHT / plot_h
+    gap_y = gap_y_px / plot_h
+    for i, title in enumerate(titles):
+        r, c = divmod(i, cols)
+        x0 = c * (width + gap_x)
+        y1 = 1 - r * (row_h + gap_y)
+        n = _axis(i)
+        layout[f"xaxis{n}"] = {
+            "domain": [x0, x0 + width],
+            "anchor": f"y{n}",
+            "gridcolor": GRID_COLOUR,
+            "zeroline": False,
+            "showline": True,
+            "linecolor": "#999",
+            "automargin": True,
+        }
+        layout[f"yaxis{n}"] = {
+            "domain": [max(0.0, y1 - row_h), y1],
+            "anchor": f"x{n}",
+            "gridcolor": GRID_COLOUR,
+            "zeroline": False,
+            "showline": True,
+            "linecolor": "#999",
+            "automargin": True,
+        }
+        layout["annotations"].append(
+            {
+                "text": plain(title),
+                "x": x0 + width / 2,
+                "y": y1,
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "center",
+                "yanchor": "bottom",
+                "yshift": 4,
+                "showarrow": False,
+                "font": {"size": 13},
+            }
+        )
+    return layout
+
+
+def _legend_rows(entries: Sequence[str], width_px: int = 1250) -> int:
+    """How many rows a horizontal legend of ``entries`` takes (about 7 px a character plus the symbol)."""
+    if not entries:
+        return 0
+    rows, used = 1, 0
+    for entry in entries:
+        w = 7 * len(entry) + 50
+        if used + w > width_px and used:
+            rows, used = rows + 1, 0
+        used += w
+    return rows
+
+
+def _x_axis(layout: dict[str, Any], i: int, dim: Dimension | None, xs: Sequence[float], title: str | None = None):
+    """Ticks at the values drawn; log for a key spanning a factor of 8 or more; names for a categorical key."""
+    axis = layout[f"xaxis{_axis(i)}"]
+    axis["title"] = {"text": plain(title or (dim.name if dim else "")), "standoff": 4}
+    if dim is None:
+        axis.update(tickvals=[0], ticktext=["all runs"], range=[-0.5, 0.5])
+    elif not dim.numeric:
+        axis.update(tickvals=list(range(len(dim.values))), ticktext=[plain(dim.format(v)) for v in dim.values])
+        axis["range"] = [-0.5, len(dim.values) - 0.5]
+    else:
+        ticks = sorted(set(xs))
+        axis.update(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+        if dim.log:
+            axis["type"] = "log"
+
+
+def _log_axis(xs: Sequence[float]) -> bool:
+    xs = [x for x in xs if x is not None]
+    return bool(xs) and min(xs) > 0 and max(xs) >= 8 * min(xs)
+
+
+def _y_axis(layout: dict[str, Any], i: int, spec: MetricSpec, metric: str) -> None:
+    axis = layout[f"yaxis{_axis(i)}"]
+    axis["title"] = {"text": plain(spec.axis_title(metric)), "standoff": 4, "font": {"size": 11}}
+    if spec.percent:
+        axis["tickformat"] = ".0%"
+    if spec.low is not None and spec.high is not None:  # autorange, but never far outside the possible values
+        pad = 0.05 * (spec.high - spec.low)
+        axis["autorangeoptions"] = {"minallowed": spec.low - pad, "maxallowed": spec.high + pad}
+    if spec.log_y:
+        axis["type"] = "log"
+
+
+def _offsets(count: int, dim: Dimension | None, xs: Sequence[float], log: bool) -> list[Callable[[float], float]]:
+    """A sideways shift per line so that the intervals at one x stand apart: a fraction of the gap between ticks
+    (of a decade's fraction on a log axis), centred on the true x."""
+    if count <= 1:
+        return [lambda x: x] * max(count, 1)
+    ticks = sorted(set(xs))
+    if log:
+        span = min((math.log10(b / a) for a, b in itertools.pairwise(ticks)), default=1.0)
+        step = 0.35 * span / count
+        return [(lambda x, k=k: x * 10 ** (step * (k - (count - 1) / 2))) for k in range(count)]
+    gap = min((b - a for a, b in itertools.pairwise(ticks)), default=1.0)
+    step = 0.5 * gap / count
+    return [(lambda x, k=k: x + step * (k - (count - 1) / 2)) for k in range(count)]
+
+
+def _chance_shape(layout: dict[str, Any], i: int, chance: float) -> None:
+    n = _axis(i)
+    layout["shapes"].append(
+        {
+            "type": "line",
+            "xref": f"x{n} domain",
+            "x0": 0,
+            "x1": 1,
+            "yref": f"y{n}",
+            "y0": chance,
+            "y1": chance,
+            "line": {"dash": "dash", "color": "#777", "width": 1.2},
+        }
+    )
+    layout["annotations"].append(
+        {
+            "text": f"chance {100 * chance:.3g} %",
+            "xref": f"x{n} domain",
+            "x": 1,
+            "yref": f"y{n}",
+            "y": chance,
+            "xanchor": "right",
+            "yanchor": "bottom",
+            "showarrow": False,
+            "font": {"size": 10, "color": "#666"},
+        }
+    )
+
+
+def _chances(runs: Sequence[Run]) -> list[float]:
+    return sorted({round(c, 6) for c in (r.chance for r in runs if r.ok) if c is not None})[:3]
+
+
+def _series_traces(
+    series: Sequence[Series],
+    i: int,
+    spec: MetricSpec,
+    metric: str,
+    x: Dimension | None,
+    style: Style,
+    shown: set[str],
+    log: bool,
+) -> list[dict[str, Any]]:
+    """One trace per series in panel ``i``: means with the clipped 95 % interval as error bars, shifted apart."""
+    xs = [p.x for s in series for p in s.points]
+    shifts = _offsets(len(series), x, xs, log)
+    traces = []
+    for s, shift in zip(series, shifts, strict=True):
+        hi, lo, hover = [], [], []
+        for p in s.points:
+            bounds = p.interval(spec)
+            hi.append(None if bounds is None else bounds[1] - p.mean)
+            lo.append(None if bounds is None else p.mean - bounds[0])
+            where = f"{x.name}={x.format(x.values[int(p.x)]) if not x.numeric else f'{p.x:g}'}" if x else "all runs"
+            ci = (
+                f"<br>95 % CI [{spec.format(bounds[0])}, {spec.format(bounds[1])}]"
+                if bounds
+                else "<br>one seed: no interval"
+            )
+            hover.append(f"{plain(s.label)}<br>{plain(where)}<br>{metric} = {spec.format(p.mean)}{ci} (n={p.n})")
+        n = _axis(i)
+        traces.append(
+            {
+                "type": "scatter",
+                "x": [shift(p.x) for p in s.points],
+                "y": [p.mean for p in s.points],
+                "xaxis": f"x{n}",
+                "yaxis": f"y{n}",
+                "mode": "lines+markers",
+                "name": plain(s.label),
+                "legendgroup": plain(s.label),
+                "showlegend": s.label not in shown,
+                "line": {**style.line(s.key), "width": 1.6},
+                "marker": style.marker(s.key),
+                "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo, "thickness": 1.3,
+                            "width": 3, "visible": True},
+                "hovertext": hover,
+                "hoverinfo": "text",
+            }
+        )  # fmt: skip
+        shown.add(s.label)
+    return traces
+
+
+def _panels(sweep: Sweep, facet: Dimension | None) -> list[Any]:
+    return list(facet.values) if facet is not None else [None]
+
+
+def _facet_runs(runs: Sequence[Run], facet: Dimension | None, value: Any) -> list[Run]:
+    return list(runs) if facet is None else [r for r in runs if r.value(facet.key) == value]
+
+
+def _figure(data: list[dict[str, Any]], layout: dict[str, Any]) -> dict[str, Any]:
+    return {"data": data, "layout": layout}
+
+
+# ---------------------------------------------------------------------------------------------------- charts
+def comparison_figure(
+    runs: Sequence[Run],
+    sweep: Sweep,
+    metrics: Sequence[str],
+    x: Dimension | None,
+    facet: Dimension | None,
+    init: bool = False,
+) -> dict[str, Any]:
+    """Each metric (final value, or the step-0 value with ``init``) against ``x``: one row of panels per metric
+    (one panel per value of ``facet``), one line per combination of the other keys."""
+    series_dims = sweep.series_dims(x, facet)
+    style = Style(sweep, series_dims)
+    facets = _panels(sweep, facet)
+    cols = min(MAX_COLS, len(facets)) if facet is not None else min(MAX_COLS, len(metrics))
+    panels: list[tuple[str, Any]] = []  # (metric, facet value); a metric starts a new row when there are facets
+    titles: list[str] = []
+    for metric in metrics:
+        for value in facets:
+            panels.append((metric, value))
+            titles.append(f"{metric} · {facet.label(value)}" if facet is not None else metric)
+        while facet is not None and len(panels) % cols:
+            panels.append(("", None))
+            titles.append("")
+    rows = math.ceil(len(panels) / cols)
+    value_of = (lambda run, name: run.init(name)) if init else None
+    all_series = {}
+    labels: list[str] = []
+    for i, (metric, value) in enumerate(panels):
+        if metric:
+            members = _facet_runs(runs, facet, value)
+            all_series[i] = aggregate(members, sweep, metric, x, series_dims, value=value_of)
+            labels += [s.label for s in all_series[i] if s.label not in labels]
+    layout = _grid(rows, cols, titles, legend_entries=labels if series_dims else ())
+    data: list[dict[str, Any]] = []
+    shown: set[str] = set()
+    for i, (metric, value) in enumerate(panels):
+        if not metric:
+            layout[f"xaxis{_axis(i)}"]["visible"] = False
+            layout[f"yaxis{_axis(i)}"]["visible"] = False
+            continue
+        spec = spec_for(metric)
+        xs = [p.x for s in all_series[i] for p in s.points]
+        log = bool(x is not None and x.numeric and x.log)
+        data += _series_traces(all_series[i], i, spec, metric, x, style, shown, log)
+        _x_axis(layout, i, x, xs)
+        _y_axis(layout, i, spec, metric)
+        if spec.chance and not init:
+            for chance in _chances(_facet_runs(runs, facet, value)):
+                _chance_shape(layout, i, chance)
+    return _figure(data, layout)
+
+
+def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
+    """Length generalisation: per task a row with test accuracy against the test length ``L`` and, where the runs
+    report them, bits per byte (language modelling) or else test loss; the training length as a dashed line. None
+    when no finished run reports ``test/acc@L``."""
+    tasks = sorted({r.task for r in runs if r.ok and r.by_length("test/acc")}, key=natural_key)
+    if not tasks:
+        return None
+    task_dim = next((d for d in sweep.dims if d.key == "task.name"), None)
+    series_dims = sweep.series_dims(task_dim)
+    style = Style(sweep, series_dims)
+    panels: list[tuple[str, str]] = []
+    for task in tasks:
+        members = [r for r in runs if r.task == task]
+        other = next((m for m in ("test/bpc", "test/loss") if any(r.by_length(m) for r in members if r.ok)), None)
+        panels += [(task, "test/acc"), (task, other or "")]
+    titles = [f"{task}: {metric}@L" if metric else "" for task, metric in panels]
+    series = {}
+    labels: list[str] = []
+    for i, (task, metric) in enumerate(panels):
+        if metric:
+            series[i] = aggregate_lengths([r for r in runs if r.task == task], sweep, metric, series_dims)
+            labels += [s.label for s in series[i] if s.label not in labels]
+    layout = _grid(len(tasks), 2, titles, legend_entries=labels if series_dims else ())
+    data: list[dict[str, Any]] = []
+    shown: set[str] = set()
+    for i, (task, metric) in enumerate(panels):
+        if not metric:
+            layout[f"xaxis{_axis(i)}"]["visible"] = False
+            layout[f"yaxis{_axis(i)}"]["visible"] = False
+            continue
+        members = [r for r in runs if r.ok and r.task == task and r.by_length("test/acc")]
+        trained = sorted({r.train_length for r in members} - {None})
+        lengths = sorted({p.x for s in series[i] for p in s.points} | {float(t) for t in trained})
+        log = _log_axis(lengths)
+        spec = spec_for(metric)
+        data += _series_traces(series[i], i, spec, f"{metric}@L", None, style, shown, log)
+        n = _axis(i)
+        for t in data[-len(series[i]) :] if series[i] else []:
+            t["hovertext"] = [h.replace("all runs", f"L={x:g}") for h, x in zip(t["hovertext"], t["x"], strict=True)]
+        layout[f"xaxis{n}"].update(
+            title={"text": "test length L", "standoff": 4},
+            tickvals=lengths,
+            ticktext=[f"{v:g}" for v in lengths],
+            type="log" if log else "linear",
+        )
+        _y_axis(layout, i, spec, f"{metric}@L")
+        for length in trained:
+            layout["shapes"].append(
+                {
+                    "type": "line",
+                    "xref": f"x{n}",
+                    "x0": length,
+                    "x1": length,
+                    "yref": f"y{n} domain",
+                    "y0": 0,
+                    "y1": 1,
+                    "line": {"dash": "dash", "color": "#888", "width": 1.2},
+                }
+            )
+            layout["annotations"].append(
+                {
+                    "text": f"train L={length}",
+                    "xref": f"x{n}",
+                    "x": math.log10(length) if log else length,  # annotations on a log axis take log10 positions
+                    "yref": f"y{n} domain",
+                    "y": 1,
+                    "xanchor": "left",
+                    "yanchor": "top",
+                    "showarrow": False,
+                    "font": {"size": 10, "color": "#666"},
+                }
+            )
+        if spec.chance:
+            for chance in _chances(members):
+                _chance_shape(layout, i, chance)
+    return _figure(data, layout)
+
+
+def curves_figure(
+    runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str], facet: Dimension | None
+) -> dict[str, Any] | None:
+    """Training curves: one row per metric (one panel per value of ``facet``, usually the main key), one line per
+    configuration with the mean over seeds and a band for the 95 % interval, step 0 included. None without rows."""
+    series_dims = sweep.series_dims(facet)
+    style = Style(sweep, series_dims)
+    facets = _panels(sweep, facet)
+    cols = min(MAX_COLS, len(facets)) if facet is not None else min(2, len(metrics))
+    panels: list[tuple[str, Any]] = []
+    titles: list[str] = []
+    for metric in metrics:
+        for value in facets:
+            panels.append((metric, value))
+            titles.append(f"{metric} · {facet.label(value)}" if facet is not None else metric)
+        while facet is not None and len(panels) % cols:
+            panels.append(("", None))
+            titles.append("")
+    found: dict[int, list[Curve]] = {}
+    labels: list[str] = []
+    for i, (metric, value) in enumerate(panels):
+        if metric:
+            found[i] = curves(_facet_runs(runs, facet, value), sweep, metric, series_dims)
+            labels += [c.label for c in found[i] if c.label not in labels]
+    if not any(found.values()):
+        return None
+    layout = _grid(math.ceil(len(panels) / cols), cols, titles, legend_entries=labels if series_dims else ())
+    data: list[dict[str, Any]] = []
+    shown: set[str] = set()
+    for i, (metric, _) in enumerate(panels):
+        n = _axis(i)
+        if not metric:
+            layout[f"xaxis{n}"]["visible"] = False
+            layout[f"yaxis{n}"]["visible"] = False
+            continue
+        spec = spec_for(metric)
+        for c in found[i]:
+            line = style.line(c.key)
+            steps = c.steps.tolist()
+            band = ~np.isnan(c.low)
+            if band.any():
+                xs = [s for s, b in zip(steps, band, strict=True) if b]
+                upper = [float(v) for v, b in zip(c.high, band, strict=True) if b]
+                lower = [float(v) for v, b in zip(c.low, band, strict=True) if b]
+                data.append(
+                    {
+                        "type": "scatter",
+                        "x": xs + xs[::-1],
+                        "y": upper + lower[::-1],
+                        "xaxis": f"x{n}",
+                        "yaxis": f"y{n}",
+                        "fill": "toself",
+                        "fillcolor": _rgba(line["color"], 0.15),
+                        "line": {"width": 0},
+                        "hoverinfo": "skip",
+                        "legendgroup": plain(c.label),
+                        "showlegend": False,
+                        "name": plain(c.label),
+                    }
+                )
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": steps,
+                    "y": [None if math.isnan(v) else float(v) for v in c.mean],
+                    "xaxis": f"x{n}",
+                    "yaxis": f"y{n}",
+                    "mode": "lines+markers" if len(steps) <= 12 else "lines",
+                    "marker": {"size": 4},
+                    "line": {**line, "width": 1.5},
+                    "name": plain(c.label),
+                    "legendgroup": plain(c.label),
+                    "showlegend": c.label not in shown,
+                    "customdata": c.n.tolist(),
+                    "hovertemplate": f"{plain(c.label)}<br>step %{{x}}: %{{y:.4g}} (n=%{{customdata}})<extra></extra>",
+                }
+            )
+            shown.add(c.label)
+        layout[f"xaxis{n}"]["title"] = {"text": "step", "standoff": 4}
+        _y_axis(layout, i, spec, metric)
+    return _figure(data, layout)
+
+
+def head_figure(run: Run, metrics: Sequence[str]) -> dict[str, Any] | None:
+    """The run's final per-layer x per-head values of ``metrics`` (``entropy_norm``, ``saturation``) as heatmaps
+    with a shared 0..1 colour bar; None when the run logged no per-head diagnostics."""
+    grids = [(m, run.head_grid(m)) for m in metrics]
+    grids = [(m, g) for m, g in grids if g is not None]
+    if not grids:
+        return None
+    layout = _grid(1, len(grids), [f"final {m}" for m, _ in grids])
+    layers, _heads = grids[0][1].shape
+    layout["height"] = 130 + max(150, 48 * layers)
+    layout["margin"]["t"] = 40
+    for i in range(len(grids)):
+        layout[f"yaxis{_axis(i)}"]["domain"] = [0, 1]
+    layout["coloraxis"] = {
+        "colorscale": "Viridis",
+        "cmin": 0.0,
+        "cmax": 1.0,
+        "colorbar": {"title": {"text": "value", "side": "right"}, "thickness": 14},
+    }
+    data = []
+    for i, (metric, grid) in enumerate(grids):
+        n = _axis(i)
+        data.append(
+            {
+                "type": "heatmap",
+                "z": [[None if math.isnan(v) else round(float(v), 4) for v in row] for row in grid],
+                "x": list(range(grid.shape[1])),
+                "y": list(range(grid.shape[0])),
+                "xaxis": f"x{n}",
+                "yaxis": f"y{n}",
+                "coloraxis": "coloraxis",
+                "texttemplate": "%{z:.2f}",
+                "hovertemplate": f"{metric} layer %{{y}} head %{{x}}: %{{z:.3f}}<extra></extra>",
+            }
+        )
+        layout[f"xaxis{n}"].update(title={"text": "head", "standoff": 4}, tickvals=list(range(grid.shape[1])))
+        layout[f"yaxis{n}"].update(
+            title={"text": "layer", "standoff": 4}, tickvals=list(range(grid.shape[0])), autorange="reversed"
+        )
+    return _figure(data, layout)
+
+
+def search_figure(runs: Sequence[Run], sweep: Sweep, metric: str) -> dict[str, Any] | None:
+    """The search view: ``metric`` of every finished run (one point each) against each swept key, the best run
+    marked with a star. None when no finished run reports the metric."""
+    done = [r for r in runs if r.ok and r.final(metric) is not None]
+    if not done or not sweep.dims:
+        return None
+    spec = spec_for(metric)
+    lower = spec.higher_is_better is False
+    best = min(done, key=lambda r: r.final(metric) if lower else -r.final(metric))
+    dims = sweep.dims
+    cols = min(MAX_COLS, len(dims))
+    layout = _grid(math.ceil(len(dims) / cols), cols, [f"{metric} vs {d.name}" for d in dims])
+    data = []
+    for i, dim in enumerate(dims):
+        n = _axis(i)
+        xs, ys, hover = [], [], []
+        for run in done:
+            xv = x_position(dim, run.value(dim.key))
+            if xv is None:
+                continue
+            xs.append(xv)
+            ys.append(run.final(metric))
+            settings = " · ".join(d.label(run.value(d.key)) for d in dims)
+            hover.append(f"{plain(run.name)}<br>{plain(settings)}<br>{metric} = {spec.format(run.final(metric))}")
+        data.append(
+            {
+                "type": "scatter",
+                "x": xs,
+                "y": ys,
+                "xaxis": f"x{n}",
+                "yaxis": f"y{n}",
+                "mode": "markers",
+                "marker": {"size": 7, "color": PALETTE[0], "opacity": 0.7},
+                "hovertext": hover,
+                "hoverinfo": "text",
+                "showlegend": False,
+                "name": "runs",
+            }
+        )
+        bx = x_position(dim, best.value(dim.key))
+        if bx is not None:
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": [bx],
+                    "y": [best.final(metric)],
+                    "xaxis": f"x{n}",
+                    "yaxis": f"y{n}",
+                    "mode": "markers",
+                    "marker": {"size": 16, "symbol": "star", "color": "#d62728", "line": {"width": 1, "color": "#222"}},
+                    "name": "best run",
+                    "showlegend": i == 0,
+                    "hovertext": [f"best: {plain(best.name)}"],
+                    "hoverinfo": "text",
+                }
+            )
+        _x_axis(layout, i, dim, xs)
+        _y_axis(layout, i, spec, metric)
+    layout["showlegend"] = True
+    return _figure(data, layout)
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    colour = colour.lstrip("#")
+    r, g, b = (int(colour[k : k + 2], 16) for k in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"

@@ -1,0 +1,471 @@
+"""The HTML page: the headline first, then the charts, the attention views and the runs table.
+
+The page is one self-contained file that opens from disk with no network: plotly.js (about 4.6 MB, most of the
+page) is embedded once, figures are JSON drawn by ``page.js``, images are data URIs, and a Content-Security-Policy
+forbids every request. One copy of plotly.js per page is the price of a file that can be mailed or archived alone;
+a folder of sweeps makes one page (one copy) for all of them.
+
+Every name from a run (variant, run folder, config values) is HTML-escaped in the page and written to the JSON
+with ``<``, ``>`` and ``&`` as ``\\u`` escapes, so a variant named ``<script>...`` shows as text and never runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from attnlab.dashboard import figures
+from attnlab.dashboard.dims import Sweep
+from attnlab.dashboard.load import Run, natural_key
+from attnlab.dashboard.metrics import parse_metric, spec_for
+from attnlab.dashboard.stats import Headline, best_runs, headline
+
+__all__ = ["CSP", "Options", "build_html", "headline_metrics", "page_metrics"]
+
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+    "font-src data:; connect-src 'none'"
+)
+DIAGNOSTICS = ("attn/entropy_norm", "attn/saturation", "attn/max_prob", "attn/logit_std")
+CURVE_METRICS = ("train/loss", "val/acc", "attn/entropy_norm", "attn/saturation")
+HEAD_METRICS = ("entropy_norm", "saturation")
+MAX_SELECTOR_RUNS = 12  # runs per variant offered in the per-head selector (best first)
+MAX_MAP_RUNS = 4  # runs per variant offered in the attention-map selector (images are most of a page's size)
+MAX_IMAGE_BYTES = 2_000_000
+SEARCH_MIN_VALUES = 5  # a numeric key with this many distinct values makes the page show the search view
+
+
+class Options:
+    """What the page compares: ``x`` the main key (headline columns, charts' x axis), ``facet`` the key split into
+    panels (``"none"`` for none), ``metric`` the headline metric (default: the runs' ``optimized_metric``)."""
+
+    def __init__(self, x: str | None = None, facet: str | None = None, metric: str | None = None) -> None:
+        self.x, self.facet, self.metric = x, facet, metric
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _json(value: Any) -> str:
+    """JSON safe inside a ``<script>`` element (no ``<``, ``>`` or ``&`` left) and without NaN."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False, default=_plain_number)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _plain_number(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"cannot write {type(value).__name__} to the page")
+
+
+def _clean(value: Any) -> Any:
+    """NaN and infinities as null, recursively (plotly reads null as a gap)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _asset(name: str) -> str:
+    return resources.files("attnlab.dashboard").joinpath(name).read_text(encoding="utf-8")
+
+
+class _Page:
+    """Collects figures and their JSON while the sections are written."""
+
+    def __init__(self) -> None:
+        self.scripts: list[str] = []
+        self.count = 0
+
+    def figure(self, fig: dict[str, Any], div_id: str | None = None) -> str:
+        self.count += 1
+        div_id = div_id or f"fig-{self.count}"
+        self.scripts.append(f'<script type="application/json" id="{div_id}-json">{_json(_clean(fig))}</script>')
+        return f'<div class="plot" id="{div_id}" data-figure="{div_id}-json"></div>'
+
+    def data(self, data_id: str, value: Any) -> None:
+        self.scripts.append(f'<script type="application/json" id="{data_id}">{_json(_clean(value))}</script>')
+
+
+def headline_metrics(runs: Sequence[Run], chosen: str | None = None) -> list[str]:
+    """The headline's metrics: ``chosen`` (or the runs' most common ``optimized_metric``, else ``val/acc_best``),
+    then ``test/acc`` when it differs; only those some finished run reports."""
+    if chosen is None:
+        named = Counter(r.optimized_metric for r in runs if r.optimized_metric)
+        chosen = named.most_common(1)[0][0] if named else "val/acc_best"
+    out = [m for m in dict.fromkeys([chosen, "test/acc"]) if any(r.final(m) is not None for r in runs if r.ok)]
+    return out
+
+
+def page_metrics(runs: Sequence[Run], first: Sequence[str]) -> list[str]:
+    """The final metrics to chart: ``first`` (the headline's), then the other test / val metrics and the attention
+    diagnostics that some finished run reports, in a fixed order (by the naming convention of
+    :mod:`attnlab.dashboard.metrics`: scalar names only; ``@L`` and per-head names have their own views)."""
+    names = set()
+    for run in runs:
+        if run.ok:
+            names.update(n for n in run.metric_names if parse_metric(n)[0] == "scalar")
+    present = {n for n in names if any(r.final(n) is not None for r in runs if r.ok)}
+
+    def rank(name: str) -> tuple[int, str]:
+        order = ("val/acc_best", "test/acc", "test/loss", "test/bpc", "val/bpc", *DIAGNOSTICS)
+        if name in order:
+            return (order.index(name), name)
+        return (len(order) + (0 if name.startswith("attn/") else 1), name)
+
+    skip = {"attn/entropy", "attn/logit_max", "val/acc", "val/loss", "train/loss", "train/acc", "epoch", "step"}
+    rest = sorted((n for n in present if n not in first and n not in skip and "/" in n), key=rank)
+    return [*first, *[n for n in rest if n.startswith(("test/", "val/", "attn/", "train/steps", "train/plateau"))]]
+
+
+# ---------------------------------------------------------------------------------------------------- sections
+def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
+    counts = Counter(r.status for r in runs)
+    status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    seeds = Counter(len({r.seed for r in members}) for members in _configurations(runs, sweep).values())
+    replicate = ", ".join(f"{k} seed{'s' if k != 1 else ''} × {v}" for k, v in sorted(seeds.items()))
+    dims = " · ".join(f"<b>{_e(d.name)}</b> ({len(d.values)})" for d in sweep.dims) or "nothing (one configuration)"
+    parts = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="meta">{_e(source)} · {len(runs)} runs ({_e(status)}) · generated '
+        f"{datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
+        f'<p class="meta">Compared: {dims}; configurations: {_e(replicate)}. Every point and cell is the mean '
+        "over seeds with its 95 % t interval (none for one seed).</p>",
+    ]
+    if sweep.derived:
+        follows = " · ".join(f"{key} follows {sweep.dim(owner).name}" for key, owner in sweep.derived.items())
+        parts.append(f'<p class="meta">Set by a preset: <code>{_e(follows)}</code></p>')
+    main, rest = sweep.constants_text()
+    if main or rest:
+        more = (
+            f' <details style="display:inline"><summary>{len(rest)} more</summary><code>{_e(" · ".join(rest))}'
+            "</code></details>"
+            if rest
+            else ""
+        )
+        parts.append(f'<p class="meta">The same in every run: <code>{_e(" · ".join(main))}</code>{more}</p>')
+    if any(r.summary and r.summary.get("smoke") for r in runs):
+        parts.append(
+            '<p class="meta smoke">Smoke runs (<code>debug=fast</code>): a handful of steps on tiny data show that '
+            "the configurations run; their numbers are no result.</p>"
+        )
+    return "\n".join(parts)
+
+
+def _configurations(runs: Sequence[Run], sweep: Sweep) -> dict[tuple, list[Run]]:
+    out: dict[tuple, list[Run]] = {}
+    for run in runs:
+        out.setdefault(sweep.key_of(run, sweep.dims), []).append(run)
+    return out
+
+
+def _params_text(params: Sequence[int]) -> str:
+    if not params:
+        return "-"
+    low, high = min(params), max(params)
+    return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _headline_html(table: Headline) -> str:
+    spec = table.spec
+    head = "".join(f"<th>{_e(table.column_label(c))}</th>" for c in table.columns)
+    body = []
+    for label, key in table.rows:
+        cells = []
+        params: list[int] = []
+        for col in table.columns:
+            cell = table.cells.get((key, col))
+            if cell is None:
+                cells.append("<td>-</td>")
+                continue
+            params += list(cell.params)
+            cls = ' class="best"' if table.is_best(key, col) else ""
+            half = "" if cell.half_width is None else f" ± {cell.half_width * spec.scale():.2g}"
+            cells.append(f'<td{cls}>{_e(spec.format(cell.mean))}{_e(half)} <span class="n">({cell.n})</span></td>')
+        body.append(f'<tr><td class="t">{_e(label)}</td>{"".join(cells)}<td>{_params_text(params)}</td></tr>')
+    caption = (
+        f"Cells: mean ± 95 % half-width ({'points' if spec.percent else spec.unit or 'units'}) over seeds, "
+        "(n seeds); ★ the best in its column (every one of a tie)"
+        + (
+            " (higher is better)"
+            if spec.higher_is_better
+            else " (lower is better)"
+            if spec.higher_is_better is False
+            else ""
+        )
+        + ". params: trainable parameters (the range over the row's columns)."
+    )
+    return (
+        f'<p class="verdict">{_e(table.sentence())}</p>'
+        f'<div class="scroll"><table class="headline" data-metric="{_e(table.metric)}"><caption>{_e(caption)}</caption>'
+        f'<thead><tr><th class="t">{_e(spec.axis_title(table.metric))}</th>{head}<th>params</th></tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> str:
+    """Sortable, one row per run: name, status, wall time, the varying keys, seed, params and a few metrics."""
+    columns: list[tuple[str, str]] = [("run", "t name"), ("status", "t status"), ("wall time", "")]
+    columns += [(d.name, "t" if not d.numeric else "") for d in sweep.dims]
+    columns += [("seed", ""), ("params", "")]
+    columns += [(m, "") for m in metrics]
+    header = "".join(f'<th class="{cls}" data-key="{_e(name)}">{_e(name)}</th>' for name, cls in columns)
+    rows = []
+    for run in runs:
+        row_class = "ok" if run.ok else ("running" if run.status == "running" else "failed")
+        reason = f' title="{_e(run.reason)}"' if run.reason and not run.ok else ""
+        cells = [
+            f'<td class="t name" data-v="{_e(run.name)}" title="{_e(run.path)}">{_e(run.name)}</td>',
+            f'<td class="t status"{reason}>{_e(run.status)}</td>',
+            f'<td data-v="{_e(run.wall_time_s if run.wall_time_s is not None else "")}">'
+            f"{_e(_time(run.wall_time_s))}</td>",
+        ]
+        for d in sweep.dims:
+            value = run.value(d.key)
+            sort = value if isinstance(value, int | float) and not isinstance(value, bool) else d.format(value)
+            cells.append(f'<td class="{"" if d.numeric else "t"}" data-v="{_e(sort)}">{_e(d.format(value))}</td>')
+        cells.append(f'<td data-v="{_e(run.seed if run.seed is not None else "")}">{_e(run.seed)}</td>')
+        cells.append(f'<td data-v="{_e(run.params or "")}">{_e(f"{run.params:,}" if run.params else "-")}</td>')
+        for m in metrics:
+            v = run.final(m)
+            cells.append(f'<td data-v="{"" if v is None else v}">{_e(spec_for(m).format(v))}</td>')
+        rows.append(f'<tr class="{row_class}">{"".join(cells)}</tr>')
+    return (
+        f'<table class="runs sortable" id="runs-table"><thead><tr>{header}</tr></thead>'
+        f"<tbody>\n{chr(10).join(rows)}\n</tbody></table>"
+    )
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
+
+
+def _selector_label(run: Run, sweep: Sweep, metric: str) -> str:
+    settings = " · ".join(d.label(run.value(d.key)) for d in sweep.dims[1:])
+    value = spec_for(metric).format(run.final(metric))
+    return f"{settings + ' · ' if settings else ''}seed {run.seed} · {metric} {value} · {run.name}"
+
+
+def _ranked(runs: Sequence[Run], metric: str, first: Any) -> dict[Any, list[Run]]:
+    """The runs grouped by their value of the first key (the variant): finished runs best first by ``metric``,
+    then the others (still running, failed: their diagnostics and maps show how far they got)."""
+    ranked = best_runs(runs, metric, lambda r: r.value(first.key) if first else "all runs")
+    for run in runs:
+        key = run.value(first.key) if first else "all runs"
+        if run not in ranked.setdefault(key, []):
+            ranked[key].append(run)
+    return ranked
+
+
+def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
+    """Per layer x head heatmaps, one per value of the first key (the variant), the best run shown first and a
+    selector for the others."""
+    first = sweep.dims[0] if sweep.dims else None
+    groups = _ranked(runs, metric, first)
+    out = []
+    for group, members in sorted(groups.items(), key=lambda kv: natural_key(kv[0])):
+        figs: dict[str, Any] = {}
+        labels = []
+        for run in members:
+            fig = figures.head_figure(run, HEAD_METRICS)
+            if fig is not None:
+                figs[str(len(figs))] = fig
+                labels.append(_selector_label(run, sweep, metric))
+            if len(figs) >= MAX_SELECTOR_RUNS:
+                break
+        if not figs:
+            continue
+        index = len(page.scripts)
+        div = f"heads-{index}"
+        name = first.label(group) if first else "all runs"
+        options = "".join(f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(labels))
+        page.data(f"{div}-choices", figs)
+        out.append(
+            f"<h3>{_e(name)}</h3>"
+            f'<div class="pick"><label>run (best first by {_e(metric)}): <select data-choices="{div}-choices" '
+            f'data-target="{div}">{options}</select></label></div>' + page.figure(figs["0"], div)
+        )
+    return "".join(out) or '<p class="note">No per-head diagnostics (attn/L{l}H{h}/...) in metrics.jsonl.</p>'
+
+
+def _maps_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
+    """The attention maps the runs saved, one per value of the first key (the variant): the best run's, with a
+    selector for the others."""
+    first = sweep.dims[0] if sweep.dims else None
+    ranked = _ranked(runs, metric, first)
+    out = []
+    for group, members in sorted(ranked.items(), key=lambda kv: natural_key(kv[0])):
+        images = []
+        for run in members:
+            for image in run.images():
+                data = image.read_bytes()
+                if len(data) > MAX_IMAGE_BYTES:
+                    continue
+                caption = f"{_selector_label(run, sweep, metric)}/{image.relative_to(run.path).as_posix()}"
+                images.append({"src": "data:image/png;base64," + base64.b64encode(data).decode(), "caption": caption})
+                break
+            if len(images) >= MAX_MAP_RUNS:
+                break
+        if not images:
+            continue
+        index = len(page.scripts)
+        img = f"map-{index}"
+        page.data(f"{img}-images", images)
+        options = "".join(f'<option value="{i}">{_e(image["caption"])}</option>' for i, image in enumerate(images))
+        name = first.label(group) if first else "all runs"
+        out.append(
+            f'<figure><h3>{_e(name)}</h3><div class="pick"><select data-images="{img}-images" data-target="{img}">'
+            f'{options}</select></div><img id="{img}" src="{images[0]["src"]}" alt="{_e(images[0]["caption"])}">'
+            f"<figcaption>{_e(images[0]['caption'])}</figcaption></figure>"
+        )
+    if not out:
+        return '<p class="note">No run saved attention maps (attention/maps.png).</p>'
+    return (
+        '<p class="note">One probe sequence per run: rows are queries, columns keys (token positions from 0), the '
+        "colour the attention weight. Each variant shows its best run; pick another in its list.</p>"
+        f'<div class="maps">{"".join(out)}</div>'
+    )
+
+
+def build_html(
+    runs: Sequence[Run], title: str = "attnlab results", source: str = "", options: Options | None = None
+) -> str:
+    """The whole self-contained page for ``runs``."""
+    from plotly.offline import get_plotlyjs
+
+    if not runs:
+        raise ValueError("no runs to show")
+    options = options or Options()
+    sweep = Sweep(runs)
+    x = sweep.main_dim(options.x)
+    if x is None and sweep.dims:  # nothing numeric: the first key's values along the x axis
+        x = sweep.dims[0]
+    facet = sweep.facet_dim(x, options.facet)
+    ok = [r for r in runs if r.ok]
+    page = _Page()
+    sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
+
+    top = headline_metrics(runs, options.metric)
+    column = x if x is not None and (x.numeric or len(sweep.dims) > 1) else None
+    head_html = []
+    for metric in top:
+        head_html.append(f"<h3>{_e(metric)}</h3>{_headline_html(headline(runs, sweep, metric, column))}")
+    sections.append(
+        ("headline", "Who wins", "".join(head_html) or '<p class="note">No finished run reports a metric yet.</p>')
+    )
+
+    metrics = page_metrics(runs, top)
+    flat = {}  # metrics with one value in every finished run that reports them (softmax's row mass): named only
+    for m in metrics[len(top) :]:
+        values = {round(r.final(m), 9) for r in ok if r.final(m) is not None}
+        if len(values) == 1:
+            flat[m] = values.pop()
+    metrics = [m for m in metrics if m not in flat]
+    if metrics and ok:
+        note = (
+            f'<p class="note">Final values against <b>{_e(x.name if x else "the runs")}</b>'
+            + (f", one panel per <b>{_e(facet.name)}</b>" if facet else "")
+            + "; one line per combination of the other keys; error bars: 95 % t interval over seeds"
+            " (clipped to the metric's range); lines are shifted sideways a little so their intervals stay apart."
+            " Click a legend entry to hide it in every panel, double-click to show only it."
+            + (
+                f" The same in every run, not drawn: {_e(', '.join(f'{m} = {v:.4g}' for m, v in flat.items()))}."
+                if flat
+                else ""
+            )
+            + "</p>"
+        )
+        sections.append(
+            ("final", "Final metrics", note + page.figure(figures.comparison_figure(runs, sweep, metrics, x, facet)))
+        )
+
+    search_dims = [d for d in sweep.dims if d.numeric and len(d.values) >= SEARCH_MIN_VALUES]
+    if search_dims and top:
+        fig = figures.search_figure(runs, sweep, top[0])
+        if fig is not None:
+            lower = spec_for(top[0]).higher_is_better is False
+            best = min(
+                (r for r in ok if r.final(top[0]) is not None), key=lambda r: (-1 if not lower else 1) * r.final(top[0])
+            )
+            settings = ", ".join(d.label(best.value(d.key)) for d in sweep.dims)
+            note = (
+                f'<p class="verdict">Best run: {_e(best.name)} ({_e(settings)}): {_e(top[0])} = '
+                f"{_e(spec_for(top[0]).format(best.final(top[0])))}.</p>"
+                f'<p class="note">Each point is one run ({_e(", ".join(d.name for d in search_dims))} took '
+                f"{SEARCH_MIN_VALUES} or more values, as in an Optuna search); the star is the best run.</p>"
+            )
+            sections.append(("search", "Search", note + page.figure(fig)))
+
+    length_fig = figures.length_figure(runs, sweep)
+    if length_fig is not None:
+        note = (
+            '<p class="note">Accuracy on the extra test sets of each length L (<code>task.datamodule.test_lengths'
+            "</code>; right: loss, or bits per byte for language modelling), mean over seeds with the 95 % t "
+            "interval; the dashed vertical line marks the training length.</p>"
+        )
+        sections.append(("lengths", "Length generalisation", note + page.figure(length_fig, "fig-lengths")))
+
+    init = [m for m in (*DIAGNOSTICS, "attn/logit_max") if any(r.init(m) is not None for r in ok)]
+    if init:
+        fig = figures.comparison_figure(runs, sweep, init, x, facet, init=True)
+        note = '<p class="note">The attention diagnostics before the first step (step 0), by the same keys.</p>'
+        sections.append(("init", "At initialisation", note + page.figure(fig)))
+
+    curve_metrics = [m for m in CURVE_METRICS if any(run.curve(m)[0].size for run in runs)]
+    curve_facet = x if x is not None and len(x.values) <= 2 * figures.MAX_COLS else None
+    fig = figures.curves_figure(runs, sweep, curve_metrics, curve_facet) if curve_metrics else None
+    if fig is not None:
+        note = (
+            '<p class="note">Mean over seeds per configuration, with the 95 % band'
+            + (f"; one panel per <b>{_e(curve_facet.name)}</b>" if curve_facet else "")
+            + ". Failed runs count up to where they stopped.</p>"
+        )
+        sections.append(("curves", "Training curves", note + page.figure(fig)))
+    else:
+        sections.append(("curves", "Training curves", '<p class="note">No metrics.jsonl rows.</p>'))
+
+    rank_metric = top[0] if top else "val/acc_best"
+    sections.append(("heads", "Per layer × head", _heads_section(page, runs, sweep, rank_metric)))
+    sections.append(("maps", "Attention maps", _maps_section(page, runs, sweep, rank_metric)))
+    table_metrics = list(dict.fromkeys([*top, "attn/entropy_norm", "attn/saturation"]))
+    table_metrics = [m for m in table_metrics if any(r.final(m) is not None for r in runs)]
+    sections.append(
+        (
+            "runs",
+            "Runs",
+            '<p class="note">Click a header to sort; failed runs are red (hover the status for the reason).</p>'
+            f'<div class="scroll">{_runs_table(runs, sweep, table_metrics)}</div>',
+        )
+    )
+
+    nav = "".join(f'<a href="#{a}">{_e(h)}</a>' for a, h, _ in sections)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_e(title)}</title><style>{_asset('page.css')}</style>",
+        f"<script>{_asset('errors.js')}</script>",
+        f'<script type="text/javascript">{get_plotlyjs()}</script>',
+        "</head><body>",
+        '<div id="js-errors"></div>',
+        _header(runs, sweep, title, source),
+        f"<nav>{nav}</nav>",
+    ]
+    parts += [f'<section id="{a}"><h2>{_e(h)}</h2>{body}</section>' for a, h, body in sections]
+    parts += page.scripts
+    parts += [f"<script>{_asset('page.js')}</script>", "</body></html>"]
+    return "\n".join(parts) + "\n"

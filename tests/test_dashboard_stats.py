@@ -1,0 +1,860 @@
+"""Unit tests for the dashboard's sweep analysis (dims), statistics over seeds (stats) and metric registry (metrics).
+
+Runs are built in memory (no folders, no training). Every expected number is computed here by hand: plain loops,
+the textbook mean, the sample standard deviation with n - 1 and the Student-t quantile from scipy.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy.stats import t as student_t
+
+from attnlab.dashboard import metrics as metrics_module
+from attnlab.dashboard.dims import Sweep
+from attnlab.dashboard.load import MISSING, Run
+from attnlab.dashboard.metrics import MetricSpec, parse_metric, register_metric, spec_for
+from attnlab.dashboard.stats import MAX_CURVE_POINTS, Point, aggregate, best_runs, curves, headline, mean_ci, t_critical
+
+# ---------------------------------------------------------------------------------------------------- helpers
+BASE_CONFIG: dict[str, Any] = {
+    "variant": {"name": "scaled_dot", "params": {}},
+    "normalizer": {"name": "softmax"},
+    "mask": {"name": "none"},
+    "model": {"pos_encoding": "sinusoidal", "d_ff": None, "dropout": 0.0, "betas": [0.9, 0.98]},
+    "task": {"name": "digits", "datamodule": {"num_val": 270, "batch_size": 16, "seed": 0}},
+    "trainer": {"max_steps": 300, "log_every_n_steps": 10, "precision": "32-true"},
+    "logger": {"name": "wandb", "project": "attnlab", "tags": []},
+    "diagnostics": {"enabled": True, "every_n_steps": 100},
+    "d_model": 64,
+    "d_k": None,
+    "num_heads": 4,
+    "num_layers": 2,
+    "lr": 3e-3,
+    "batch_size": 16,
+    "max_steps": 300,
+    "seed": 0,
+    "threads": "auto",
+    "optimized_metric": "val/acc_best",
+    "resume": False,
+}
+
+_counter = itertools.count()
+
+
+def _set(config: dict[str, Any], dotted: str, value: Any) -> None:
+    node = config
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+
+
+def make_run(
+    cfg: dict[str, Any] | None = None,
+    *,
+    seed: int = 0,
+    status: str = "ok",
+    metrics: dict[str, float] | None = None,
+    rows: list[dict[str, Any]] | None = None,
+    params: int | None = 123,
+) -> Run:
+    """A run as the dashboard reads it: the base config with ``cfg``'s dotted overrides, the interpolated mirrors
+    (``trainer.max_steps: ${max_steps}``, ``task.datamodule.seed: ${seed}``, ...) resolved like Hydra does."""
+    config = copy.deepcopy(BASE_CONFIG)
+    config["seed"] = seed
+    for key, value in (cfg or {}).items():
+        _set(config, key, value)
+    config["trainer"]["max_steps"] = config["max_steps"]
+    config["task"]["datamodule"]["seed"] = config["seed"]
+    config["task"]["datamodule"]["batch_size"] = config["batch_size"]
+    summary = {"status": status, "seed": seed, "params": params, "metrics": dict(metrics or {})}
+    return Run(path=Path("x"), name=f"r{next(_counter)}", config=config, summary=summary, rows=list(rows or []))
+
+
+def hand_ci(values: list[float]) -> tuple[float, float | None, int]:
+    """Textbook mean and 95 % t half-width over ``values`` (already finite)."""
+    n = len(values)
+    total = 0.0
+    for v in values:
+        total += v
+    mean = total / n
+    if n < 2:
+        return mean, None, n
+    squares = 0.0
+    for v in values:
+        squares += (v - mean) ** 2
+    s = math.sqrt(squares / (n - 1))
+    return mean, float(student_t.ppf(0.975, n - 1)) * s / math.sqrt(n), n
+
+
+def dim_keys(sweep: Sweep) -> list[str]:
+    return [d.key for d in sweep.dims]
+
+
+def grid(**axes: list[Any]) -> list[dict[str, Any]]:
+    """Every combination of the dotted keys' values (a full factorial: no key is a function of another)."""
+    keys = list(axes)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(axes[k] for k in keys))]
+
+
+# ---------------------------------------------------------------------------------------------------- Sweep
+def test_a_key_that_differs_is_a_dimension_and_an_equal_key_a_constant() -> None:
+    runs = [make_run({"lr": lr, "d_model": 64}) for lr in (1e-3, 3e-3, 1e-2)]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["lr"]
+    assert sweep.dims[0].values == (1e-3, 3e-3, 1e-2)
+    assert sweep.constants["d_model"] == 64
+    assert sweep.constants["variant.name"] == "scaled_dot"
+    assert "lr" not in sweep.constants
+
+
+def test_seeds_and_bookkeeping_are_replicates_never_a_dimension() -> None:
+    runs = []
+    for seed in range(4):
+        cfg = {
+            "threads": seed + 1,
+            "logger.project": f"p{seed}",
+            "logger.tags": [f"t{seed}"],
+            "resume": seed % 2 == 0,
+            "diagnostics.every_n_steps": 10 * (seed + 1),
+        }
+        runs.append(make_run(cfg, seed=seed))
+    # the helper's seed also lands in task.datamodule.seed: check that it varies, so the test could fail
+    assert len({r.value("task.datamodule.seed") for r in runs}) == 4
+    sweep = Sweep(runs)
+    assert sweep.dims == []
+    for key in ("seed", "task.datamodule.seed", "threads", "logger.project", "logger.tags", "resume"):
+        assert key not in sweep.constants
+    # with a real setting varying next to them, that setting is the only dimension
+    runs += [make_run({"lr": 1e-2, "threads": 7, "logger.project": "q"}, seed=s) for s in range(4)]
+    assert dim_keys(Sweep(runs)) == ["lr"]
+
+
+def test_a_mirror_key_is_dropped_in_favour_of_the_top_level_key() -> None:
+    runs = [make_run({"max_steps": m}, seed=s) for m in (100, 300, 1000) for s in range(2)]
+    assert [r.value("trainer.max_steps") for r in runs] == [r.value("max_steps") for r in runs]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["max_steps"]
+    assert sweep.dims[0].name == "max_steps"
+    assert sweep.dims[0].values == (100, 300, 1000)
+
+
+def test_a_group_key_fixed_by_the_variant_name_is_not_a_dimension() -> None:
+    dot = [make_run({"variant.name": "dot"}, seed=s) for s in range(2)]
+    additive = [
+        make_run({"variant.name": "additive", "variant.params.d_attn": 16, "variant.params.chunk_size": None}, seed=s)
+        for s in range(2)
+    ]
+    assert dot[0].value("variant.params.d_attn") == MISSING
+    assert additive[0].value("variant.params.d_attn") == 16
+    sweep = Sweep(dot + additive)
+    assert dim_keys(sweep) == ["variant.name"]
+    assert sweep.dims[0].values == ("additive", "dot")
+
+
+def test_a_group_key_swept_within_one_variant_is_a_dimension() -> None:
+    runs = [make_run({"variant.name": "dot"}, seed=s) for s in range(2)]
+    for d_attn in (16, 32):
+        cfg = {"variant.name": "additive", "variant.params.d_attn": d_attn, "variant.params.chunk_size": None}
+        runs += [make_run(cfg, seed=s) for s in range(2)]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["variant.name", "variant.params.d_attn"]
+    d_attn = sweep.dim("d_attn")
+    assert d_attn.name == "d_attn"
+    assert d_attn.values == (16, 32, MISSING)
+    assert d_attn.numeric
+    assert sweep.label(runs[-1], sweep.dims) == "additive · d_attn=32"
+
+
+def test_pos_encoding_set_by_a_preset_is_derived_not_a_dimension() -> None:
+    runs = []
+    for variant in ("dot", "scaled_dot", "alibi"):
+        pos = "none" if variant == "alibi" else "sinusoidal"
+        runs += [make_run({"variant.name": variant, "model.pos_encoding": pos}, seed=s) for s in range(2)]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["variant.name"]
+    assert sweep.derived == {"model.pos_encoding": "variant.name"}
+    assert "model.pos_encoding" not in sweep.constants
+
+
+def test_a_preset_key_is_derived_in_a_two_variant_sweep_too() -> None:
+    """scaled_dot vs alibi: pos_encoding takes as many values as the variant, and still only repeats it."""
+    runs = [
+        make_run({"variant.name": v, "model.pos_encoding": "none" if v == "alibi" else "sinusoidal"}, seed=s)
+        for v in ("scaled_dot", "alibi")
+        for s in range(2)
+    ]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["variant.name"] and sweep.derived == {"model.pos_encoding": "variant.name"}
+
+
+def test_a_key_set_on_the_command_line_is_a_dimension_even_when_it_follows_the_variant() -> None:
+    """An Optuna search over variant and d_k whose few trials happen to pair each variant with one d_k."""
+    runs = []
+    for variant, d_k in (("dot", 8), ("additive", 16), ("scaled_dot", 16), ("dot", 8)):
+        run = make_run({"variant.name": variant, "d_k": d_k})
+        run.summary["overrides"] = [f"variant={variant}", f"d_k={d_k}"]
+        runs.append(run)
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["variant.name", "d_k"] and sweep.derived == {}
+    for run in runs:  # the same runs without their command lines: d_k only repeats the variant
+        run.summary["overrides"] = []
+    assert dim_keys(Sweep(runs)) == ["variant.name"] and Sweep(runs).derived == {"d_k": "variant.name"}
+
+
+def test_a_mirror_of_a_derived_key_is_not_listed_twice() -> None:
+    """Task presets set max_steps (and so trainer.max_steps): one derived entry, not two."""
+    runs = [
+        make_run({"task.name": task, "max_steps": steps}, seed=s)
+        for task, steps in (("digits", 300), ("sort", 1000), ("reverse", 1000))
+        for s in range(2)
+    ]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["task.name"] and sweep.derived == {"max_steps": "task.name"}
+
+
+def test_an_optuna_search_keeps_both_lr_and_d_k() -> None:
+    rng = np.random.default_rng(11)
+    n = 9
+    d_ks = [8, 16, 32] * 3
+    rng.shuffle(d_ks)
+    lrs = 10 ** rng.uniform(-4, -2, size=n)
+    runs = [make_run({"lr": float(lr), "d_k": int(d_k)}, seed=0) for lr, d_k in zip(lrs, d_ks, strict=True)]
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["d_k", "lr"]
+    assert sweep.dim("d_k").values == (8, 16, 32)
+    assert sweep.dim("lr").values == tuple(sorted(float(x) for x in lrs))
+    assert sweep.derived == {}
+    # one trial per d_k: lr is then a function of d_k, and still both stay
+    few = [make_run({"lr": float(lrs[i]), "d_k": d_k}) for i, d_k in enumerate((8, 16, 32))]
+    assert dim_keys(Sweep(few)) == ["d_k", "lr"]
+
+
+def test_display_names_are_short() -> None:
+    cfgs = grid(**{"variant.name": ["dot", "additive"], "num_heads": [1, 4], "num_layers": [1, 2], "lr": [1e-3, 1e-2]})
+    sweep = Sweep([make_run(c) for c in cfgs])
+    names = {d.key: d.name for d in sweep.dims}
+    assert names == {"variant.name": "variant", "num_heads": "heads", "num_layers": "layers", "lr": "lr"}
+    assert sweep.dim("variant").label("dot") == "dot"
+    assert sweep.dim("heads").label(4) == "heads=4"
+    assert sweep.dim("lr").label(0.001) == "lr=0.001"
+
+
+def test_dimensions_come_in_a_fixed_order_then_alphabetically() -> None:
+    # dict order of the overrides is deliberately the reverse of the expected order
+    cfgs = grid(
+        **{
+            "model.dropout": [0.0, 0.1],
+            "lr": [1e-3, 1e-2],
+            "num_heads": [1, 2],
+            "d_k": [8, 16],
+            "variant.name": ["dot", "additive"],
+            "model.d_ff": [128, 256],
+        }
+    )
+    sweep = Sweep([make_run(c) for c in cfgs])
+    assert dim_keys(sweep) == ["variant.name", "d_k", "num_heads", "lr", "model.d_ff", "model.dropout"]
+
+
+def test_numeric_and_log_flags_follow_the_values() -> None:
+    cfgs = grid(
+        **{
+            "variant.name": ["dot", "additive"],
+            "d_k": [8, 64, 512],
+            "num_heads": [1, 2, 4],
+            "lr": [1e-4, 1e-3, 1e-2],
+            "batch_size": [16, 32],
+        }
+    )
+    sweep = Sweep([make_run(c) for c in cfgs])
+    flags = {d.name: (d.numeric, d.log) for d in sweep.dims}
+    assert flags == {
+        "variant": (False, False),
+        "d_k": (True, True),
+        "heads": (True, False),
+        "lr": (True, True),
+        "batch": (True, False),
+    }
+
+
+def _four_dim_sweep(sizes: dict[str, int]) -> tuple[Sweep, list[Run]]:
+    values = {
+        "variant.name": ["additive", "dot", "scaled_dot", "cosine", "general"][: sizes["variant.name"]],
+        "d_k": [8, 16, 32, 64, 128][: sizes["d_k"]],
+        "num_heads": [1, 2, 4, 8, 16][: sizes["num_heads"]],
+        "lr": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2][: sizes["lr"]],
+    }
+    runs = [make_run(c) for c in grid(**values)]
+    return Sweep(runs), runs
+
+
+def test_main_dim_is_the_first_numeric_dimension_or_the_named_one() -> None:
+    sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 2, "num_heads": 2, "lr": 2})
+    assert sweep.main_dim().key == "d_k"
+    assert sweep.main_dim("lr").key == "lr"
+    assert sweep.main_dim("heads").key == "num_heads"
+    assert sweep.main_dim("num_heads").key == "num_heads"
+    only_variant = Sweep([make_run({"variant.name": v}) for v in ("dot", "additive")])
+    assert only_variant.main_dim() is None
+
+
+def test_an_unknown_dimension_name_raises_and_names_the_varying_keys() -> None:
+    sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 2, "num_heads": 2, "lr": 2})
+    with pytest.raises(ValueError) as caught:
+        sweep.main_dim("dropout")
+    message = str(caught.value)
+    assert "dropout" in message
+    for name in ("variant", "d_k", "heads", "lr"):
+        assert name in message
+    with pytest.raises(ValueError):
+        sweep.facet_dim(sweep.main_dim(), "dropout")
+
+
+def test_facet_dim_is_the_non_first_non_x_dimension_with_fewest_values() -> None:
+    # variant (first, the colour) has the fewest values but is never the facet; x = d_k; heads 3 vs lr 2 -> lr
+    sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 4, "num_heads": 3, "lr": 2})
+    x = sweep.main_dim()
+    assert x.key == "d_k"
+    assert sweep.facet_dim(x).key == "lr"
+    # with heads now the fewest (2 vs 3), heads
+    sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 2, "num_heads": 2, "lr": 3})
+    assert sweep.facet_dim(sweep.main_dim()).key == "num_heads"
+    # x = lr: the remaining non-first ones are d_k (4) and heads (3) -> heads
+    sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 4, "num_heads": 3, "lr": 2})
+    assert sweep.facet_dim(sweep.dim("lr")).key == "num_heads"
+    assert sweep.facet_dim(sweep.main_dim(), "none") is None
+    assert sweep.facet_dim(sweep.main_dim(), "heads").key == "num_heads"
+
+
+def test_facet_dim_needs_two_to_four_values() -> None:
+    sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 2, "num_heads": 5, "lr": 5})
+    assert sweep.facet_dim(sweep.main_dim()) is None
+    runs = [make_run(c) for c in grid(**{"variant.name": ["dot", "additive"], "d_k": [8, 16]})]
+    sweep = Sweep(runs)  # no third dimension at all
+    assert sweep.facet_dim(sweep.main_dim()) is None
+
+
+# ---------------------------------------------------------------------------------------------------- mean_ci
+def test_mean_ci_matches_the_textbook_t_interval() -> None:
+    rng = np.random.default_rng(1)
+    for n in range(2, 7):
+        for _ in range(5):
+            values = [float(v) for v in rng.normal(rng.uniform(-2, 2), rng.uniform(0.01, 3), size=n)]
+            mean = sum(values) / n
+            s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+            half = float(student_t.ppf(0.975, n - 1)) * s / math.sqrt(n)
+            got_mean, got_half, got_n = mean_ci(values)
+            assert got_n == n
+            assert got_mean == pytest.approx(mean, rel=1e-12, abs=1e-12)
+            assert got_half == pytest.approx(half, rel=1e-9)
+
+
+def test_mean_ci_of_one_value_has_no_interval() -> None:
+    value = float(np.random.default_rng(2).uniform())
+    assert mean_ci([value]) == (pytest.approx(value), None, 1)
+    mean, half, n = mean_ci([None, float("nan"), value])
+    assert (mean, half, n) == (pytest.approx(value), None, 1)
+    mean, half, n = mean_ci([])
+    assert math.isnan(mean) and half is None and n == 0
+
+
+def test_mean_ci_ignores_nan_none_and_inf() -> None:
+    rng = np.random.default_rng(3)
+    values = [float(v) for v in rng.uniform(0, 1, size=4)]
+    noisy = [None, values[0], float("nan"), values[1], float("inf"), values[2], None, values[3], float("-inf")]
+    mean, half, n = mean_ci(noisy)
+    hand_mean, hand_half, hand_n = hand_ci(values)
+    assert n == hand_n == 4
+    assert mean == pytest.approx(hand_mean, rel=1e-12)
+    assert half == pytest.approx(hand_half, rel=1e-9)
+
+
+def test_t_critical_table_and_expansion_are_close_to_scipy() -> None:
+    # table values t_{0.975, df} for df = 1, 2, 5, 10, 30 (any statistics textbook)
+    for df, table in ((1, 12.706), (2, 4.303), (5, 2.571), (10, 2.228), (30, 2.042)):
+        assert t_critical(df, use_scipy=False) == pytest.approx(table, abs=5e-4)
+        assert t_critical(df) == pytest.approx(table, abs=5e-4)
+    for df in range(1, 31):
+        assert t_critical(df, use_scipy=False) == pytest.approx(float(student_t.ppf(0.975, df)), abs=1e-8)
+    for df in (31, 35, 50, 100, 500, 10_000):
+        assert t_critical(df, use_scipy=False) == pytest.approx(float(student_t.ppf(0.975, df)), abs=1e-4)
+    with pytest.raises(ValueError):
+        t_critical(0)
+
+
+# ---------------------------------------------------------------------------------------------------- aggregate
+def test_aggregate_pools_seeds_per_series_and_x_and_skips_failed_runs() -> None:
+    rng = np.random.default_rng(4)
+    expected: dict[tuple[str, int], list[float]] = {}
+    runs = []
+    for variant in ("dot", "additive"):
+        for d_k in (16, 32, 64):
+            n = int(rng.integers(1, 5))
+            for seed in range(n):
+                value = float(rng.uniform(0.5, 0.95))
+                expected.setdefault((variant, d_k), []).append(value)
+                runs.append(make_run({"variant.name": variant, "d_k": d_k}, seed=seed, metrics={"test/acc": value}))
+            # a failed run with an outlying value in every configuration
+            runs.append(
+                make_run({"variant.name": variant, "d_k": d_k}, seed=99, status="failed", metrics={"test/acc": 0.0})
+            )
+    # a configuration that only failed: it has no point
+    runs.append(make_run({"variant.name": "dot", "d_k": 128}, seed=0, status="failed", metrics={"test/acc": 0.1}))
+    rng.shuffle(runs)
+    sweep = Sweep(runs)
+    x, variant_dim = sweep.dim("d_k"), sweep.dim("variant")
+    series = aggregate(runs, sweep, "test/acc", x, [variant_dim])
+    assert [s.label for s in series] == ["additive", "dot"]
+    assert [s.key for s in series] == [("additive",), ("dot",)]
+    for s in series:
+        variant = s.key[0]
+        assert [p.x for p in s.points] == [16.0, 32.0, 64.0]
+        for p in s.points:
+            values = expected[variant, int(p.x)]
+            mean, half, n = hand_ci(values)
+            assert p.n == n
+            assert sorted(p.values) == sorted(values)
+            assert p.mean == pytest.approx(mean, rel=1e-12)
+            if half is None:
+                assert p.half_width is None
+            else:
+                assert p.half_width == pytest.approx(half, rel=1e-9)
+
+
+def test_aggregate_without_series_dims_pools_every_configuration_at_each_x() -> None:
+    rng = np.random.default_rng(5)
+    by_x: dict[int, list[float]] = {}
+    runs = []
+    for variant in ("dot", "additive"):
+        for d_k in (8, 64):
+            for seed in range(3):
+                value = float(rng.uniform(0.3, 0.9))
+                by_x.setdefault(d_k, []).append(value)
+                runs.append(make_run({"variant.name": variant, "d_k": d_k}, seed=seed, metrics={"test/acc": value}))
+    sweep = Sweep(runs)
+    (only,) = aggregate(runs, sweep, "test/acc", sweep.dim("d_k"), [])
+    assert only.label == "all runs"
+    assert [p.x for p in only.points] == [8.0, 64.0]
+    for p in only.points:
+        mean, half, n = hand_ci(by_x[int(p.x)])
+        assert (p.n, p.mean, p.half_width) == (n, pytest.approx(mean), pytest.approx(half))
+
+
+def test_aggregate_uses_the_value_index_for_a_categorical_x() -> None:
+    rng = np.random.default_rng(6)
+    runs, by_variant = [], {}
+    for variant in ("general", "dot", "additive"):
+        for seed in range(2):
+            value = float(rng.uniform())
+            by_variant.setdefault(variant, []).append(value)
+            runs.append(make_run({"variant.name": variant}, seed=seed, metrics={"test/acc": value}))
+    sweep = Sweep(runs)
+    (only,) = aggregate(runs, sweep, "test/acc", sweep.dim("variant"), [])
+    ordered = sorted(by_variant)  # additive, dot, general
+    assert [p.x for p in only.points] == [0.0, 1.0, 2.0]
+    for p in only.points:
+        assert p.mean == pytest.approx(hand_ci(by_variant[ordered[int(p.x)]])[0])
+
+
+def test_point_interval_clips_to_the_metric_range() -> None:
+    acc = spec_for("test/acc")
+    assert Point(x=0.0, mean=0.98, half_width=0.05, n=3, values=()).interval(acc) == (pytest.approx(0.93), 1.0)
+    assert Point(x=0.0, mean=0.02, half_width=0.05, n=3, values=()).interval(acc) == (0.0, pytest.approx(0.07))
+    assert Point(x=0.0, mean=0.5, half_width=0.1, n=3, values=()).interval(acc) == (
+        pytest.approx(0.4),
+        pytest.approx(0.6),
+    )
+    loss = spec_for("test/loss")
+    assert Point(x=0.0, mean=0.1, half_width=0.3, n=3, values=()).interval(loss) == (0.0, pytest.approx(0.4))
+    assert Point(x=0.0, mean=5.0, half_width=0.5, n=3, values=()).interval(loss) == (4.5, 5.5)
+    assert Point(x=0.0, mean=0.5, half_width=None, n=1, values=(0.5,)).interval(acc) is None
+
+
+# ---------------------------------------------------------------------------------------------------- headline
+def _headline_runs(metric: str, low: float, high: float, rng: np.random.Generator, failed_value: float):
+    """variant x heads x d_k, 1 to 4 seeds each, plus a failed run per configuration with ``failed_value``."""
+    expected: dict[tuple[tuple[str, int], int], list[float]] = {}
+    params = {"dot": 1000, "additive": 2000, "general": 3000}
+    runs = []
+    for variant in ("dot", "additive", "general"):
+        for heads in (1, 2):
+            for d_k in (16, 32):
+                cfg = {"variant.name": variant, "num_heads": heads, "d_k": d_k}
+                for seed in range(int(rng.integers(1, 5))):
+                    value = float(rng.uniform(low, high))
+                    expected.setdefault(((variant, heads), d_k), []).append(value)
+                    runs.append(make_run(cfg, seed=seed, metrics={metric: value}, params=params[variant] + heads))
+                runs.append(make_run(cfg, seed=50, status="failed", metrics={metric: failed_value}))
+    rng.shuffle(runs)
+    return runs, expected, params
+
+
+@pytest.mark.parametrize(("metric", "higher"), [("test/acc", True), ("test/loss", False)])
+def test_headline_cells_and_best_per_column_match_hand_computation(metric: str, higher: bool) -> None:
+    rng = np.random.default_rng(7 if higher else 8)
+    low, high = (0.4, 0.95) if higher else (0.1, 2.0)
+    # a failed run with a value that would win the column if it were counted
+    runs, expected, params = _headline_runs(metric, low, high, rng, failed_value=1.0 if higher else 0.0)
+    sweep = Sweep(runs)
+    column = sweep.dim("d_k")
+    table = headline(runs, sweep, metric, column)
+    assert table.columns == [16, 32]
+    assert [key for _, key in table.rows] == [(v, h) for v in ("additive", "dot", "general") for h in (1, 2)]
+    assert [label for label, _ in table.rows] == [
+        f"{v} · heads={h}" for v in ("additive", "dot", "general") for h in (1, 2)
+    ]
+    assert set(table.cells) == set(expected)
+    for (row, col), values in expected.items():
+        mean, half, n = hand_ci(values)
+        cell = table.cells[row, col]
+        assert cell.n == n
+        assert cell.mean == pytest.approx(mean, rel=1e-12)
+        assert (cell.half_width is None) == (half is None)
+        if half is not None:
+            assert cell.half_width == pytest.approx(half, rel=1e-9)
+        assert cell.params == (params[row[0]] + row[1],)
+    for col in (16, 32):
+        best_row, best_mean = None, None
+        for (row, c), values in expected.items():
+            if c != col:
+                continue
+            mean = sum(values) / len(values)
+            if best_mean is None or (mean > best_mean if higher else mean < best_mean):
+                best_row, best_mean = row, mean
+        assert table.best[col] == best_row
+
+
+def test_headline_without_a_column_has_one_column_of_every_configuration() -> None:
+    rng = np.random.default_rng(9)
+    runs, expected = [], {}
+    for variant in ("dot", "additive"):
+        for seed in range(3):
+            value = float(rng.uniform(0.5, 0.9))
+            expected.setdefault(variant, []).append(value)
+            runs.append(make_run({"variant.name": variant}, seed=seed, metrics={"test/acc": value}))
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", None)
+    assert table.columns == [None]
+    assert sorted(table.cells) == [(("additive",), None), (("dot",), None)]
+    for variant, values in expected.items():
+        assert table.cells[(variant,), None].mean == pytest.approx(sum(values) / len(values))
+
+
+def _two_configs(winner: list[float], runner: list[float], metric: str = "test/acc") -> tuple[Sweep, list[Run]]:
+    runs = [make_run({"variant.name": "dot"}, seed=s, metrics={metric: v}) for s, v in enumerate(winner)]
+    runs += [make_run({"variant.name": "additive"}, seed=s, metrics={metric: v}) for s, v in enumerate(runner)]
+    return Sweep(runs), runs
+
+
+def test_sentence_names_winner_runner_up_margin_and_separated_intervals() -> None:
+    sweep, runs = _two_configs([0.90, 0.91, 0.92], [0.85, 0.86, 0.87])
+    text = headline(runs, sweep, "test/acc", None).sentence()
+    assert text.startswith("Best test/acc: dot")
+    assert "Runner-up: additive" in text
+    assert "5.0 points behind" in text
+    assert "do not overlap" in text
+
+
+def test_sentence_margin_and_overlap_verdict_match_hand_intervals() -> None:
+    rng = np.random.default_rng(10)
+    for gap, spread, overlap_expected in ((0.04, 0.001, False), (0.01, 0.05, True)):
+        a = [float(v) for v in 0.80 + rng.normal(0, spread, size=3)]
+        # the same spread around a mean lower by ``gap``: the same noise, shuffled
+        b = [float(v) - gap for v in rng.permutation(a)]
+        ma, ha, _ = hand_ci(a)
+        mb, hb, _ = hand_ci(b)
+        overlap = ma - ha <= mb + hb and mb - hb <= ma + ha
+        assert overlap is overlap_expected  # the draw does what the test needs
+        winner, loser = ("dot", "additive") if ma > mb else ("additive", "dot")
+        sweep, runs = _two_configs(a, b)
+        text = headline(runs, sweep, "test/acc", None).sentence()
+        assert text.startswith(f"Best test/acc: {winner}")
+        assert f"Runner-up: {loser}" in text
+        assert f"{100 * abs(ma - mb):.1f} points behind" in text
+        if overlap_expected:
+            assert "intervals overlap" in text and "do not overlap" not in text
+        else:
+            assert "do not overlap" in text
+
+
+def test_sentence_says_one_seed_when_there_is_no_interval() -> None:
+    sweep, runs = _two_configs([0.9], [0.8])
+    text = headline(runs, sweep, "test/acc", None).sentence()
+    assert "one seed" in text
+    assert "overlap" not in text
+    assert "10.0 points behind" in text
+
+
+def test_sentence_for_a_loss_names_the_lowest_mean() -> None:
+    sweep, runs = _two_configs([1.5, 1.6, 1.7], [0.5, 0.6, 0.7], metric="test/loss")
+    table = headline(runs, sweep, "test/loss", None)
+    text = table.sentence()
+    assert text.startswith("Best test/loss: additive")
+    assert "Runner-up: dot" in text
+    assert "points" not in text
+    assert f"{1.6 - 0.6:.3g} behind" in text
+    assert table.best[None] == ("additive",)
+
+
+def test_sentence_runner_up_is_at_the_winners_column() -> None:
+    # dot wins at d_k=32 (0.95); additive's best is 0.93 at d_k=16, but at d_k=32 it has 0.80
+    values = {("dot", 16): 0.70, ("dot", 32): 0.95, ("additive", 16): 0.93, ("additive", 32): 0.80}
+    runs = []
+    for (variant, d_k), v in values.items():
+        runs += [make_run({"variant.name": variant, "d_k": d_k}, seed=s, metrics={"test/acc": v}) for s in range(2)]
+    sweep = Sweep(runs)
+    text = headline(runs, sweep, "test/acc", sweep.dim("d_k")).sentence()
+    assert text.startswith("Best test/acc: dot at d_k=32")
+    assert "Runner-up: additive" in text
+    assert f"{100 * (0.95 - 0.80):.1f} points behind" in text
+
+
+def test_sentence_says_the_winner_is_best_at_every_column_value() -> None:
+    rng = np.random.default_rng(17)
+
+    def runs_where(additive_wins_at: int | None) -> list[Run]:
+        runs = []
+        for d_k in (16, 32, 64):
+            for seed in range(2):
+                good, bad = float(rng.uniform(0.85, 0.95)), float(rng.uniform(0.40, 0.60))
+                dot, additive = (bad, good) if d_k == additive_wins_at else (good, bad)
+                runs.append(make_run({"variant.name": "dot", "d_k": d_k}, seed=seed, metrics={"test/acc": dot}))
+                runs.append(
+                    make_run({"variant.name": "additive", "d_k": d_k}, seed=seed, metrics={"test/acc": additive})
+                )
+        return runs
+
+    runs = runs_where(None)
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", sweep.dim("d_k"))
+    assert table.best == {16: ("dot",), 32: ("dot",), 64: ("dot",)}
+    assert "It is best at every d_k." in table.sentence()
+    # once additive wins one column, the claim goes
+    runs = runs_where(64)
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", sweep.dim("d_k"))
+    assert table.best == {16: ("dot",), 32: ("dot",), 64: ("additive",)}
+    assert "best at every" not in table.sentence()
+
+
+def test_headline_skips_runs_without_the_metric_and_names_no_winner_without_a_direction() -> None:
+    rng = np.random.default_rng(18)
+    runs = []
+    for variant in ("dot", "additive"):
+        for seed in range(2):
+            values = {"test/acc": float(rng.uniform()), "attn/saturation": float(rng.uniform())}
+            runs.append(make_run({"variant.name": variant}, seed=seed, metrics=values))
+    runs += [make_run({"variant.name": "general"}, seed=s, metrics={}) for s in range(2)]
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", None)
+    assert [key for _, key in table.rows] == [("additive",), ("dot",)]
+    diag = headline(runs, sweep, "attn/saturation", None)
+    assert diag.best == {} and diag.winner() is None
+    assert diag.sentence() == "attn/saturation has no better direction, so no winner is named."
+    assert headline(runs, sweep, "test/nothing", None).sentence() == "No finished run reports test/nothing."
+
+
+# ---------------------------------------------------------------------------------------------------- curves
+def _rows(steps: list[int], values: list[float | None], metric: str) -> list[dict[str, Any]]:
+    return [{"step": s, metric: v} for s, v in zip(steps, values, strict=True)]
+
+
+def test_curves_mean_and_band_per_step_match_hand_computation() -> None:
+    rng = np.random.default_rng(12)
+    metric = "train/loss"
+    steps = list(range(0, 100, 10))
+    by_variant: dict[str, dict[int, list[float]]] = {}
+    runs = []
+    for variant in ("dot", "additive"):
+        for seed in range(3):
+            values: list[float | None] = [float(v) for v in rng.uniform(0.2, 2.5, size=len(steps))]
+            run_steps = list(steps)
+            if seed == 1:
+                values[2] = None  # a null in the log
+                values[5] = float("nan")
+                run_steps, values = run_steps[:-1], values[:-1]  # and a shorter run
+            for s, v in zip(run_steps, values, strict=True):
+                if v is not None and math.isfinite(v):
+                    by_variant.setdefault(variant, {}).setdefault(s, []).append(v)
+            runs.append(make_run({"variant.name": variant}, seed=seed, rows=_rows(run_steps, values, metric)))
+    sweep = Sweep(runs)
+    found = curves(runs, sweep, metric, [sweep.dim("variant")])
+    assert [c.label for c in found] == ["additive", "dot"]
+    for curve in found:
+        at = by_variant[curve.key[0]]
+        assert curve.steps.tolist() == [float(s) for s in sorted(at)]
+        for i, s in enumerate(sorted(at)):
+            mean, half, n = hand_ci(at[s])
+            assert curve.n[i] == n
+            assert curve.mean[i] == pytest.approx(mean, rel=1e-12)
+            if half is None:
+                assert math.isnan(curve.low[i]) and math.isnan(curve.high[i])
+            else:
+                assert curve.low[i] == pytest.approx(max(mean - half, 0.0), rel=1e-9, abs=1e-12)
+                assert curve.high[i] == pytest.approx(mean + half, rel=1e-9)
+        assert curve.n.tolist()[2] == 2 and curve.n.tolist()[-1] == 2
+
+
+def test_curves_include_failed_runs() -> None:
+    rng = np.random.default_rng(19)
+    ok_values = [float(v) for v in rng.uniform(1, 2, size=4)]
+    failed_values = [float(v) for v in rng.uniform(5, 9, size=2)]  # diverged, then crashed after step 1
+    runs = [
+        make_run({}, seed=0, rows=_rows([0, 1, 2, 3], ok_values, "train/loss")),
+        make_run({}, seed=1, status="failed", rows=_rows([0, 1], failed_values, "train/loss")),
+    ]
+    (curve,) = curves(runs, Sweep(runs), "train/loss", [])
+    assert curve.n.tolist() == [2, 2, 1, 1]
+    assert curve.mean.tolist() == pytest.approx(
+        [(ok_values[0] + failed_values[0]) / 2, (ok_values[1] + failed_values[1]) / 2, ok_values[2], ok_values[3]]
+    )
+
+
+def test_curves_band_is_clipped_to_the_unit_range_for_accuracy() -> None:
+    rng = np.random.default_rng(13)
+    steps = list(range(5))
+    per_step: dict[int, list[float]] = {}
+    runs = []
+    for seed in range(2):
+        values = [float(v) for v in rng.uniform(0.5, 1.0, size=len(steps))]
+        for s, v in zip(steps, values, strict=True):
+            per_step.setdefault(s, []).append(v)
+        runs.append(make_run({}, seed=seed, rows=_rows(steps, values, "val/acc")))
+    sweep = Sweep(runs)
+    (curve,) = curves(runs, sweep, "val/acc", [])
+    clipped_somewhere = False
+    for i, s in enumerate(steps):
+        mean, half, _ = hand_ci(per_step[s])
+        assert curve.low[i] == pytest.approx(max(mean - half, 0.0))
+        assert curve.high[i] == pytest.approx(min(mean + half, 1.0))
+        clipped_somewhere |= mean + half > 1.0 or mean - half < 0.0
+    assert clipped_somewhere  # two seeds of a wide uniform: t_{0.975,1} = 12.7 makes the band leave [0, 1]
+
+
+def test_curves_with_one_seed_have_a_nan_band() -> None:
+    values = [float(v) for v in np.random.default_rng(14).uniform(1, 2, size=6)]
+    run = make_run({}, rows=_rows(list(range(0, 60, 10)), values, "train/loss"))
+    (curve,) = curves([run], Sweep([run]), "train/loss", [])
+    assert curve.mean.tolist() == pytest.approx(values)
+    assert np.isnan(curve.low).all() and np.isnan(curve.high).all()
+    assert curve.n.tolist() == [1] * 6
+
+
+def test_curves_thinning_keeps_first_and_last_step() -> None:
+    rng = np.random.default_rng(15)
+    steps = [5 * i for i in range(457)]
+    values = [float(v) for v in rng.uniform(0, 3, size=len(steps))]
+    run = make_run({}, rows=_rows(steps, values, "train/loss"))
+    (curve,) = curves([run], Sweep([run]), "train/loss", [])
+    kept = curve.steps.tolist()
+    assert 2 <= len(kept) <= MAX_CURVE_POINTS == 200
+    assert kept[0] == 0.0 and kept[-1] == float(steps[-1])
+    assert kept == sorted(set(kept))
+    value_at = dict(zip(steps, values, strict=True))
+    for s, m in zip(kept, curve.mean.tolist(), strict=True):
+        assert s in value_at
+        assert m == pytest.approx(value_at[int(s)])
+    # exactly 200 steps are not thinned
+    run = make_run({}, rows=_rows(list(range(200)), values[:200], "train/loss"))
+    (curve,) = curves([run], Sweep([run]), "train/loss", [])
+    assert curve.steps.tolist() == [float(s) for s in range(200)]
+
+
+# ---------------------------------------------------------------------------------------------------- best_runs
+def test_best_runs_orders_by_the_metrics_direction_and_skips_failed_runs() -> None:
+    rng = np.random.default_rng(16)
+    runs = []
+    for metric in ("test/acc", "test/loss"):
+        runs.clear()
+        for variant in ("dot", "additive"):
+            for seed in range(4):
+                runs.append(make_run({"variant.name": variant}, seed=seed, metrics={metric: float(rng.uniform())}))
+            runs.append(make_run({"variant.name": variant}, seed=9, status="failed", metrics={metric: 0.5}))
+            runs.append(make_run({"variant.name": variant}, seed=10, metrics={}))  # no value
+        grouped = best_runs(runs, metric, lambda r: r.variant)
+        assert sorted(grouped) == ["additive", "dot"]
+        for variant, members in grouped.items():
+            assert len(members) == 4
+            finals = [r.summary["metrics"][metric] for r in members]
+            assert finals == sorted(finals, reverse=metric == "test/acc")
+            assert all(r.ok and r.variant == variant for r in members)
+
+
+# ---------------------------------------------------------------------------------------------------- metrics
+def test_parse_metric_splits_length_head_and_layer_names() -> None:
+    assert parse_metric("test/acc@64") == ("length", "test/acc", {"length": 64})
+    assert parse_metric("val/loss@1024") == ("length", "val/loss", {"length": 1024})
+    assert parse_metric("attn/L1H0/saturation") == ("head", "attn/saturation", {"layer": 1, "head": 0})
+    assert parse_metric("attn/L12H7/entropy_norm") == ("head", "attn/entropy_norm", {"layer": 12, "head": 7})
+    assert parse_metric("attn/L3/entropy_norm") == ("layer", "attn/entropy_norm", {"layer": 3})
+    assert parse_metric("test/acc") == ("scalar", "test/acc", {})
+    assert parse_metric("attn/saturation") == ("scalar", "attn/saturation", {})
+    assert parse_metric("test/acc@") == ("scalar", "test/acc@", {})
+
+
+def test_spec_for_accuracies_is_a_percentage_where_higher_is_better() -> None:
+    for name in ("val/acc_best", "test/acc@64", "test/acc", "train/acc"):
+        spec = spec_for(name)
+        assert spec.percent, name
+        assert spec.higher_is_better is True, name
+        assert (spec.low, spec.high) == (0.0, 1.0), name
+        assert spec.format_margin(0.05) == "5.0 points"
+
+
+def test_spec_for_loss_and_bpc_is_lower_is_better() -> None:
+    for name in ("test/loss", "train/loss", "val/loss@128", "test/bpc"):
+        spec = spec_for(name)
+        assert spec.higher_is_better is False, name
+        assert not spec.percent, name
+        assert spec.low == 0.0 and spec.high is None, name
+
+
+def test_spec_for_attention_fractions_is_the_unit_range_without_a_direction() -> None:
+    for name in ("attn/saturation", "attn/L1H0/saturation", "attn/L0/saturation", "attn/entropy_norm"):
+        spec = spec_for(name)
+        assert (spec.low, spec.high) == (0.0, 1.0), name
+        assert spec.higher_is_better is None, name
+    assert spec_for("attn/saturation").title != spec_for("attn/entropy_norm").title
+
+
+def test_an_unknown_metric_gets_the_catch_all_spec() -> None:
+    spec = spec_for("my/odd_metric")
+    assert spec == MetricSpec(title="value")
+    assert spec_for("foo") == MetricSpec(title="value")
+
+
+def test_a_registered_metric_takes_precedence_over_the_built_in_families() -> None:
+    before = list(metrics_module._FAMILIES)
+    assert spec_for("test/acc").title == "accuracy"
+    made = None
+    try:
+        made = register_metric(r"test/acc", "my accuracy", unit="ratio", higher_is_better=False)
+        assert spec_for("test/acc") is made
+        assert spec_for("test/acc@64") is made
+        assert spec_for("val/acc").title == "accuracy"  # the pattern is matched in full
+    finally:
+        metrics_module._FAMILIES[:] = [f for f in metrics_module._FAMILIES if made is None or f[1] is not made]
+    assert metrics_module._FAMILIES == before
+    assert spec_for("test/acc").title == "accuracy"
+
+
+def test_a_tie_is_named_as_a_tie_and_every_tied_cell_is_marked_best() -> None:
+    runs = [
+        make_run({"variant.name": variant}, seed=seed, metrics={"test/acc": 0.5 + 0.1 * seed})
+        for variant in ("dot", "scaled_dot", "additive")
+        for seed in range(2)
+    ]
+    runs[-1].summary["metrics"]["test/acc"] = 0.1  # additive is worse
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", None)
+    sentence = table.sentence()
+    assert sentence.startswith("Best test/acc: dot, 55.0 %") and "Tied with scaled_dot, 55.0 %" in sentence
+    marked = [label for label, key in table.rows if table.is_best(key, None)]
+    assert marked == ["dot", "scaled_dot"]
