@@ -81,6 +81,8 @@ def write_run(
     datamodule: dict | None = None,
     lengths: dict[int, float] | None = None,
     normalizer: str | None = None,
+    lr: float = 0.003,
+    optimized: float | None = None,
 ) -> Path:
     """One synthetic run folder; ``status=None`` leaves out summary.json (a crashed run). ``lengths`` ({L: acc})
     adds ``test/acc@L`` and ``test/loss@L`` (= 1 - acc) as a run with ``task.datamodule.test_lengths`` has them;
@@ -92,7 +94,7 @@ def write_run(
         f"variant:\n  name: {json.dumps(variant)}\n  params: {{}}\nmask:\n  name: none\ntask:\n"
         f"  name: {json.dumps(task)}\n  datamodule: {json.dumps(datamodule or {})}\n"
         f"d_model: {d_model}\nd_k: {'null' if d_k is None else d_k}\nnum_heads: {num_heads}\nnum_layers: {LAYERS}\n"
-        f"lr: 0.003\nbatch_size: 32\nmax_steps: 100\nseed: {seed}\nmodel:\n  pos_encoding: sinusoidal\n"
+        f"lr: {lr}\nbatch_size: 32\nmax_steps: 100\nseed: {seed}\nmodel:\n  pos_encoding: sinusoidal\n"
         f"normalizer:\n  name: {json.dumps(normalizer or 'softmax')}\n"
     )
     by_length = {}
@@ -137,6 +139,8 @@ def write_run(
             final = {k: v for k, v in _diag_row(variant, resolved, 100).items() if k.count("/") == 1}
             summary["metrics"] = {"val/acc_best": acc, "val/acc": acc, "test/acc": acc, "test/loss": 0.9, **final}
             summary["metrics"].update(by_length)
+            if optimized is not None:
+                summary["metrics"]["val/acc_best"] = optimized
             summary["attn_init"] = {k: v for k, v in _diag_row(variant, resolved, 0).items() if k.count("/") == 1}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     if image:
@@ -467,6 +471,25 @@ def test_length_section_escaped_with_training_length(length_page: Path) -> None:
     assert "\u2039script\u203aalert(1)\u2039/script\u203a · normalizer=softmax" in {t["name"] for t in fig["data"]}
     notes = {a["text"] for a in fig["layout"]["annotations"]}
     assert "train L=16" in notes and "train L=8" in notes
+
+
+def test_an_optuna_like_search_gets_a_search_view_with_the_best_run(tmp_path: Path) -> None:
+    """Six trials, each with its own lr (and d_k from a choice): the search view plots val/acc_best against lr
+    and d_k, one point per run, and stars and names the best trial."""
+    trials = [(1e-4, 8, 0.30), (3e-4, 16, 0.55), (1e-3, 8, 0.80), (2e-3, 32, 0.72), (5e-3, 16, 0.61), (1e-2, 8, 0.2)]
+    for i, (lr, d_k, acc) in enumerate(trials):
+        write_run(tmp_path / f"{i}_trial", "scaled_dot", d_k, 0, lr=lr, optimized=acc)
+    html = build_html(load_runs(tmp_path))
+    assert '<section id="search">' in html
+    section = html[html.index('<section id="search">') : html.index("</section>", html.index('id="search"'))]
+    assert "Best run: 2_trial (d_k=8, lr=0.001): val/acc_best = 80.0 %." in html_lib.unescape(section)
+    fig = _figure_json(html, re.search(r'id="(fig-\d+)"', section).group(1))
+    points = [t for t in fig["data"] if t["name"] == "runs"]
+    stars = [t for t in fig["data"] if t["name"] == "best run"]
+    assert len(points) == len(stars) == 2  # one panel per searched key: d_k and lr
+    by_panel = {t["xaxis"]: t for t in points}
+    assert sorted(zip(by_panel["x2"]["x"], by_panel["x2"]["y"], strict=True)) == sorted((lr, a) for lr, _, a in trials)
+    assert [(s["x"], s["y"]) for s in stars] == [([8.0], [0.8]), ([0.001], [0.8])]
 
 
 def test_page_size_is_plotly_plus_a_little(page: Path) -> None:
