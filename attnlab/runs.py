@@ -44,6 +44,7 @@ __all__ = [
     "CONFIG_FILE",
     "LOG_FILE",
     "METRICS_FILE",
+    "NEUTRAL_KEYS",
     "SCHEMA_VERSION",
     "SUMMARY_FILE",
     "LoadedRun",
@@ -56,6 +57,8 @@ __all__ = [
     "SweepJournal",
     "atomic_open",
     "find_runs",
+    "flatten_config",
+    "is_neutral",
     "load_run",
     "read_metrics",
     "utc_now",
@@ -80,6 +83,35 @@ LOCK_WAIT_S = 2.0  # how long a second writer waits for the lock (a dashboard ma
 # the files and folders that make up a run (what overwrite=true removes); anything else in the folder is left alone
 RUN_ENTRIES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, CHECKPOINT_DIR, ATTENTION_DIR, "attention_maps.png")
 RUN_ENTRIES += ("wandb", WANDB_ID_FILE, "csv", ".hydra")
+
+
+NEUTRAL_KEYS = (
+    "logger",
+    "threads",
+    "results_table",
+    "resume",
+    "ckpt_path",
+    "overwrite",
+    "diagnostics.heatmaps",
+    "trainer.enable_progress_bar",
+)
+"""config.yaml keys (and everything under them) that cannot change a run's numbers: a resume may change them, and
+the dashboard never compares runs by them."""
+
+
+def is_neutral(key: str) -> bool:
+    """Whether the dotted config ``key`` is one of :data:`NEUTRAL_KEYS` or lies under one."""
+    return any(key == root or key.startswith(root + ".") for root in NEUTRAL_KEYS)
+
+
+def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
+    """The leaves of a nested config as ``{"a.b": value}``; an empty mapping is a leaf (``{}``)."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten_config(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
 
 
 class RunFileError(Exception):

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from attnlab.dashboard.dims import Sweep
-from attnlab.dashboard.load import Run, load_runs
+from attnlab.dashboard.load import MISSING, Run, load_runs
 from attnlab.dashboard.metrics import spec_for
-from attnlab.dashboard.page import Options, build_html, headline_metrics
+from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
 from attnlab.runs import CONFIG_FILE, SUMMARY_FILE
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
@@ -62,11 +63,7 @@ def write_dashboard(
 def _fmt(value: float | int | None, kind: str) -> str:
     if value is None:
         return "-"
-    if kind == "int":
-        return f"{int(value):,}"
-    if kind == "time":
-        return f"{value:.1f} s" if value < 120 else f"{int(value // 60)}m {int(value % 60):02d}s"
-    return f"{value:.3f}"
+    return f"{int(value):,}" if kind == "int" else f"{value:.3f}"
 
 
 def print_table(runs: Sequence[Run], console: Any = None) -> None:
@@ -98,7 +95,7 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
             _fmt(run.final("attn/entropy_norm"), "f"),
             _fmt(run.final("attn/saturation"), "f"),
             Text(run.status),
-            _fmt(run.wall_time_s, "time"),
+            format_time(run.wall_time_s),
             style=style,
         )
     console.print(table)
@@ -123,13 +120,11 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
         writer = csv.writer(f)
         writer.writerow(columns)
         for run in runs:
-            params = run._get("variant_params", "variant.params") or {}
-            import json
-
+            params = run.setting("variant_params", "variant.params") or {}
             row: list[Any] = [run.name, run.variant, json.dumps(params, sort_keys=True, default=str) if params else ""]
-            row += [run.mask, run.task, run._get("pos_encoding", "model.pos_encoding"), run.d_k, run.num_heads]
+            row += [run.mask, run.task, run.setting("pos_encoding", "model.pos_encoding"), run.d_k, run.num_heads]
             row += [run.d_model]
-            row += [None if run.value(k) == "—" else run.value(k) for k in swept]
+            row += [None if run.value(k) == MISSING else run.value(k) for k in swept]
             row += [run.seed, run.params, run.status, run.reason or ""]
             row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
             row += [run.final(m) for m in CSV_METRICS]
@@ -148,7 +143,7 @@ _CONFIG_KEYS = {  # where a run older than its summary field keeps a setting in 
 
 
 def _setting(run: Run, key: str) -> Any:
-    return run._get(key, _CONFIG_KEYS.get(key))
+    return run.setting(key, _CONFIG_KEYS.get(key))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,8 @@
 or more values is a *dimension*. Seeds are replicates, never a dimension. Keys that only repeat another are left
 out, so that a sweep over ``variant`` has one dimension, not five:
 
-* bookkeeping that differs per run without being a setting (``seed``, ``resume``, ``threads``, ``logger.*``, ...);
+* bookkeeping that differs per run without being a setting (``seed``, and :data:`attnlab.runs.NEUTRAL_KEYS`:
+  ``resume``, ``threads``, ``logger.*``, ...);
 * a mirror: a key whose value equals another key's in every run (``trainer.max_steps`` = ``max_steps``);
 * a key inside a named group that is fixed by the group's name (``variant.params.d_attn`` once ``variant.name``
   is known, ``task.datamodule.*`` once ``task.name`` is);
@@ -26,29 +27,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from attnlab.dashboard.load import MISSING, Run, finite, natural_key
+from attnlab.runs import is_neutral
 
-__all__ = ["IGNORED_KEYS", "Dimension", "Sweep", "format_value"]
+__all__ = ["IGNORED_KEYS", "Dimension", "Sweep", "format_value", "wide_range"]
 
 IGNORED_KEYS = (
     "seed",
     "*.seed",
-    "resume",
-    "overwrite",
-    "ckpt_path",
-    "results_table",
-    "threads",
     "imports",
     "smoke",
     "optimized_metric",
-    "logger.*",
     "diagnostics.*",
     "hydra.*",
     "trainer.enable_*",
     "trainer.log_every_n_steps",
     "task.datamodule.test_lengths",
 )
-"""Config keys (``fnmatch`` patterns) that are never a dimension: replicates and bookkeeping (the test lengths are
-the x axis of their own chart)."""
+"""Config keys (``fnmatch`` patterns) that are never a dimension besides :data:`attnlab.runs.NEUTRAL_KEYS` (which
+cannot change a run's numbers): replicates and bookkeeping (the test lengths are the x axis of their own chart)."""
 
 _ORDER = (
     "variant.name",
@@ -91,6 +87,12 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def wide_range(values: Iterable[float]) -> bool:
+    """Whether positive ``values`` span a factor of 8 or more (drawn on a log axis)."""
+    xs = list(values)
+    return bool(xs) and min(xs) > 0 and max(xs) >= 8 * min(xs)
+
+
 def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
@@ -125,8 +127,7 @@ class Dimension:
     def log(self) -> bool:
         """Whether charts put this key on a log axis: numeric, all positive, spanning a factor of 8 or more
         (d_k 8..512, lr 1e-4..1e-2, lengths 16..256; not heads 1..4)."""
-        numbers = [float(v) for v in self.values if _is_number(v)]
-        return self.numeric and min(numbers) > 0 and max(numbers) >= 8 * min(numbers)
+        return self.numeric and wide_range(float(v) for v in self.values if _is_number(v))
 
     def format(self, value: Any) -> str:
         """A value of this key as text."""
@@ -149,7 +150,7 @@ class Sweep:
         keys: set[str] = set()
         for run in self.runs:
             keys.update(run.flat)
-        keys = {k for k in keys if not any(fnmatch.fnmatchcase(k, pattern) for pattern in IGNORED_KEYS)}
+        keys = {k for k in keys if not is_neutral(k) and not any(fnmatch.fnmatchcase(k, p) for p in IGNORED_KEYS)}
         column = {k: [_hashable(run.value(k)) for run in self.runs] for k in keys}
         varying = sorted((k for k in keys if len(set(column[k])) > 1), key=_key_order)
         self.constants: dict[str, Any] = {k: column[k][0] for k in sorted(keys - set(varying), key=_key_order)}

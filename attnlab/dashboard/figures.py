@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.dashboard.dims import Dimension, Sweep
+from attnlab.dashboard.dims import Dimension, Sweep, wide_range
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import MetricSpec, spec_for
-from attnlab.dashboard.stats import Curve, Series, aggregate, aggregate_lengths, curves, x_position
+from attnlab.dashboard.stats import Curve, Series, aggregate, aggregate_lengths, best_run, curves, x_position
 
 __all__ = [
     "MAX_COLS",
@@ -183,11 +183,6 @@ def _x_axis(layout: dict[str, Any], i: int, dim: Dimension | None, xs: Sequence[
             axis["type"] = "log"
 
 
-def _log_axis(xs: Sequence[float]) -> bool:
-    xs = [x for x in xs if x is not None]
-    return bool(xs) and min(xs) > 0 and max(xs) >= 8 * min(xs)
-
-
 def _y_axis(layout: dict[str, Any], i: int, spec: MetricSpec, metric: str) -> None:
     axis = layout[f"yaxis{_axis(i)}"]
     axis["title"] = {"text": plain(spec.axis_title(metric)), "standoff": 4, "font": {"size": 11}}
@@ -299,8 +294,25 @@ def _series_traces(
     return traces
 
 
-def _panels(sweep: Sweep, facet: Dimension | None) -> list[Any]:
-    return list(facet.values) if facet is not None else [None]
+def _facet_grid(metrics: Sequence[str], facet: Dimension | None, cols: int) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Panels ``(metric, facet value)`` and their titles: with a facet, one row (or more, ``cols`` wide) per metric
+    and one panel per facet value, padded with empty panels ``("", None)``; without, the metrics in a grid."""
+    panels: list[tuple[str, Any]] = []
+    titles: list[str] = []
+    for metric in metrics:
+        for value in facet.values if facet is not None else [None]:
+            panels.append((metric, value))
+            titles.append(f"{metric} · {facet.label(value)}" if facet is not None else metric)
+        while facet is not None and len(panels) % cols:
+            panels.append(("", None))
+            titles.append("")
+    return panels, titles
+
+
+def _hide(layout: dict[str, Any], i: int) -> None:
+    """Hide the axes of an empty panel."""
+    layout[f"xaxis{_axis(i)}"]["visible"] = False
+    layout[f"yaxis{_axis(i)}"]["visible"] = False
 
 
 def _facet_runs(runs: Sequence[Run], facet: Dimension | None, value: Any) -> list[Run]:
@@ -324,17 +336,8 @@ def comparison_figure(
     (one panel per value of ``facet``), one line per combination of the other keys."""
     series_dims = sweep.series_dims(x, facet)
     style = Style(sweep, series_dims)
-    facets = _panels(sweep, facet)
-    cols = min(MAX_COLS, len(facets)) if facet is not None else min(MAX_COLS, len(metrics))
-    panels: list[tuple[str, Any]] = []  # (metric, facet value); a metric starts a new row when there are facets
-    titles: list[str] = []
-    for metric in metrics:
-        for value in facets:
-            panels.append((metric, value))
-            titles.append(f"{metric} · {facet.label(value)}" if facet is not None else metric)
-        while facet is not None and len(panels) % cols:
-            panels.append(("", None))
-            titles.append("")
+    cols = min(MAX_COLS, len(facet.values) if facet is not None else len(metrics))
+    panels, titles = _facet_grid(metrics, facet, cols)
     rows = math.ceil(len(panels) / cols)
     value_of = (lambda run, name: run.init(name)) if init else None
     all_series = {}
@@ -349,8 +352,7 @@ def comparison_figure(
     shown: set[str] = set()
     for i, (metric, value) in enumerate(panels):
         if not metric:
-            layout[f"xaxis{_axis(i)}"]["visible"] = False
-            layout[f"yaxis{_axis(i)}"]["visible"] = False
+            _hide(layout, i)
             continue
         spec = spec_for(metric)
         xs = [p.x for s in all_series[i] for p in s.points]
@@ -391,13 +393,12 @@ def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
     shown: set[str] = set()
     for i, (task, metric) in enumerate(panels):
         if not metric:
-            layout[f"xaxis{_axis(i)}"]["visible"] = False
-            layout[f"yaxis{_axis(i)}"]["visible"] = False
+            _hide(layout, i)
             continue
         members = [r for r in runs if r.ok and r.task == task and r.by_length("test/acc")]
         trained = sorted({r.train_length for r in members} - {None})
         lengths = sorted({p.x for s in series[i] for p in s.points} | {float(t) for t in trained})
-        log = _log_axis(lengths)
+        log = wide_range(lengths)
         spec = spec_for(metric)
         data += _series_traces(series[i], i, spec, f"{metric}@L", None, style, shown, log)
         n = _axis(i)
@@ -449,17 +450,8 @@ def curves_figure(
     configuration with the mean over seeds and a band for the 95 % interval, step 0 included. None without rows."""
     series_dims = sweep.series_dims(facet)
     style = Style(sweep, series_dims)
-    facets = _panels(sweep, facet)
-    cols = min(MAX_COLS, len(facets)) if facet is not None else min(2, len(metrics))
-    panels: list[tuple[str, Any]] = []
-    titles: list[str] = []
-    for metric in metrics:
-        for value in facets:
-            panels.append((metric, value))
-            titles.append(f"{metric} · {facet.label(value)}" if facet is not None else metric)
-        while facet is not None and len(panels) % cols:
-            panels.append(("", None))
-            titles.append("")
+    cols = min(MAX_COLS, len(facet.values)) if facet is not None else min(2, len(metrics))
+    panels, titles = _facet_grid(metrics, facet, cols)
     found: dict[int, list[Curve]] = {}
     labels: list[str] = []
     for i, (metric, value) in enumerate(panels):
@@ -474,8 +466,7 @@ def curves_figure(
     for i, (metric, _) in enumerate(panels):
         n = _axis(i)
         if not metric:
-            layout[f"xaxis{n}"]["visible"] = False
-            layout[f"yaxis{n}"]["visible"] = False
+            _hide(layout, i)
             continue
         spec = spec_for(metric)
         for c in found[i]:
@@ -574,8 +565,7 @@ def search_figure(runs: Sequence[Run], sweep: Sweep, metric: str) -> dict[str, A
     if not done or not sweep.dims:
         return None
     spec = spec_for(metric)
-    lower = spec.higher_is_better is False
-    best = min(done, key=lambda r: r.final(metric) if lower else -r.final(metric))
+    best = best_run(runs, metric)
     dims = sweep.dims
     cols = min(MAX_COLS, len(dims))
     layout = _grid(math.ceil(len(dims) / cols), cols, [f"{metric} vs {d.name}" for d in dims])

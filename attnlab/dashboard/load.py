@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.runs import ATTENTION_DIR, find_runs
+from attnlab.runs import ATTENTION_DIR, find_runs, flatten_config
 from attnlab.runs import load_run as read_run_folder
 
 __all__ = ["MISSING", "NO_SUMMARY", "Run", "find_run_dirs", "finite", "load_run", "load_runs", "natural_key"]
@@ -59,20 +59,6 @@ def _dig(mapping: Any, dotted: str) -> Any:
     return node
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Leaves of a nested config as ``{"a.b": value}``; lists become tuples (hashable), an empty mapping a leaf."""
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    if isinstance(node, dict):
-        return {prefix[:-1]: MISSING} if prefix else {}
-    if isinstance(node, list):
-        node = tuple(node)
-    return {prefix[:-1]: node}
-
-
 @dataclass
 class Run:
     """One run folder: its resolved config, its summary (None when the run never wrote one) and its metric rows."""
@@ -85,7 +71,7 @@ class Run:
     problems: list[str] = field(default_factory=list)
 
     # -------------------------------------------------------------------------------- identity
-    def _get(self, summary_key: str, config_key: str | None = None) -> Any:
+    def setting(self, summary_key: str, config_key: str | None = None) -> Any:
         """The summary's value, else the config's (``config_key`` dotted, or a plain top-level value)."""
         if self.summary is not None and self.summary.get(summary_key) is not None:
             return self.summary[summary_key]
@@ -95,8 +81,10 @@ class Run:
 
     @functools.cached_property
     def flat(self) -> dict[str, Any]:
-        """The config's leaves by dotted key (``{"variant.name": "dot", "d_k": 64, ...}``)."""
-        return _flatten(self.config)
+        """The config's leaves by dotted key (``{"variant.name": "dot", "d_k": 64, ...}``); lists as tuples (they
+        are compared and grouped), an empty mapping as :data:`MISSING`."""
+        leaves = flatten_config(self.config) if self.config else {}
+        return {k: MISSING if v == {} else tuple(v) if isinstance(v, list) else v for k, v in leaves.items()}
 
     def value(self, key: str) -> Any:
         """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key."""
@@ -125,32 +113,32 @@ class Run:
     @property
     def variant(self) -> str:
         """The attention score's name."""
-        return str(self._get("variant", "variant.name") or "?")
+        return str(self.setting("variant", "variant.name") or "?")
 
     @property
     def mask(self) -> str:
         """The structural mask's name."""
-        return str(self._get("mask", "mask.name") or "?")
+        return str(self.setting("mask", "mask.name") or "?")
 
     @property
     def task(self) -> str:
         """The task's name."""
-        return str(self._get("task", "task.name") or "?")
+        return str(self.setting("task", "task.name") or "?")
 
     @property
     def num_heads(self) -> int | None:
         """Heads per layer."""
-        return _int(self._get("num_heads"))
+        return _int(self.setting("num_heads"))
 
     @property
     def d_model(self) -> int | None:
         """Model width."""
-        return _int(self._get("d_model"))
+        return _int(self.setting("d_model"))
 
     @property
     def d_k(self) -> int | None:
         """The per-head key size, resolved (``d_model // num_heads`` when the config has null)."""
-        value = _int(self._get("d_k"))
+        value = _int(self.setting("d_k"))
         if value is None and self.d_model and self.num_heads:
             return self.d_model // self.num_heads
         return value
@@ -158,7 +146,7 @@ class Run:
     @property
     def seed(self) -> int | None:
         """The run's seed."""
-        return _int(self._get("seed"))
+        return _int(self.setting("seed"))
 
     @property
     def params(self) -> int | None:

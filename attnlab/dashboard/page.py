@@ -17,6 +17,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -25,9 +26,9 @@ from attnlab.dashboard import figures
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import parse_metric, spec_for
-from attnlab.dashboard.stats import Headline, best_runs, headline
+from attnlab.dashboard.stats import Headline, best_run, best_runs, grouped, headline
 
-__all__ = ["CSP", "Options", "build_html", "headline_metrics", "page_metrics"]
+__all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -42,12 +43,14 @@ MAX_IMAGE_BYTES = 2_000_000
 SEARCH_MIN_VALUES = 5  # a numeric key with this many distinct values makes the page show the search view
 
 
+@dataclass(frozen=True)
 class Options:
     """What the page compares: ``x`` the main key (headline columns, charts' x axis), ``facet`` the key split into
     panels (``"none"`` for none), ``metric`` the headline metric (default: the runs' ``optimized_metric``)."""
 
-    def __init__(self, x: str | None = None, facet: str | None = None, metric: str | None = None) -> None:
-        self.x, self.facet, self.metric = x, facet, metric
+    x: str | None = None
+    facet: str | None = None
+    metric: str | None = None
 
 
 def _e(text: Any) -> str:
@@ -133,7 +136,7 @@ def page_metrics(runs: Sequence[Run], first: Sequence[str]) -> list[str]:
 def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
     counts = Counter(r.status for r in runs)
     status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    seeds = Counter(len({r.seed for r in members}) for members in _configurations(runs, sweep).values())
+    seeds = Counter(len({r.seed for r in members}) for _, _, members in grouped(runs, sweep, sweep.dims))
     replicate = ", ".join(f"{k} seed{'s' if k != 1 else ''} × {v}" for k, v in sorted(seeds.items()))
     dims = " · ".join(f"<b>{_e(d.name)}</b> ({len(d.values)})" for d in sweep.dims) or "nothing (one configuration)"
     parts = [
@@ -163,13 +166,6 @@ def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
     return "\n".join(parts)
 
 
-def _configurations(runs: Sequence[Run], sweep: Sweep) -> dict[tuple, list[Run]]:
-    out: dict[tuple, list[Run]] = {}
-    for run in runs:
-        out.setdefault(sweep.key_of(run, sweep.dims), []).append(run)
-    return out
-
-
 def _params_text(params: Sequence[int]) -> str:
     if not params:
         return "-"
@@ -191,8 +187,8 @@ def _headline_html(table: Headline) -> str:
                 continue
             params += list(cell.params)
             cls = ' class="best"' if table.is_best(key, col) else ""
-            half = "" if cell.half_width is None else f" ± {cell.half_width * spec.scale():.2g}"
-            cells.append(f'<td{cls}>{_e(spec.format(cell.mean))}{_e(half)} <span class="n">({cell.n})</span></td>')
+            text = f"{spec.format(cell.mean)}{cell.half_text(spec)}"
+            cells.append(f'<td{cls}>{_e(text)} <span class="n">({cell.n})</span></td>')
         body.append(f'<tr><td class="t">{_e(label)}</td>{"".join(cells)}<td>{_params_text(params)}</td></tr>')
     caption = (
         f"Cells: mean ± 95 % half-width ({'points' if spec.percent else spec.unit or 'units'}) over seeds, "
@@ -229,7 +225,7 @@ def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> st
             f'<td class="t name" data-v="{_e(run.name)}" title="{_e(run.path)}">{_e(run.name)}</td>',
             f'<td class="t status"{reason}>{_e(run.status)}</td>',
             f'<td data-v="{_e(run.wall_time_s if run.wall_time_s is not None else "")}">'
-            f"{_e(_time(run.wall_time_s))}</td>",
+            f"{_e(format_time(run.wall_time_s))}</td>",
         ]
         for d in sweep.dims:
             value = run.value(d.key)
@@ -247,7 +243,8 @@ def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> st
     )
 
 
-def _time(seconds: float | None) -> str:
+def format_time(seconds: float | None) -> str:
+    """``12.5 s``, ``3m 07s``; ``-`` for None."""
     if seconds is None:
         return "-"
     return f"{seconds:.1f} s" if seconds < 120 else f"{int(seconds // 60)}m {int(seconds % 60):02d}s"
@@ -396,10 +393,7 @@ def build_html(
     if search_dims and top:
         fig = figures.search_figure(runs, sweep, top[0])
         if fig is not None:
-            lower = spec_for(top[0]).higher_is_better is False
-            best = min(
-                (r for r in ok if r.final(top[0]) is not None), key=lambda r: (-1 if not lower else 1) * r.final(top[0])
-            )
+            best = best_run(runs, top[0])
             settings = ", ".join(d.label(best.value(d.key)) for d in sweep.dims)
             note = (
                 f'<p class="verdict">Best run: {_e(best.name)} ({_e(settings)}): {_e(top[0])} = '

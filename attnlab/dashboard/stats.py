@@ -26,6 +26,7 @@ __all__ = [
     "Point",
     "Series",
     "aggregate",
+    "best_run",
     "best_runs",
     "curves",
     "headline",
@@ -224,10 +225,13 @@ class Cell:
     n: int
     params: tuple[int, ...] = ()
 
+    def half_text(self, spec: MetricSpec) -> str:
+        """`` ± 1.2``: the half-width in the metric's display unit (points for a percentage); "" for one seed."""
+        return "" if self.half_width is None else f" ± {self.half_width * spec.scale():.{2 if spec.percent else 3}g}"
+
     def text(self, spec: MetricSpec) -> str:
         """``87.5 % ± 1.2 (2)``: the mean ± the half-width (in the metric's display unit) and the seeds."""
-        half = "" if self.half_width is None else f" ± {self.half_width * spec.scale():.{2 if spec.percent else 3}g}"
-        return f"{spec.format(self.mean)}{half} ({self.n})"
+        return f"{spec.format(self.mean)}{self.half_text(spec)} ({self.n})"
 
     def bounds(self) -> tuple[float, float] | None:
         return None if self.half_width is None else (self.mean - self.half_width, self.mean + self.half_width)
@@ -336,6 +340,12 @@ def headline(runs: Sequence[Run], sweep: Sweep, metric: str, column: Dimension |
                     best_row, best_cell = row, cell
             table.best[col] = best_row
     return table
+
+
+def best_run(runs: Sequence[Run], metric: str) -> Run | None:
+    """The finished run with the best value of ``metric`` (see :func:`best_runs`); None when none reports it."""
+    ranked = best_runs(runs, metric, lambda run: None)
+    return ranked[None][0] if ranked else None
 
 
 def best_runs(runs: Sequence[Run], metric: str, by: Callable[[Run], Any]) -> dict[Any, list[Run]]:

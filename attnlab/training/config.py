@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.checks import check_choice, check_int, check_number, default_d_k
 from attnlab.registry import unknown_name_message
+from attnlab.runs import flatten_config, is_neutral
 
 __all__ = [
     "CONF_DIR",
@@ -56,16 +57,6 @@ GROUPS = (
 CUSTOM_GROUPS = {"variant": "score", "mask": "mask", "normalizer": "normalizer", "position_bias": "position bias"}
 
 # keys that may differ between a run and its resume: they change how the run is watched, never its numbers
-NEUTRAL_KEYS = (
-    "logger",
-    "threads",
-    "results_table",
-    "resume",
-    "ckpt_path",
-    "overwrite",
-    "diagnostics.heatmaps",
-    "trainer.enable_progress_bar",
-)
 # keys a resume may raise: training goes on past the original end (an extension)
 EXTENSION_KEYS = ("max_steps", "trainer.max_steps")
 
@@ -549,30 +540,17 @@ def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = 
 # ------------------------------------------------------------------------------------------ resume
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): node}
-
-
-def _under(key: str, roots: Iterable[str]) -> bool:
-    return any(key == root or key.startswith(root + ".") for root in roots)
-
-
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The keys whose values differ between a run's config and a new one, as (key, old, new), leaving out the
     neutral keys (logger, threads, ...) that cannot change the numbers. A missing key reads as ``<absent>``; a
     top-level key that a run of an older attnlab lacks is no change when the new value is its default."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten_config(old), flatten_config(new)
     absent = "<absent>"
     defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
     return [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
         if a.get(key, absent) != b.get(key, absent)
-        and not _under(key, NEUTRAL_KEYS)
+        and not is_neutral(key)
         and not (key not in a and "." not in key and key in defaults and defaults[key] == b.get(key))
     ]
