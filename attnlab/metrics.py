@@ -1,4 +1,5 @@
-"""Per-head attention diagnostics: entropy, confidence, saturation, distance, row mass, support and logit scale.
+"""Per-head attention diagnostics: entropy, confidence, saturation, distance, row mass, support, first-key mass
+and logit scale.
 
 All functions are pure tensor code (no module state, no Python loops over rows) and work on one
 layer's attention at a time:
@@ -49,6 +50,10 @@ Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
   anything >= 0 for sigmoid, any sign for signed weights. Rows of mass 0 count (as 0).
 * ``support``       fraction of the visible keys with ``w_ij != 0``: 1 for softmax (unless it underflows),
   below 1 for sparse normalizers (sparsemax, entmax15, softpick); 0 for an all-zero row.
+* ``first_mass``    ``w_i0``, the raw weight on the first key: the "attention sink" of Xiao et al. 2024
+  (*Efficient Streaming Language Models with Attention Sinks*), where softmax parks the mass a head does not want
+  to spend. Averaged over the valid rows i >= 1 that see key 0 (row 0 is left out: under a causal mask it sees only
+  key 0, and its weight there says nothing); NaN when there is no such row.
 * ``negative_mass`` ``sum_j max(-w_ij, 0)``, the weight a signed (differential) row puts below zero. Present
   when ``signed=True`` (then also for weights that happen to be all >= 0, where it is 0), or when
   ``signed=None`` and some visible weight is negative; never with ``signed=False``.
@@ -107,17 +112,16 @@ def attention_stats(
             device-to-host read; callers that know their normalizer should say so.
 
     Returns:
-        Dict of detached (H,) tensors, each the mean over valid (b, i) rows (at least one visible key) of the
-        per-row value. On the row renormalised over its nonnegative part, p = max(w, 0) / sum_j max(w, 0),
-        and over the valid rows whose nonnegative mass is > 0 only: ``entropy`` = -sum_j p log p (nats),
-        ``entropy_norm`` = entropy / log(n_visible) over those rows with n_visible >= 2 (NaN if there is
-        none), ``max_prob`` = max_j p, ``saturation`` = mean of [max_j p > threshold], ``attn_distance`` =
-        sum_j p |i - j|. On the raw weights, over all valid rows: ``row_mass`` = sum_j w, ``support`` =
-        #{j: w != 0} / n_visible, and (see ``signed``) ``negative_mass`` = sum_j max(-w, 0). If ``logits``
-        is given, ``logit_std`` (population std over visible keys, row mean) and ``logit_max`` (max over
-        visible entries of all rows and batch elements), the rows of all k maps of a head pooled. Rows with
-        no visible key are excluded everywhere. For softmax weights the renormalisation changes nothing
-        beyond float rounding.
+        Dict of detached (H,) tensors, each the mean over valid (b, i) rows (at least one visible key) of the per-row
+        value. On the row renormalised over its nonnegative part, p = max(w, 0) / sum_j max(w, 0), and over the valid
+        rows whose nonnegative mass is > 0 only: ``entropy`` = -sum_j p log p (nats), ``entropy_norm`` = entropy /
+        log(n_visible) over those rows with n_visible >= 2 (NaN if there is none), ``max_prob`` = max_j p,
+        ``saturation`` = mean of [max_j p > threshold], ``attn_distance`` = sum_j p |i - j|. On the raw weights, over
+        all valid rows: ``row_mass`` = sum_j w, ``support`` = #{j: w != 0} / n_visible, ``first_mass`` = w_i0 (over the
+        rows i >= 1 that see key 0), and (see ``signed``) ``negative_mass`` = sum_j max(-w, 0). If ``logits`` is given,
+        ``logit_std`` (population std over visible keys, row mean) and ``logit_max`` (max over visible entries of all
+        rows and batch elements), the rows of all k maps of a head pooled. Rows with no visible key are excluded
+        everywhere. For softmax weights the renormalisation changes nothing beyond float rounding.
     """
     if weights.dim() != 4:
         raise ValueError(f"weights must be (B, H, Lq, Lk), got shape {tuple(weights.shape)}")
@@ -184,6 +188,7 @@ def attention_stats(
         "attn_distance": _row_mean(distance, has_dist),
         "row_mass": _row_mean(row_mass, valid),
         "support": _row_mean(support, valid),
+        "first_mass": _row_mean(w[..., 0], visible[..., 0] & (torch.arange(lq, device=w.device) > 0)),
     }
     if signed is None:
         signed = bool((w < 0).any())  # masked entries are 0 here, so only visible weights count

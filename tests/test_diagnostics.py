@@ -32,6 +32,7 @@ METRICS = (
     "attn_distance",
     "row_mass",
     "support",
+    "first_mass",
     "logit_std",
     "logit_max",
 )

@@ -43,7 +43,7 @@ def reference_stats(weights, logits=None, key_mask=None, threshold=0.99, signed=
         )
     out = {}
     for h in range(H):
-        acc = {k: [] for k in (*DIST_KEYS, "row_mass", "support", "negative_mass", "std")}
+        acc = {k: [] for k in (*DIST_KEYS, "row_mass", "support", "first_mass", "negative_mass", "std")}
         lmax = -math.inf
         for b in range(B):
             for i in range(Lq):
@@ -54,6 +54,8 @@ def reference_stats(weights, logits=None, key_mask=None, threshold=0.99, signed=
                 acc["row_mass"].append(sum(ws))
                 acc["support"].append(sum(1 for x in ws if x != 0) / len(keys))
                 acc["negative_mass"].append(sum(-x for x in ws if x < 0))
+                if i >= 1 and keys[0] == 0:
+                    acc["first_mass"].append(float(w[b, h, i, 0]))
                 if logits is not None:
                     ss = [float(logits[b, h, i, j]) for j in keys]
                     mu = sum(ss) / len(ss)
@@ -74,7 +76,7 @@ def reference_stats(weights, logits=None, key_mask=None, threshold=0.99, signed=
         def mean(xs):
             return sum(xs) / len(xs) if xs else math.nan
 
-        for k in (*DIST_KEYS, "row_mass", "support", *(("negative_mass",) if signed else ())):
+        for k in (*DIST_KEYS, "row_mass", "support", "first_mass", *(("negative_mass",) if signed else ())):
             out.setdefault(k, []).append(mean(acc[k]))
         if logits is not None:
             out.setdefault("logit_std", []).append(mean(acc["std"]))
@@ -97,7 +99,7 @@ def test_hand_computed_rows():
     head1 = [[1 / 3] * 3] * 3
     w = _t([[head0, head1]])  # (1, 2, 3, 3)
     st = attention_stats(w)
-    assert set(st) == {*DIST_KEYS, "row_mass", "support"}  # no negative_mass: every weight is >= 0
+    assert set(st) == {*DIST_KEYS, "row_mass", "support", "first_mass"}  # no negative_mass: every weight is >= 0
     for v in st.values():
         assert v.shape == (2,)
 
@@ -116,6 +118,17 @@ def test_hand_computed_rows():
     _close(attention_stats(w, threshold=0.8)["saturation"], [1 / 3, 0.0])
     _close(st["row_mass"], [1.0, 1.0])
     _close(st["support"], [(1 + 1 + 1 / 3) / 3, 1.0])  # the one-hot row has 1 of 3 keys nonzero
+    _close(st["first_mass"], [(0.1 + 0.0) / 2, 1 / 3])  # rows 1 and 2 only: row 0's weight on key 0 is left out
+
+
+def test_first_mass_under_a_causal_mask_and_a_window():
+    # causal: row 0 sees only key 0 and is left out; a sliding window that hides key 0 from row 3 leaves it out too
+    w = _t([[[[1.0, 0, 0, 0], [0.7, 0.3, 0, 0], [0.2, 0.4, 0.4, 0], [0.0, 0.5, 0.25, 0.25]]]])
+    causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
+    _close(attention_stats(w, key_mask=causal)["first_mass"], [(0.7 + 0.2 + 0.0) / 3])
+    window = causal & ~torch.tensor([[False] * 4] * 3 + [[True, False, False, False]])
+    _close(attention_stats(w, key_mask=window)["first_mass"], [(0.7 + 0.2) / 2])
+    _close(attention_stats(w[..., :1, :])["first_mass"], [math.nan])  # one query: no row i >= 1
 
 
 def test_attn_distance_hand_example_with_offsets():
@@ -541,7 +554,7 @@ def test_rows_of_zero_mass_excluded_from_distribution_stats_only():
     # nothing nonnegative). head 1: three all-zero rows -> no distribution at all.
     w = _t([[[[0.2, 0.2, 0.0], [0.0, 0.0, 0.0], [-0.1, 0.0, 0.0]], [[0.0] * 3] * 3]])
     st = attention_stats(w)
-    assert set(st) == {*DIST_KEYS, "row_mass", "support", "negative_mass"}
+    assert set(st) == {*DIST_KEYS, "row_mass", "support", "first_mass", "negative_mass"}
     _close(st["row_mass"], [(0.4 + 0.0 - 0.1) / 3, 0.0])
     _close(st["support"], [(2 / 3 + 0 + 1 / 3) / 3, 0.0])
     _close(st["negative_mass"], [0.1 / 3, 0.0])
