@@ -31,6 +31,10 @@ CSV_METRICS = (
     "attn/row_mass",
     "attn/support",
     "attn/negative_mass",
+    "attn/first_mass",
+    "attn/logit_max",
+    "train/plateau_steps",
+    "train/steps_to_99",
 )
 CSV_SETTINGS = ("normalizer", "position_bias", "num_kv_heads", "qk_norm", "softcap", "differential")
 LENGTH_METRICS = ("test/acc", "test/loss", "test/bpc")  # reported as ``<metric>@<L>`` for each test length L

@@ -199,7 +199,7 @@ def _offsets(count: int, dim: Dimension | None, xs: Sequence[float], log: bool) 
     """A sideways shift per line so that the intervals at one x stand apart: a fraction of the gap between ticks
     (of a decade's fraction on a log axis), centred on the true x."""
     if count <= 1:
-        return [lambda x: x] * max(count, 1)
+        return [lambda x: x] * count  # no line (an empty panel): no shift
     ticks = sorted(set(xs))
     if log:
         span = min((math.log10(b / a) for a, b in itertools.pairwise(ticks)), default=1.0)
