@@ -8,10 +8,13 @@
   are not all numbers (or any column, with ``--categorical``) is drawn as categories, in the order they first
   appear (sorted, when they are numbers). Accuracies (``*/acc``, ``*/acc_best``, ``*/acc@L``) are drawn in %.
 - ``--where KEY=VALUE`` keeps only the rows whose column matches (numbers compare as numbers: ``lr=0.1`` matches
-  ``0.1``), several are all required.
+  ``1e-1``; ``KEY=A,B`` takes either value); several are all required.
 - A line's name is its group values joined by " · " (empty ones left out); ``--rename "OLD:NEW"`` replaces one.
+- Error bars are the 95 % t-interval over seeds, clipped to the metric's range (``attnlab.dashboard.spec_for``: an
+  accuracy stays within 0..100 %); on a categorical x the lines are set side by side.
 - Runs that failed (a diverged training) are not averaged; where a point has some, a red ✕ at the top of the panel
   gives their count, so the plot never hides them.
+- A panel whose values are all positive and span more than a factor of 100 gets a log y axis.
 - ``--curves curves.csv`` (from experiments/curves.py) adds a second row: each of its metrics over steps, one thin
   line per run (a run that diverged ends in a ✕), for the runs that ``--curve-where`` keeps.
 """
@@ -31,7 +34,7 @@ import matplotlib.pyplot as plt
 from matplotlib.transforms import blended_transform_factory
 from study_csv import check_metrics, matches, number, read_rows, value
 
-from attnlab.dashboard import mean_ci
+from attnlab.dashboard import mean_ci, spec_for
 
 
 def _label(row: dict[str, str], group: list[str], renames: dict[str, str]) -> str:
@@ -58,6 +61,12 @@ def _percent(metric: str) -> bool:
     return metric.rpartition("@")[0 if "@" in metric else 2].split("/")[-1] in ("acc", "acc_best")
 
 
+def _auto_logy(ax, ys: list[float]) -> None:
+    """A log y axis for positive values spanning more than a factor of 100 (attention logits from 5 to 1000)."""
+    if ys and min(ys) > 0 and max(ys) / min(ys) > 100:
+        ax.set_yscale("log")
+
+
 def _draw_metric(ax, rows, x: str, metric: str, group: list[str], renames: dict[str, str], options) -> None:
     points = _points(rows, x, metric)
     scale = 100.0 if _percent(metric) else 1.0
@@ -73,18 +82,27 @@ def _draw_metric(ax, rows, x: str, metric: str, group: list[str], renames: dict[
             values[_label(row, group, renames)][xv].append(scale * y)
         elif row["status"] != "ok":
             failed[xv] += 1
-    for label, by_x in values.items():
+    spec = spec_for(metric)
+    low = -math.inf if spec.low is None else scale * spec.low
+    high = math.inf if spec.high is None else scale * spec.high
+    for k, (label, by_x) in enumerate(values.items()):
         keys = [v for v in order if v in by_x]
-        stats = [mean_ci(by_x[v]) for v in keys]
+        means = [mean_ci(by_x[v])[0] for v in keys]
+        halves = [mean_ci(by_x[v])[1] or 0.0 for v in keys]
+        dodge = 0.0 if numeric else 0.1 * (k - (len(values) - 1) / 2)  # categories: lines side by side
         ax.errorbar(
-            [position[v] for v in keys],
-            [m for m, _, _ in stats],
-            yerr=[h or 0 for _, h, _ in stats],
+            [position[v] + dodge for v in keys],
+            means,
+            yerr=[  # the 95 % interval, clipped to what the metric can be (an accuracy stays in 0..100 %)
+                [m - max(m - h, low) for m, h in zip(means, halves, strict=True)],
+                [min(m + h, high) - m for m, h in zip(means, halves, strict=True)],
+            ],
             marker="o",
             markersize=4,
             capsize=3,
             label=label,
         )
+    _auto_logy(ax, [y for by_x in values.values() for ys in by_x.values() for y in ys])
     top = blended_transform_factory(ax.transData, ax.transAxes)
     for xv, count in failed.items():
         ax.plot(position[xv], 0.97, "x", color="red", transform=top, markersize=7, clip_on=False)
@@ -101,6 +119,7 @@ def _draw_metric(ax, rows, x: str, metric: str, group: list[str], renames: dict[
 
 
 def _draw_curves(ax, curves, summary, metric: str, group: list[str], renames: dict[str, str], colors) -> None:
+    drawn: list[float] = []
     for run, points in curves.items():
         row = summary.get(run)
         if row is None:
@@ -111,8 +130,10 @@ def _draw_curves(ax, curves, summary, metric: str, group: list[str], renames: di
             continue
         color = colors(_label(row, group, renames))
         ax.plot(steps, ys, color=color, linewidth=0.9, alpha=0.75)
+        drawn += ys
         if row["status"] != "ok":
             ax.plot(steps[-1], ys[-1], "x", color="red", markersize=7)
+    _auto_logy(ax, drawn)
     ax.set_xlabel("step")
     ax.set_title(metric, fontsize=10)
     ax.grid(alpha=0.3)

@@ -29,16 +29,21 @@ def number(text: str | None) -> float | None:
 
 
 def matches(row: dict[str, str], conditions: list[str]) -> bool:
-    """Whether the row meets every ``KEY=VALUE`` (numbers compare as numbers: ``lr=0.1`` matches ``0.1``)."""
+    """Whether the row meets every ``KEY=VALUE`` (numbers compare as numbers: ``lr=0.1`` matches ``0.1``);
+    ``KEY=A,B`` accepts either value."""
     for condition in conditions:
         key, sep, wanted = condition.partition("=")
         if not sep:
             raise SystemExit(f"--where takes KEY=VALUE, got {condition!r}")
         found = value(row, key)
-        a, b = number(found), number(wanted)
-        if (a != b) if a is not None and b is not None else (found or "") != wanted:
+        if not any(_same(found, option) for option in wanted.split(",")):
             return False
     return True
+
+
+def _same(found: str | None, wanted: str) -> bool:
+    a, b = number(found), number(wanted)
+    return a == b if a is not None and b is not None else (found or "") == wanted
 
 
 def read_rows(path: Path, where: list[str] | None = None) -> list[dict[str, str]]:

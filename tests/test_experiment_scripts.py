@@ -118,6 +118,8 @@ def test_where_filters_compare_numbers_as_numbers_and_text_exactly() -> None:
         assert not study_csv.matches(r, conditions), conditions
     with pytest.raises(SystemExit, match="--where takes KEY=VALUE, got 'd_k'"):
         study_csv.matches(r, ["d_k"])
+    assert study_csv.matches(r, ["lr=0.3,0.1"]) and study_csv.matches(r, ["variant=abs,dot"])  # either value
+    assert not study_csv.matches(r, ["lr=0.3,1"]) and not study_csv.matches(r, ["variant=abs,Dot"])
 
 
 def test_a_json_boolean_in_variant_params_matches_its_json_spelling() -> None:
@@ -252,14 +254,19 @@ def draw(rows: list[dict[str, str]], x: str, metric: str, options: argparse.Name
     return ax
 
 
-def lines_of(ax: plt.Axes) -> dict[str, tuple[list[float], list[float], list[float]]]:
-    """{label: (xs, means, CI half-widths)} of the error-bar lines on ``ax``."""
+def lines_of(ax: plt.Axes) -> dict[str, tuple[list[float], list[float], list[tuple[float, float]]]]:
+    """{label: (xs, means, (bottom, top) of each error bar)} of the error-bar lines on ``ax``."""
     out = {}
     for container in ax.containers:
         data_line, _, (bars,) = container.lines
-        halves = [(seg[1][1] - seg[0][1]) / 2 for seg in bars.get_segments()]
-        out[container.get_label()] = (list(data_line.get_xdata()), list(data_line.get_ydata()), halves)
+        ends = [(float(seg[0][1]), float(seg[1][1])) for seg in bars.get_segments()]
+        out[container.get_label()] = (list(data_line.get_xdata()), list(data_line.get_ydata()), ends)
     return out
+
+
+def clipped(mean: float, half: float) -> tuple[float, float]:
+    """The interval mean ± half, clipped to an accuracy's 0..100 %."""
+    return pytest.approx((max(mean - half, 0.0), min(mean + half, 100.0)))
 
 
 def failed_marks(ax: plt.Axes) -> dict[float, str]:
@@ -313,11 +320,13 @@ def test_a_numeric_x_draws_the_mean_and_ci_per_line_and_counts_failed_runs() -> 
     ax = draw(rows, "d_k", "test/acc")
     got = lines_of(ax)
     assert list(got) == ["dot", "rel"]
-    xs, means, halves = got["dot"]
+    xs, means, bars = got["dot"]
     assert xs == [8.0, 64.0]
     assert means == pytest.approx([60.0, 85.0])
-    assert halves == pytest.approx([half_width([50.0, 60.0, 70.0]), half_width([80.0, 90.0])])
-    assert got["rel"] == ([64.0], [pytest.approx(40.0)], [0.0])  # one run: no interval
+    # 60 ± 24.8 fits; 85 ± 63.5 (two runs: t = 12.7) is clipped to 100 % above and 21.5 % below
+    assert bars == [clipped(60.0, half_width([50.0, 60.0, 70.0])), clipped(85.0, half_width([80.0, 90.0]))]
+    assert bars[1][1] == pytest.approx(100.0)
+    assert got["rel"] == ([64.0], [pytest.approx(40.0)], [pytest.approx((40.0, 40.0))])  # one run: no interval
     assert failed_marks(ax) == {64.0: "1", 512.0: "2"}
     assert ax.get_title() == "test/acc (%)"
     assert ax.get_xlabel() == "d_k"
@@ -331,16 +340,19 @@ def test_a_text_x_is_drawn_as_categories_in_first_order() -> None:
         row("r1", variant="rel", d_k=64, test_acc=0.4),
     ]
     ax = draw(rows, "variant", "test/acc")
-    assert {k: (x, y) for k, (x, y, _) in lines_of(ax).items()} == {
-        "rel": ([0], [pytest.approx(30.0)]),
-        "dot": ([1], [pytest.approx(60.0)]),
+    assert {k: (x, y) for k, (x, y, _) in lines_of(ax).items()} == {  # two lines, set 0.1 apart
+        "rel": ([pytest.approx(-0.05)], [pytest.approx(30.0)]),
+        "dot": ([pytest.approx(1.05)], [pytest.approx(60.0)]),
     }
     assert [t.get_text() for t in ax.get_xticklabels()] == ["rel", "dot"]
     assert failed_marks(ax) == {1: "1"}
     # a numeric x drawn as categories: sorted, evenly spaced
     ax = draw(rows, "d_k", "test/acc", argparse.Namespace(categorical=True, logx=False))
     assert [t.get_text() for t in ax.get_xticklabels()] == ["8", "64", "512"]
-    assert {k: x for k, (x, _, _) in lines_of(ax).items()} == {"rel": [1, 2], "dot": [0]}
+    assert {k: x for k, (x, _, _) in lines_of(ax).items()} == {
+        "rel": [pytest.approx(0.95), pytest.approx(1.95)],
+        "dot": [pytest.approx(0.05)],
+    }
     assert failed_marks(ax) == {1: "1"}
 
 
@@ -351,8 +363,9 @@ def test_x_length_draws_each_metric_at_length_column_against_the_test_length() -
         row("c", "failed", variant="dot"),  # diverged before testing: counted at every length
     ]
     ax = draw(rows, "length", "test/acc")
-    xs, means, halves = lines_of(ax)["dot"]
-    assert (xs, means, halves) == ([64.0, 128.0], pytest.approx([85.0, 50.0]), pytest.approx([half_width([90, 80]), 0]))
+    xs, means, bars = lines_of(ax)["dot"]
+    assert (xs, means) == ([64.0, 128.0], pytest.approx([85.0, 50.0]))
+    assert bars == [clipped(85.0, half_width([90, 80])), clipped(50.0, 0.0)]
     assert failed_marks(ax) == {64.0: "1", 128.0: "1"}
     assert ax.get_xlabel() == "test length"
     assert ax.get_title() == "test/acc (%)"
