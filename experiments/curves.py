@@ -4,7 +4,7 @@
         --metrics attn/L0/logit_max attn/L1/logit_max train/loss
 
 One row per run and logged step: ``run`` (the name the study's summary.csv gives the run, so plot.py joins the two
-on it), ``step``, and one column per metric (empty where that step did not log it). Rows where no chosen metric was
+on it), ``step``, and one column per metric to 6 significant digits (empty where that step did not log it). Rows where no chosen metric was
 logged are left out. Run folders are read with the dashboard's loader, so a run that failed (diverged) keeps the
 steps it logged before it stopped.
 """
@@ -33,7 +33,8 @@ def write_curves(root: Path, metrics: list[str], output: Path) -> int:
                     if value == value:  # not NaN
                         by_step.setdefault(int(step), {})[metric] = float(value)
             for step in sorted(by_step):
-                writer.writerow([run.name, step, *(by_step[step].get(m, "") for m in metrics)])
+                values = (by_step[step].get(m) for m in metrics)
+                writer.writerow([run.name, step, *("" if v is None else f"{v:.6g}" for v in values)])
                 count += 1
     return count
 

@@ -529,10 +529,10 @@ def test_write_curves_writes_one_row_per_run_and_logged_step(tmp_path: Path) -> 
     assert curves.write_curves(root, ["train/loss", "val/acc"], out) == 6
     assert read_csv(out) == [
         ["run", "step", "train/loss", "val/acc"],
-        ["sweep_a/0", "10", "2.0", ""],
+        ["sweep_a/0", "10", "2", ""],
         ["sweep_a/0", "20", "1.5", "0.4"],
-        ["sweep_a/0", "30", "1.0", "0.6"],
-        ["sweep_a/1", "10", "3.0", ""],  # step 20 logged only null: left out
+        ["sweep_a/0", "30", "1", "0.6"],
+        ["sweep_a/1", "10", "3", ""],  # step 20 logged only null: left out
         ["sweep_a/1", "30", "9.5", ""],  # the failed run keeps what it logged before the torn line
         ["sweep_b/0", "10", "", "0.5"],
     ]

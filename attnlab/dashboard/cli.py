@@ -21,8 +21,10 @@ __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboar
 DEFAULT_OUTPUT = "dashboard.html"
 CSV_METRICS = (
     "val/acc_best",
+    "val/loss",
     "test/acc",
     "test/loss",
+    "test/bpc",
     "attn/entropy_norm",
     "attn/saturation",
     "attn/max_prob",
