@@ -3,10 +3,10 @@
     python experiments/curves.py experiments/stability/runs -o experiments/stability/curves.csv \
         --metrics attn/L0/logit_max attn/L1/logit_max train/loss
 
-One row per run and logged step: ``run`` (the name the study's summary.csv gives the run, so plot.py joins the two
-on it), ``step``, and one column per metric to 6 significant digits (empty where that step did not log it). Rows where no chosen metric was
-logged are left out. Run folders are read with the dashboard's loader, so a run that failed (diverged) keeps the
-steps it logged before it stopped.
+One row per run and logged step: ``run`` (the name the study's summary.csv gives the run, so plot.py joins the two on
+it), ``step``, and one column per metric to 6 significant digits (empty where that step did not log it). Rows where no
+chosen metric was logged are left out. Run folders are read with the dashboard's loader, so a run that failed (diverged)
+keeps the steps it logged before it stopped.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
   are not all numbers (or any column, with ``--categorical``) is drawn as categories, in the order they first
   appear (sorted, when they are numbers). Accuracies (``*/acc``, ``*/acc_best``, ``*/acc@L``) are drawn in %.
 - ``--where KEY=VALUE`` keeps only the rows whose column matches (numbers compare as numbers: ``lr=0.1`` matches
-  ``1e-1``; ``KEY=A,B`` takes either value); several are all required.
+  ``1e-1``; ``KEY=A,B`` takes either value; ``run=A_heads/*`` is a glob); several are all required.
 - A line's name is its group values joined by " · " (empty ones left out); ``--rename "OLD:NEW"`` replaces one.
 - Error bars are the 95 % t-interval over seeds, clipped to the metric's range (``attnlab.dashboard.spec_for``: an
   accuracy stays within 0..100 %); on a categorical x the lines are set side by side.

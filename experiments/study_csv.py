@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import fnmatch
 import json
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def number(text: str | None) -> float | None:
 
 def matches(row: dict[str, str], conditions: list[str]) -> bool:
     """Whether the row meets every ``KEY=VALUE`` (numbers compare as numbers: ``lr=0.1`` matches ``0.1``);
-    ``KEY=A,B`` accepts either value."""
+    ``KEY=A,B`` accepts either value, and a value with ``*`` is a glob (``run=A_heads/*``)."""
     for condition in conditions:
         key, sep, wanted = condition.partition("=")
         if not sep:
@@ -42,6 +43,8 @@ def matches(row: dict[str, str], conditions: list[str]) -> bool:
 
 
 def _same(found: str | None, wanted: str) -> bool:
+    if "*" in wanted:  # a glob on the text: run=A_heads/* (the runs of one sweep)
+        return fnmatch.fnmatchcase(found or "", wanted)
     a, b = number(found), number(wanted)
     return a == b if a is not None and b is not None else (found or "") == wanted
 

@@ -120,6 +120,8 @@ def test_where_filters_compare_numbers_as_numbers_and_text_exactly() -> None:
         study_csv.matches(r, ["d_k"])
     assert study_csv.matches(r, ["lr=0.3,0.1"]) and study_csv.matches(r, ["variant=abs,dot"])  # either value
     assert not study_csv.matches(r, ["lr=0.3,1"]) and not study_csv.matches(r, ["variant=abs,Dot"])
+    assert study_csv.matches(r, ["run=a*"]) and study_csv.matches(r, ["run=b/*,a*"])  # globs on the text
+    assert not study_csv.matches(r, ["run=b*"]) and not study_csv.matches(r, ["variant=*x*"])
 
 
 def test_a_json_boolean_in_variant_params_matches_its_json_spelling() -> None:
