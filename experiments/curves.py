@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from pathlib import Path
 
 from attnlab.dashboard import load_runs
@@ -30,7 +31,7 @@ def write_curves(root: Path, metrics: list[str], output: Path) -> int:
             for metric in metrics:
                 steps, values = run.curve(metric)
                 for step, value in zip(steps, values, strict=True):
-                    if value == value:  # not NaN
+                    if math.isfinite(value):
                         by_step.setdefault(int(step), {})[metric] = float(value)
             for step in sorted(by_step):
                 values = (by_step[step].get(m) for m in metrics)

@@ -67,7 +67,10 @@ def _auto_logy(ax, ys: list[float]) -> None:
         ax.set_yscale("log")
 
 
-def _draw_metric(ax, rows, x: str, metric: str, group: list[str], renames: dict[str, str], options) -> None:
+def _draw_metric(
+    ax, rows, x: str, metric: str, group: list[str], renames: dict[str, str], options: argparse.Namespace
+) -> None:
+    """One panel: ``metric`` against ``x``, a line per group (mean and clipped 95 % interval), failed runs counted."""
     points = _points(rows, x, metric)
     scale = 100.0 if _percent(metric) else 1.0
     xs = [p[0] for p in points]
@@ -87,8 +90,9 @@ def _draw_metric(ax, rows, x: str, metric: str, group: list[str], renames: dict[
     high = math.inf if spec.high is None else scale * spec.high
     for k, (label, by_x) in enumerate(values.items()):
         keys = [v for v in order if v in by_x]
-        means = [mean_ci(by_x[v])[0] for v in keys]
-        halves = [mean_ci(by_x[v])[1] or 0.0 for v in keys]
+        stats = [mean_ci(by_x[v]) for v in keys]
+        means = [mean for mean, _, _ in stats]
+        halves = [half or 0.0 for _, half, _ in stats]
         dodge = 0.0 if numeric else 0.1 * (k - (len(values) - 1) / 2)  # categories: lines side by side
         ax.errorbar(
             [position[v] + dodge for v in keys],
