@@ -31,8 +31,10 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_choice, check_int, check_number, check_prob
+from attnlab.kernels import relative as relative_kernel
 from attnlab.masks import Mask, PreparedMask, prepare_mask
 from attnlab.normalizers import build_normalizer
 from attnlab.positions import RotaryEmbedding
@@ -286,21 +288,30 @@ class MultiHeadAttention(nn.Module):
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None) -> Tensor:
         """The fast path: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v) → z (B, Hq, Lq, d_v)."""
         score: DotProductScore = self.score  # type: ignore[assignment]
+        if self.differential:
+            v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
+        z = self._relative_kernel(score, q, k, v, pm)
+        if z is None:
+            z = self._sdpa_call(score, q, k, v, pm)
+        if pm is not None and not pm.all_visible:
+            z = z * pm.visible  # rows with no visible key: zero output
+        return z
+
+    def _sdpa_call(self, score: DotProductScore, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None) -> Tensor:
+        """The position terms and the mask folded into one SDPA call (a sink as one more key)."""
         bias, static = self._position_logits(score, q, k.shape[2])
         causal = bias is None and pm is not None and pm.is_causal
         if bias is None:
             attn_mask = None if pm is None or causal else pm.safe
         else:
             attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
-        if self.differential:
-            v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
         q, k = score.query_map(q), score.key_map(k)
         extra = self._extra_logit()
         if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
             if causal:
                 attn_mask, causal = pm.safe, False
             q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
-        z = F.scaled_dot_product_attention(
+        z = scaled_dot_product_attention(
             q,
             k,
             v,
@@ -309,10 +320,32 @@ class MultiHeadAttention(nn.Module):
             is_causal=causal,
             scale=score.scale,
             enable_gqa=self.key_heads != self.query_heads,
-        )[..., : self.d_v]  # (B, Hq, Lq, d_v); the sink key's padding cut off
-        if pm is not None and not pm.all_visible:
-            z = z * pm.visible  # rows with no visible key: zero output
-        return z
+        )
+        return z[..., : self.d_v]  # (B, Hq, Lq, d_v); the sink key's padding cut off
+
+    def _relative_kernel(
+        self, score: DotProductScore, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None
+    ) -> Tensor | None:
+        """The fused kernel :func:`attnlab.kernels.relative.relative_attention`, when the one additive logit term
+        is a learned relative-position table (Shaw, T5: :meth:`~attnlab.scores.PositionBias.table_bias`) and
+        gradients are on, on the CPU in float32/64, without dropout or a sink → z (B, Hq, Lq, d_v); else None
+        (also where the kernel cannot be built: then SDPA or :class:`BiasedSoftmaxAttention` runs)."""
+        if not torch.is_grad_enabled() or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
+            return None
+        if (self.training and self.dropout > 0) or self._extra_logit() is not None:
+            return None
+        terms = [b for b in (score.position_term(), self.position_bias) if b is not None]
+        if len(terms) != 1 or not relative_kernel.available():
+            return None
+        table_bias = getattr(terms[0], "table_bias", None)
+        found = None if table_bias is None else table_bias(q, k.shape[2])
+        if found is None:
+            return None
+        table, runs = found
+        heads = q.shape[1]
+        k, v = self.expand_heads(k, heads), self.expand_heads(v, heads)
+        q, k = score.query_map(q), score.key_map(k)
+        return relative_kernel.relative_attention(q, k, v, table, runs, None if pm is None else pm.hidden, score.scale)
 
     def _extra_logit(self) -> Tensor | None:
         """The normalizer's sink logit (softmax1, sink), or None."""
@@ -343,6 +376,71 @@ class MultiHeadAttention(nn.Module):
         if self.differential:
             extra.append(f"differential, layer={self.layer}, lambda_init={self.lambda_init:.3f}")
         return ", ".join(extra)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``, the fast path's one call, except for a float mask that
+    needs its gradient (a learned position bias) on the CPU without dropout: SDPA can only use its math kernel for
+    that, which keeps more for the backward pass than it needs and scans every row for −inf, so
+    :class:`BiasedSoftmaxAttention` computes it instead (the same values, fewer passes over (B, H, Lq, Lk)). On
+    CUDA, SDPA's memory-efficient kernel computes a bias gradient itself.
+    q (B, Hq, Lq, d), k (B, Gk, Lk, d), v (B, G, Lk, d_v) → (B, Hq, Lq, d_v)."""
+    learned_bias = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
+    if learned_bias and q.device.type == "cpu" and dropout_p == 0.0 and not is_causal:
+        heads = q.shape[1]
+        if enable_gqa:
+            k = k.repeat_interleave(heads // k.shape[1], dim=1)
+            v = v.repeat_interleave(heads // v.shape[1], dim=1)
+        s = q.shape[-1] ** -0.5 if scale is None else scale
+        return BiasedSoftmaxAttention.apply(q, k, v, attn_mask, s)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+
+
+class BiasedSoftmaxAttention(torch.autograd.Function):
+    """z = softmax(scale · q kᵀ + bias) v for a bias that needs its gradient (a learned position bias).
+
+    q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, d_v), bias broadcastable to (B, H, Lq, Lk) (hidden keys at −inf;
+    no row entirely hidden) → z (B, H, Lq, d_v). Equal to SDPA's math kernel, with less memory traffic: the logits
+    are built in place, and the backward pass keeps only the weights P and the output, using
+    dS = P ⊙ (dP − rowsum(dO ⊙ z)) (dP = dO vᵀ) for the logits' gradient, which is the bias's gradient (summed
+    over the dimensions the bias broadcasts along).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+        logits = torch.matmul(q * scale, k.transpose(-1, -2)).add_(bias)  # (B, H, Lq, Lk)
+        weights = torch.softmax(logits, dim=-1)
+        del logits
+        z = torch.matmul(weights, v)
+        ctx.save_for_backward(q, k, v, weights, z)
+        ctx.scale, ctx.bias_shape = scale, bias.shape
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, weights, z = ctx.saved_tensors
+        dv = torch.matmul(weights.transpose(-1, -2), dz)
+        d_logits = torch.matmul(dz, v.transpose(-1, -2))  # dP, then in place dS
+        d_logits.sub_((dz * z).sum(-1, keepdim=True)).mul_(weights)
+        dq = torch.matmul(d_logits, k).mul_(ctx.scale)
+        dk = torch.matmul(d_logits.transpose(-1, -2), q).mul_(ctx.scale)
+        shape = ctx.bias_shape
+        lead = d_logits.dim() - len(shape)
+        dims = [d for d in range(d_logits.dim()) if d < lead or (shape[d - lead] == 1 and d_logits.shape[d] != 1)]
+        d_bias = d_logits.sum(dims, keepdim=True).view(shape) if dims else d_logits
+        return dq, dk, dv, d_bias, None
 
 
 def _with_sink_key(

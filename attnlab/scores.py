@@ -26,6 +26,7 @@ Positions are 0-based; for self-attention query i and key j are the same sequenc
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -35,7 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from attnlab.checks import check_int, check_number
+from attnlab.checks import check_choice, check_int, check_number
+from attnlab.kernels import additive as fused_additive
+from attnlab.kernels import relative as relative_kernel
 from attnlab.registry import BoundedCache, Registry, check_params
 
 __all__ = [
@@ -113,6 +116,11 @@ class DotProductScore(Score):
     def key_map(self, k: Tensor) -> Tensor:
         """ψ(k), (B, H, Lk, d_k) → (B, H, Lk, d_k). Identity unless overridden (applied per key/value head)."""
         return k
+
+    def position_term(self) -> PositionBias | None:
+        """The position bias whose :meth:`PositionBias.bias` is this score's :meth:`bias` (the presets), or None;
+        a score that overrides :meth:`bias` some other way returns ``self`` (an opaque term)."""
+        return None if type(self).bias is DotProductScore.bias else self
 
     def bias(self, q: Tensor, num_keys: int) -> Tensor | None:
         """Additive logit term broadcastable to (B, H, Lq, Lk), already scaled, or None."""
@@ -232,6 +240,15 @@ def _default_chunk(batch_heads: int, num_queries: int, num_keys: int, d_attn: in
     return max(1, min(num_queries, budget // per_row))
 
 
+def _per_head_matmul(x: Tensor, w: Tensor) -> Tensor:
+    """x (B, H, L, d) @ w (H, d, a) → (B, H, L, a) as one (B·L, d) @ (d, a) product per head. (``torch.matmul``
+    would broadcast w to (B, H, d, a): B products per head, and a (B, H, d, a) gradient summed over B, which at
+    d = a = 512 made it most of the additive score's step.)"""
+    B, H, L, d = x.shape
+    out = torch.matmul(x.transpose(0, 1).reshape(H, B * L, d), w)  # (H, B·L, a)
+    return out.view(H, B, L, w.shape[-1]).transpose(0, 1)
+
+
 class _AdditiveLogits(torch.autograd.Function):
     """logits[b,h,i,j] = Σ_a v[h,a] tanh(wq[b,h,i,a] + uk[b,h,j,a]), over chunks of query rows.
 
@@ -294,11 +311,17 @@ class AdditiveScore(Score):
     """Bahdanau et al. 2015 (eq. in §A.1.2): logits = vᵀ tanh(W q + U k), per head.
 
     Parameters ``w_q``, ``w_k`` (H, d_k, d_a) and ``v`` (H, d_a), with the attention dimension d_a = ``d_attn``
-    (default d_k). Queries are processed in chunks of ``chunk_size`` rows (default: as many as fit
-    ``chunk_elements`` elements). The (B, H, Lq, Lk, d_a) activation is kept for the backward pass only when it
-    has at most ``save_elements`` elements (128 MB in float32 by default); beyond that it is recomputed chunk by
-    chunk in the backward pass, so memory stays bounded at long L. Either way the result equals the naive form.
+    (default d_k).
+
+    ``kernel``: ``fused`` is the C kernel of :mod:`attnlab.kernels.additive` (CPU): tanh straight into the sums,
+    no (B, H, Lq, Lk, d_a) activation in either pass. ``chunked`` is plain PyTorch, for any device: queries in
+    chunks of ``chunk_size`` rows (default: as many as fit ``chunk_elements`` elements); the activation is kept
+    for the backward pass only when it has at most ``save_elements`` elements (128 MB in float32), else it is
+    recomputed chunk by chunk, so memory stays bounded at long L. ``auto`` (default) is ``fused`` on the CPU when
+    the kernel builds, else ``chunked`` (saying once why). All equal the naive form.
     """
+
+    KERNELS = ("auto", "fused", "chunked")
 
     def __init__(
         self,
@@ -308,8 +331,10 @@ class AdditiveScore(Score):
         chunk_size: int | None = None,
         chunk_elements: int = 1 << 22,
         save_elements: int = 1 << 25,
+        kernel: str = "auto",
     ) -> None:
         super().__init__(d_k, num_heads)
+        self.kernel = check_choice("kernel", kernel, self.KERNELS)
         self.d_attn = d_k if d_attn is None else check_int("d_attn", d_attn, minimum=1)
         self.chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
         self.chunk_elements = check_int("chunk_elements", chunk_elements, minimum=1)
@@ -319,14 +344,38 @@ class AdditiveScore(Score):
         self.v = nn.Parameter(torch.randn(num_heads, self.d_attn) * self.d_attn**-0.5)
 
     def forward(self, q: Tensor, k: Tensor) -> Tensor:
-        wq = torch.matmul(q, self.w_q)  # (B, H, Lq, d_a)
-        uk = torch.matmul(k, self.w_k)  # (B, H, Lk, d_a)
+        wq = _per_head_matmul(q, self.w_q)  # (B, H, Lq, d_a)
+        uk = _per_head_matmul(k, self.w_k)  # (B, H, Lk, d_a)
+        if self.kernel != "chunked" and self._use_fused(wq):
+            return fused_additive.additive_logits(wq, uk, self.v)
         B, H, Lq, _ = wq.shape
         chunk = self.chunk_size or _default_chunk(B * H, Lq, uk.shape[2], self.d_attn, self.chunk_elements)
         return _AdditiveLogits.apply(wq, uk, self.v, chunk, self.save_elements)
 
+    def _use_fused(self, wq: Tensor) -> bool:
+        if fused_additive.supports(wq):
+            return True
+        if self.kernel == "fused":
+            reason = fused_additive.unavailable_reason() or f"inputs on {wq.device.type}, the kernel is CPU-only"
+            raise RuntimeError(f"additive kernel=fused cannot run: {reason}; use kernel=auto or kernel=chunked")
+        _note_fallback(wq)
+        return False
+
     def extra_repr(self) -> str:
-        return f"d_k={self.d_k}, num_heads={self.num_heads}, d_attn={self.d_attn}"
+        return f"d_k={self.d_k}, num_heads={self.num_heads}, d_attn={self.d_attn}, kernel={self.kernel}"
+
+
+_FALLBACK_NOTED: set[str] = set()
+
+
+def _note_fallback(wq: Tensor) -> None:
+    """Logs once per process and device type why the additive score uses its chunked kernel."""
+    device = wq.device.type
+    if device in _FALLBACK_NOTED:
+        return
+    _FALLBACK_NOTED.add(device)
+    reason = fused_additive.unavailable_reason() if device == "cpu" else f"the fused kernel is CPU-only ({device})"
+    logging.getLogger("attnlab").warning("additive: using the chunked PyTorch kernel: %s", reason)
 
 
 # --------------------------------------------------------------------------------------------- cosine
@@ -384,6 +433,13 @@ class PositionBias(nn.Module):
     def bias(self, q: Tensor, num_keys: int) -> Tensor:  # pragma: no cover - abstract
         """q (B, H, Lq, d_k) → additive logits broadcastable to (B, H, Lq, Lk)."""
         raise NotImplementedError
+
+    def table_bias(self, q: Tensor, num_keys: int) -> tuple[Tensor, relative_kernel.Runs] | None:
+        """The bias as a table read through a relative-position index, for the fused kernel of
+        :mod:`attnlab.kernels.relative`: (table, runs of the (Lq, Lk) column index), the table (B, H, Lq, C) (a row
+        per query) or (H, C) (a row per head), such that ``bias[…, i, j] = table[row, c(i, j)]``; None (default)
+        when the bias is not of that form."""
+        return None
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         """weights (B, H, Lq, Lk) → extra output (B, H, Lq, d_v) added to ``weights @ v``, or None."""
@@ -467,6 +523,13 @@ class ShawBias(PositionBias):
         qa = torch.matmul(q, self.rel_k.t() * self.scale)  # (B, H, Lq, 2k+1)
         # gather along the last dimension (its backward is one scatter-add; advanced indexing's is 3x slower)
         return torch.gather(qa, -1, idx.expand(*qa.shape[:-1], num_keys))  # (B, H, Lq, Lk)
+
+    def table_bias(self, q: Tensor, num_keys: int) -> tuple[Tensor, relative_kernel.Runs]:
+        Lq = q.shape[-2]
+        runs = self._tables.get_or_make(
+            ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.distance_index(Lq, num_keys, torch.device("cpu")))
+        )
+        return torch.matmul(q, self.rel_k.t() * self.scale), runs  # (B, H, Lq, 2k+1)
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         if self.rel_v is None:
@@ -555,6 +618,13 @@ class T5Bias(PositionBias):
         table = self.rel_bias.t().to(q.dtype)  # (H, num_buckets)
         return torch.gather(table, 1, idx.expand(self.num_heads, -1)).view(1, self.num_heads, Lq, num_keys)
 
+    def table_bias(self, q: Tensor, num_keys: int) -> tuple[Tensor, relative_kernel.Runs]:
+        Lq = q.shape[-2]
+        runs = self._tables.get_or_make(
+            ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.buckets(Lq, num_keys, torch.device("cpu")))
+        )
+        return self.rel_bias.t().to(q.dtype), runs  # (H, num_buckets)
+
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
@@ -624,6 +694,9 @@ class PresetScore(DotProductScore):
         self.has_value_term = position_bias.has_value_term
         self.static_bias = position_bias.static_bias
         self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
+
+    def position_term(self) -> PositionBias:
+        return self.position_bias
 
     def bias(self, q: Tensor, num_keys: int) -> Tensor:
         return self.position_bias.bias(q, num_keys)

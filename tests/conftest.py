@@ -2,16 +2,20 @@
 
 Nothing here calls attnlab code: every formula is written out from the papers (Vaswani et al. 2017,
 Luong et al. 2015, Bahdanau et al. 2015, Shaw et al. 2018, Raffel et al. 2020 / Mesh TensorFlow,
-Press et al. 2022) so that the tests compare the package against an independent reference.
+Press et al. 2022) so that the tests compare the package against an independent reference. (The one exception,
+:class:`SDPACalls`, is a spy on the package's attention call, not a reference.)
 The helpers are exposed through the ``ref`` fixture.
 """
 
 import math
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+
+import attnlab.attention
+import attnlab.kernels.relative
 
 
 # ---------------------------------------------------------------- utilities
@@ -44,17 +48,39 @@ def assert_same(a, b, inputs, atol=1e-10):
         torch.testing.assert_close(ga, gb, rtol=atol, atol=atol)
 
 
-class SDPACalls(TorchFunctionMode):
-    """Records the keyword arguments of every ``scaled_dot_product_attention`` call (use as a context manager)."""
+class SDPACalls:
+    """Records the keyword arguments of every call of the fast path's attention: SDPA
+    (:func:`attnlab.attention.scaled_dot_product_attention`, which for a learned dense bias is its own equivalent),
+    or the fused relative-position kernel, recorded as ``{"kernel": "relative", "attn_mask": table,
+    "is_causal": False}``; use as a context manager."""
 
     def __init__(self):
-        super().__init__()
         self.kwargs = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            self.kwargs.append(dict(kwargs or {}))
-        return func(*args, **(kwargs or {}))
+    def __enter__(self):
+        sdpa = attnlab.attention.scaled_dot_product_attention
+        relative = attnlab.kernels.relative.relative_attention
+
+        def spy_sdpa(*args, **kwargs):
+            self.kwargs.append(dict(kwargs))
+            return sdpa(*args, **kwargs)
+
+        def spy_relative(q, k, v, table, runs, hidden, scale):
+            self.kwargs.append({"kernel": "relative", "attn_mask": table, "is_causal": False, "scale": scale})
+            return relative(q, k, v, table, runs, hidden, scale)
+
+        self._patches = [
+            mock.patch.object(attnlab.attention, "scaled_dot_product_attention", spy_sdpa),
+            mock.patch.object(attnlab.kernels.relative, "relative_attention", spy_relative),
+        ]
+        for p in self._patches:
+            p.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for p in reversed(self._patches):
+            p.__exit__(*exc)
+        return False
 
 
 # ---------------------------------------------------------------- relative positions

@@ -5,8 +5,8 @@ import uuid
 
 import pytest
 import torch
+from conftest import SDPACalls
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import attnlab
 
@@ -107,17 +107,6 @@ def reference(mha, case, x, ref, key_value=None, mask=None, num_heads=H):
     return ref.mha_reference(mha, x, num_heads, logits_fn, key_value=key_value, mask=mask, value_fn=value_fn)
 
 
-class SDPASpy(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
-            self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 ATOL = 1e-10
 
 
@@ -213,13 +202,13 @@ def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
     mha = make_mha(case, ref=ref)
     x = ref.randn(B, L, D_MODEL, seed=1)
     for mask in (None, attnlab.build_mask("causal")):
-        with SDPASpy() as spy:
+        with SDPACalls() as spy:
             mha(x, mask=mask, need_weights=False)
-        assert spy.calls >= 1
-        with SDPASpy() as spy:
+        assert len(spy.kwargs) >= 1
+        with SDPACalls() as spy:
             mha(x, mask=mask, need_weights=True)
             mha.attend(x, mask=mask)
-        assert spy.calls == 0
+        assert spy.kwargs == []
 
 
 @pytest.mark.parametrize("case", NON_SDPA_SCORES, ids=[s[0] for s in NON_SDPA_SCORES])
@@ -227,10 +216,10 @@ def test_non_sdpa_scores_give_eager_result_without_weights(case, ref):
     """additive and Shaw-with-value-term cannot use SDPA, but need_weights=False must still be correct."""
     mha = make_mha(case, ref=ref)
     x = ref.randn(B, L, D_MODEL, seed=1)
-    with SDPASpy() as spy:
+    with SDPACalls() as spy:
         out, w = mha(x, need_weights=False)
     assert w is None
-    assert spy.calls == 0
+    assert spy.kwargs == []
     torch.testing.assert_close(out, reference(mha, case, x, ref)[0], rtol=ATOL, atol=ATOL)
 
 
