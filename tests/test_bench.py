@@ -87,9 +87,11 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
 
 def test_fused_kernel_check_on_cpu_finds_flash_and_explains_a_refusal(single_thread):
     assert check_fused_sdpa("cpu", torch.float32, length=16) == "flash"
-    # T5's learned bias needs a gradient: SDPA can only run it in the math kernel, and the check says so
+    # T5's learned bias on the CPU goes to attnlab's fused relative-position kernel
+    assert check_fused_sdpa("cpu", torch.float32, score="t5_bias", length=16) == "relative"
+    # with dropout it needs SDPA, which can only run a bias that needs a gradient in its math kernel: said so
     with pytest.raises(FusedKernelUnavailable, match="could not dispatch attnlab 't5_bias' to a fused kernel"):
-        check_fused_sdpa("cpu", torch.float32, score="t5_bias", length=16)
+        check_fused_sdpa("cpu", torch.float32, score="t5_bias", length=16, dropout=0.1)
 
 
 def test_naive_additive_reference_equals_the_chunked_score(single_thread):

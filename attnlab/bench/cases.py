@@ -1,0 +1,325 @@
+"""What the benchmark measures: the attention variants and their goals, the shapes, the models (attnlab's
+:class:`~attnlab.encoder.Encoder` and the same network built from ``torch.nn.TransformerEncoder``, each with a
+linear head) and the plans (:func:`full_plan`, :func:`quick_plan`) that group them for timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import MultiHeadAttention
+from attnlab.encoder import Encoder, EncoderLayer, SinusoidalPositionalEncoding
+from attnlab.scores import AdditiveScore
+
+__all__ = [
+    "ATTENTION_VARIANTS",
+    "BLOCK_GOALS",
+    "BLOCK_MODELS",
+    "NUM_CLASSES",
+    "VARIANTS",
+    "VARIANT_GOALS",
+    "VOCAB_SIZE",
+    "Group",
+    "ModelSpec",
+    "NaiveAdditiveScore",
+    "Plan",
+    "Shape",
+    "TorchEncoder",
+    "build_blocks",
+    "build_model",
+    "full_plan",
+    "quick_plan",
+]
+
+VARIANTS: tuple[str, ...] = ("scaled_dot", "dot", "general", "relative_position", "t5_bias", "alibi", "additive")
+VOCAB_SIZE = 64
+NUM_CLASSES = 16
+
+# The ``variants`` section: name → the Encoder options that differ from the reference ``scaled_dot`` (score
+# scaled_dot, sinusoidal positions, softmax, H key/value heads). Rotary positions replace the sinusoidal table.
+ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
+    "scaled_dot": {},
+    "rope": {"pos_encoding": "rope"},
+    "rope_half": {"pos_encoding": "rope", "rope": {"fraction": 0.5}},
+    "qk_rmsnorm": {"qk_norm": "rmsnorm"},
+    "qk_layernorm": {"qk_norm": "layernorm"},
+    "gqa2": {"num_kv_heads": 2},
+    "mqa": {"num_kv_heads": 1},
+    "cosine": {"score": "cosine"},
+    "diff": {"differential": True},
+    "softcap50": {"softcap": 50.0},
+    "alibi_bias": {"position_bias": "alibi"},
+    "shaw_stage": {"position_bias": "shaw"},
+    "t5_stage": {"position_bias": "t5"},
+    "rope_t5": {"pos_encoding": "rope", "position_bias": "t5"},
+    "softmax1": {"normalizer": "softmax1"},
+    "sink": {"normalizer": "sink"},
+    "sigmoid": {"normalizer": "sigmoid"},
+    "sparsemax": {"normalizer": "sparsemax"},
+    "entmax15": {"normalizer": "entmax15"},
+    "softpick": {"normalizer": "softpick"},
+}
+# The variants' goals, judged at the plan's ``target_variant_length``: (target id, variants, limit on step ÷
+# scaled_dot). Rotary, QK-norm and grouped heads must cost (almost) nothing; an eager normalizer at most 2.5×.
+VARIANT_GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
+    ("7", ("rope", "rope_half", "qk_rmsnorm", "qk_layernorm", "gqa2", "mqa"), 1.10),
+    ("8", ("softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"), 2.5),
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Sizes of one benchmarked encoder: batch B, length L, width, heads H, per-head key size d_k, layers."""
+
+    batch: int
+    length: int
+    d_model: int
+    num_heads: int
+    d_k: int
+    num_layers: int = 2
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.length
+
+    def tag(self) -> str:
+        return f"B{self.batch} L{self.length} d{self.d_model} H{self.num_heads} dk{self.d_k}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a timing group: ``impl`` is ``torch`` (the reference) or ``attnlab`` with a ``score``, and
+    optionally the name of one of :data:`ATTENTION_VARIANTS` (then ``score`` is that variant's score)."""
+
+    impl: str
+    score: str
+    shape: Shape
+    variant: str = ""
+
+    @classmethod
+    def of_variant(cls, variant: str, shape: Shape) -> ModelSpec:
+        """The attnlab encoder of the ``variants`` section named ``variant``."""
+        return cls("attnlab", ATTENTION_VARIANTS[variant].get("score", "scaled_dot"), shape, variant)
+
+    @property
+    def label(self) -> str:
+        name = "torch" if self.impl == "torch" else self.variant or self.score
+        return f"{name} {self.shape.tag()}"
+
+
+class TorchEncoder(nn.Module):
+    """The network of ``attnlab.Encoder(score="scaled_dot")`` built from ``torch.nn.TransformerEncoder``.
+
+    Embedding + sinusoidal encoding, ``num_layers`` × ``TransformerEncoderLayer(d_model, nhead, 4·d_model,
+    dropout=0, gelu, batch_first, norm_first)``, final LayerNorm: tokens (B, L) → (B, L, d_model).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, num_heads: int, num_layers: int, max_len: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.pos = SinusoidalPositionalEncoding(d_model, max_len)
+        layer = nn.TransformerEncoderLayer(
+            d_model,
+            num_heads,
+            dim_feedforward=4 * d_model,
+            dropout=0.0,
+            activation="gelu",
+            batch_first=True,
+            norm_first=True,
+        )
+        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, L) → (B, L, d_model)."""
+        h = self.embed(tokens) + self.pos(tokens.shape[1])
+        return self.norm(self.layers(h))
+
+
+class _Tagger(nn.Module):
+    """encoder + linear head: tokens (B, L) → per-token logits (B, L, NUM_CLASSES)."""
+
+    def __init__(self, encoder: nn.Module, d_model: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(d_model, NUM_CLASSES)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.head(self.encoder(tokens))
+
+
+def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
+    """The benchmarked network for ``spec``: tokens (B, L) → logits (B, L, NUM_CLASSES)."""
+    torch.manual_seed(seed)
+    s = spec.shape
+    if spec.impl == "torch":
+        if s.num_heads * s.d_k != s.d_model:
+            raise ValueError(f"torch's encoder needs d_k = d_model / num_heads, got {s.tag()}")
+        encoder: nn.Module = TorchEncoder(VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, s.length)
+    else:
+        options = {k: v for k, v in ATTENTION_VARIANTS[spec.variant].items() if k != "score"} if spec.variant else {}
+        options.setdefault("pos_encoding", "sinusoidal")
+        encoder = Encoder(
+            VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, d_k=s.d_k, score=spec.score, max_len=s.length, **options
+        )
+    return _Tagger(encoder, s.d_model)
+
+
+def _fast_path(model: nn.Module) -> bool | None:
+    """Whether every attnlab attention of ``model`` dispatches to SDPA (None: it has none)."""
+    flags = [m.uses_fast_path for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    return all(flags) if flags else None
+
+
+@dataclass(frozen=True)
+class Group:
+    """Models timed together, interleaved, for ``reps_factor`` × the plan's repetitions."""
+
+    name: str
+    specs: tuple[ModelSpec, ...]
+    reps_factor: int = 1
+
+
+@dataclass
+class Plan:
+    """What to measure. ``groups``: lists of models timed together (interleaved). Every row gets ``ratio_torch``
+    against the torch model of its shape and ``ratio_scaled_dot`` against attnlab's scaled_dot of its
+    (B, L, d_model, H) with d_k = d_model / H. ``variant_shapes``: one shape per length for the ``variants``
+    section, timed ``variant_reps`` rounds (None: ``reps``), then profiled unless ``variant_profile`` is False.
+    ``target_*``: the shapes and lengths the targets read."""
+
+    quick: bool
+    warmup: int
+    reps: int
+    groups: list[Group]
+    mha_shapes: list[Shape]
+    diag_overrides: list[str]
+    diag_pairs: int
+    memory_shape: Shape  # additive memory: batch, length, heads, d_k (= d_attn); d_model unused
+    target_short: Shape
+    target_long_length: int
+    target_additive_length: int
+    variant_shapes: list[Shape] = field(default_factory=list)
+    variant_reps: int | None = None
+    variant_profile: bool = True  # one profiled step per variant (peak MB, SDPA kernel): ~0.25 s each on a CPU
+    target_variant_length: int = 512
+    # the ``blocks`` section: (shape, names of BLOCK_MODELS) timed together; the goals read ``target_block_length``
+    block_groups: list[tuple[Shape, tuple[str, ...]]] = field(default_factory=list)
+    target_block_length: int = 512
+
+
+def full_plan(warmup: int = 2, reps: int = 7) -> Plan:
+    """L ∈ {128, 512, 1024} at 4096 tokens per batch, d_model 128, 2 layers; (H, d_k) ∈ {(4, 32), (8, 16),
+    (2, 64)} against torch; every variant at (4, 32); d_k ∈ {16, 64, 128} (≠ d_model / H) at L = 512. The
+    ``variants`` section: every one of :data:`ATTENTION_VARIANTS` at (4, 32) for each L (GQA: 2 key/value heads
+    for 4 query heads, MQA: 1)."""
+    target = Shape(32, 128, 128, 4, 32)
+    groups = [Group("torch_ab", (ModelSpec("torch", "", target), ModelSpec("attnlab", "scaled_dot", target)), 3)]
+    for length, batch in ((128, 32), (512, 8), (1024, 4)):
+        base = Shape(batch, length, 128, 4, 32)
+        group = [ModelSpec("torch", "", base)] + [ModelSpec("attnlab", v, base) for v in VARIANTS]
+        for heads, d_k in ((8, 16), (2, 64)):
+            s = Shape(batch, length, 128, heads, d_k)
+            group += [ModelSpec("torch", "", s), ModelSpec("attnlab", "scaled_dot", s)]
+        if length == 512:
+            group += [ModelSpec("attnlab", "scaled_dot", Shape(batch, length, 128, 4, d)) for d in (16, 64, 128)]
+        groups.append(Group(f"L{length}", tuple(group)))
+    return Plan(
+        quick=False,
+        warmup=warmup,
+        reps=reps,
+        groups=groups,
+        mha_shapes=[Shape(b, n, 128, 4, 32) for n, b in ((128, 32), (512, 8), (1024, 4))],
+        diag_overrides=[],
+        diag_pairs=3,
+        memory_shape=Shape(1, 1024, 128, 4, 32),
+        target_short=target,
+        target_long_length=512,
+        target_additive_length=1024,
+        variant_shapes=[Shape(b, n, 128, 4, 32) for n, b in ((128, 32), (512, 8), (1024, 4))],
+        target_variant_length=512,
+        block_groups=[
+            (Shape(4, 512, 128, 4, 32), ("scaled_dot", "relative_position", "t5_bias")),
+            (Shape(2, 512, 128, 4, 32), ("scaled_dot", "additive", "additive_chunked", "additive_naive")),
+            (Shape(2, 1024, 128, 4, 32), ("scaled_dot", "additive", "additive_chunked")),
+        ],
+        target_block_length=512,
+    )
+
+
+def quick_plan() -> Plan:
+    """Tiny shapes, one warm-up, three repetitions (one for the variants): checks that every section runs, in
+    seconds."""
+    short, long = Shape(4, 16, 32, 2, 16), Shape(2, 32, 32, 2, 16)
+    groups = [
+        Group("torch_ab", (ModelSpec("torch", "", short), ModelSpec("attnlab", "scaled_dot", short)), 2),
+        Group(f"L{long.length}", (ModelSpec("torch", "", long), *(ModelSpec("attnlab", v, long) for v in VARIANTS))),
+    ]
+    return Plan(
+        quick=True,
+        warmup=1,
+        reps=3,
+        groups=groups,
+        mha_shapes=[short],
+        diag_overrides=["debug=fast", "diagnostics.every_n_steps=2", "trainer.limit_val_batches=1"],
+        diag_pairs=1,
+        memory_shape=Shape(1, 256, 32, 2, 16),
+        target_short=short,
+        target_long_length=32,
+        target_additive_length=32,
+        variant_shapes=[Shape(2, 16, 32, 4, 8), Shape(1, 32, 32, 4, 8)],
+        variant_reps=1,
+        variant_profile=False,
+        target_variant_length=32,
+        block_groups=[(Shape(2, 32, 32, 2, 16), tuple(BLOCK_MODELS))],
+        target_block_length=32,
+    )
+
+
+# ============================================================================================ bare block stacks
+
+
+class NaiveAdditiveScore(AdditiveScore):
+    """Additive attention as the textbook (d2l) writes it: the (B, H, Lq, Lk, d_a) activation tanh(W q + U k) is
+    materialised, then contracted with v. The reference the fused kernel is measured against."""
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        wq, uk = torch.matmul(q, self.w_q), torch.matmul(k, self.w_k)  # (B, H, L, d_a)
+        features = torch.tanh(wq[:, :, :, None, :] + uk[:, :, None, :, :])  # (B, H, Lq, Lk, d_a)
+        return torch.matmul(features, self.v.view(1, self.num_heads, 1, self.d_attn, 1)).squeeze(-1)
+
+
+# The ``blocks`` section's models: name → (score name or class, score parameters).
+BLOCK_MODELS: dict[str, tuple[str | type[nn.Module], dict[str, Any]]] = {
+    "scaled_dot": ("scaled_dot", {}),
+    "relative_position": ("relative_position", {}),
+    "t5_bias": ("t5_bias", {}),
+    "additive": ("additive", {}),
+    "additive_chunked": ("additive", {"kernel": "chunked"}),
+    "additive_naive": (NaiveAdditiveScore, {}),
+}
+# The blocks' goals, at the plan's ``target_block_length``: (target id, model, limit on step ÷ scaled_dot, or on
+# step ÷ the naive additive form when ``per_naive``).
+BLOCK_GOALS: tuple[tuple[str, str, float, bool], ...] = (
+    ("16c", "relative_position", 1.5, False),
+    ("16c", "t5_bias", 1.3, False),
+    ("16b", "additive", 1 / 3, True),
+)
+
+
+def build_blocks(name: str, shape: Shape, seed: int = 0) -> nn.ModuleList:
+    """A bare stack of ``shape.num_layers`` attnlab :class:`~attnlab.encoder.EncoderLayer` (pre-LN, GELU,
+    d_ff = 4·d_model, no dropout) with the attention of ``BLOCK_MODELS[name]``: x (B, L, d_model) → (B, L, d_model)
+    layer by layer; no embedding, head or optimizer."""
+    torch.manual_seed(seed)
+    score, params = BLOCK_MODELS[name]
+    s = shape
+    layers = []
+    for _ in range(s.num_layers):
+        module = score(s.d_k, s.num_heads, **params) if isinstance(score, type) else score
+        options = {} if isinstance(score, type) else {"score_params": params}
+        layers.append(EncoderLayer(s.d_model, s.num_heads, d_k=s.d_k, score=module, **options))
+    return nn.ModuleList(layers)

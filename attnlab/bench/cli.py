@@ -1,0 +1,171 @@
+"""``attnlab-bench`` / ``python -m attnlab.bench``: the options, running the selected sections, writing and
+printing the results; ``--child`` (internal) runs one additive-memory measurement in a fresh process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.bench.cases import full_plan, quick_plan
+from attnlab.bench.report import (
+    RESULTS_ROOT,
+    evaluate_targets,
+    format_tables,
+    machine_info,
+    new_results_dir,
+    write_results,
+)
+from attnlab.bench.sections import (
+    FusedKernelUnavailable,
+    _additive_memory_child,
+    bench_additive_memory,
+    bench_blocks,
+    bench_default_run,
+    bench_diagnostics,
+    bench_encoder,
+    bench_mha,
+    bench_variants,
+    check_fused_sdpa,
+)
+
+__all__ = ["DTYPES", "SECTIONS", "Options", "main", "parse_args", "run_bench"]
+
+SECTIONS = ("fused", "encoder", "mha", "variants", "blocks", "diagnostics", "additive_memory", "default_run")
+
+
+@dataclass
+class Options:
+    """Command-line options (see ``--help``)."""
+
+    quick: bool = False
+    out: Path | None = None
+    device: str = "cpu"
+    dtype: str = "fp32"
+    threads: int | None = None
+    only: list[str] = field(default_factory=lambda: list(SECTIONS))
+    warmup: int | None = None
+    reps: int | None = None
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the selected sections → the results dict (machine, sections, targets)."""
+    device = torch.device(opts.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    dtype = DTYPES[opts.dtype]
+    threads = opts.threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or (os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    plan = quick_plan() if opts.quick else full_plan()
+    if opts.warmup is not None:
+        plan.warmup = opts.warmup
+    if opts.reps is not None:
+        plan.reps = plan.variant_reps = opts.reps
+    results: dict[str, Any] = {"machine": machine_info(device, dtype), "quick": opts.quick, "section_seconds": {}}
+    started = time.perf_counter()
+    clock = [started]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        results["section_seconds"][name] = now - clock[0]
+        clock[0] = now
+
+    if "fused" in opts.only:
+        try:
+            results["fused"] = {"kernel": check_fused_sdpa(device, dtype), "error": None}
+        except FusedKernelUnavailable as exc:
+            if device.type == "cuda":
+                raise
+            results["fused"] = {"kernel": None, "error": str(exc)}
+        lap("fused")
+    if "encoder" in opts.only:
+        results["encoder"] = bench_encoder(plan, device, dtype, log)
+        lap("encoder")
+    if "mha" in opts.only:
+        results["mha"] = bench_mha(plan, device, dtype, log)
+        lap("mha")
+    if "variants" in opts.only:
+        results["variants"] = bench_variants(plan, device, dtype, log)
+        lap("variants")
+    if "blocks" in opts.only:
+        results["blocks"] = bench_blocks(plan, device, dtype, log)
+        lap("blocks")
+    if "diagnostics" in opts.only and device.type == "cpu":
+        results["diagnostics"] = bench_diagnostics(plan, threads, log)
+        lap("diagnostics")
+    if "additive_memory" in opts.only and device.type == "cpu":
+        results["additive_memory"] = bench_additive_memory(plan, threads, log)
+        lap("additive_memory")
+    if "default_run" in opts.only and not opts.quick:
+        results["default_run"] = bench_default_run(log)
+        lap("default_run")
+    results["seconds"] = time.perf_counter() - started
+    results["targets"] = evaluate_targets(plan, results)
+    return results
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options | dict[str, Any]:
+    """Parse the command line → :class:`Options` (or a child-process spec with ``--child``)."""
+    from attnlab import bench
+
+    p = argparse.ArgumentParser(prog="attnlab-bench", description=bench.__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny shapes, a smoke run of every section (seconds)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for bench.json/csv, targets.csv (default: a new one under bench_results/)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="autocast dtype (bf16 on GPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default $OMP_NUM_THREADS or cores)")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps per model (default 2; quick 1)")
+    p.add_argument("--reps", type=int, default=None, help="timed interleaved rounds (default 7; quick 3, variants 1)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child is not None:
+        return json.loads(a.child)
+    only = [s.strip() for s in a.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    return Options(a.quick, a.out, a.device, a.dtype, a.threads, only, a.warmup, a.reps)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m attnlab.bench`` / ``attnlab-bench``."""
+    opts = parse_args(argv)
+    if isinstance(opts, dict):
+        print(json.dumps(_additive_memory_child(opts)), flush=True)
+        return
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        results = run_bench(opts, log)
+    except FusedKernelUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    out = opts.out or new_results_dir(RESULTS_ROOT, opts.quick)
+    paths = write_results(results, out)
+    print(format_tables(results))
+    print(f"\nwrote {', '.join(str(p) for p in paths)} ({results['seconds']:.0f} s)")
+    if opts.out is None:
+        print(f"latest results: {RESULTS_ROOT / 'latest'} -> {out.name}")
+    if opts.quick:
+        print("quick run: not judged against the goals (run without --quick for that)")
+    elif any(t["met"] is False for t in results["targets"]):
+        print("some targets were missed (see the README's Performance section for why)")

@@ -1,0 +1,170 @@
+"""The timing and memory harness: one training step as a closure (:func:`make_train_step`), interleaved timed
+repetitions (:func:`interleaved_times`), one profiled step for the peak memory and the SDPA kernel that ran
+(:func:`profile_step`), the summary of a list of times, and the process's peak-RSS mark (the additive-memory
+child's measurement)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.bench.cases import NUM_CLASSES, VOCAB_SIZE
+
+__all__ = ["interleaved_times", "make_train_step", "profile_step"]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_train_step(
+    model: nn.Module, batch: int, length: int, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> Callable[[], None]:
+    """A closure running one training step: zero_grad, forward (autocast to ``dtype`` unless float32),
+    cross-entropy over (B·L) tokens, backward, AdamW step. Inputs are fixed random tokens (B, L)."""
+    model.to(device).train()
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB_SIZE, (batch, length), generator=gen).to(device)
+    labels = torch.randint(0, NUM_CLASSES, (batch * length,), generator=gen).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with _autocast(device, dtype):
+            logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, NUM_CLASSES).float(), labels)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def interleaved_times(
+    steps: dict[str, Callable[[], None]], warmup: int, reps: int, device: torch.device
+) -> dict[str, list[float]]:
+    """Seconds per call of each closure: ``warmup`` untimed calls each, then ``reps`` rounds calling every
+    closure once in turn (A B C … A B C …), timed with ``time.perf_counter`` (device synchronised)."""
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+        _sync(device)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(reps):
+        for name, fn in steps.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence the C++ profiler's start/stop lines on fd 2."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+_KERNELS = (
+    ("_scaled_dot_product_flash_attention", "flash"),
+    ("_scaled_dot_product_efficient_attention", "efficient"),
+    ("_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("_scaled_dot_product_attention_math", "math"),
+    ("attnlab::relative_attention", "relative"),  # attnlab's fused relative-position kernel (Shaw, T5)
+    ("attnlab::additive_logits", "additive"),  # attnlab's fused additive kernel
+)
+
+
+def _kernel_names(names: set[str]) -> str:
+    found = [short for needle, short in _KERNELS if any(needle in n and "backward" not in n for n in names)]
+    return "+".join(found) if found else "eager"
+
+
+def profile_step(step: Callable[[], None], device: torch.device) -> tuple[float, str]:
+    """Run ``step`` once → (peak MB allocated above the memory held before it, the attention kernel(s) that ran:
+    SDPA's ``flash``, ``efficient``, ``cudnn``, ``math``, attnlab's fused ``relative`` or ``additive``, or
+    ``eager`` when none of these was called).
+
+    On CUDA the peak is ``torch.cuda.max_memory_allocated``; on CPU it is the running sum of the profiler's
+    allocation and free events (torch tensors only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = torch.cuda.memory_allocated(device)
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=device.type == "cpu") as prof:
+        step()
+        _sync(device)
+    names = {e.name for e in prof.events()}
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) - start
+    else:
+        events = sorted(
+            (e.start_ns(), e.nbytes())
+            for e in prof.profiler.kineto_results.events()
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        )
+        running = peak = 0
+        for _, nbytes in events:
+            running += nbytes
+            peak = max(peak, running)
+    return peak / 2**20, _kernel_names(names)
+
+
+def _summary(times: Sequence[float]) -> dict[str, float]:
+    ts = sorted(times)
+    return {
+        "median_ms": 1e3 * statistics.median(ts),
+        "min_ms": 1e3 * ts[0],
+        "max_ms": 1e3 * ts[-1],
+    }
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_rss() -> tuple[int, str]:
+    """Reset the process's peak-RSS mark where Linux allows it (``5`` → /proc/self/clear_refs, so that a peak
+    from start-up does not hide the one measured) → (current RSS in KB, method)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_kb("VmRSS"), "VmHWM"
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss"
+
+
+def _peak_rss_kb(method: str) -> int:
+    if method == "VmHWM":
+        return _status_kb("VmHWM")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,0 +1,298 @@
+"""The goals and the report: the machine's description, the targets judged (:func:`evaluate_targets`), the
+markdown tables, and the results folder (``bench.json``, ``bench.csv``, ``targets.csv``)."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.bench.cases import BLOCK_GOALS, VARIANT_GOALS, Plan, Shape
+
+__all__ = [
+    "CSV_FIELDS",
+    "QUICK_NOTE",
+    "RESULTS_ROOT",
+    "TARGET_FIELDS",
+    "evaluate_targets",
+    "format_tables",
+    "format_variants",
+    "machine_info",
+    "new_results_dir",
+    "write_results",
+]
+
+CSV_FIELDS = (
+    "section",
+    "group",
+    "label",
+    "impl",
+    "score",
+    "variant",
+    "fast_path",
+    "batch",
+    "length",
+    "d_model",
+    "num_heads",
+    "d_k",
+    "num_layers",
+    "median_ms",
+    "min_ms",
+    "max_ms",
+    "reps",
+    "tokens_per_s",
+    "peak_mb",
+    "sdpa_kernel",
+    "ratio_torch",
+    "ratio_scaled_dot",
+    "ratio_naive",
+)
+TARGET_FIELDS = ("id", "what", "value", "limit", "met", "note")
+
+
+RESULTS_ROOT = Path("bench_results")
+QUICK_NOTE = (
+    "QUICK RUN (--quick): tiny shapes and few repetitions to check that every section runs; its numbers are not "
+    "comparable to the goals, which are not judged."
+)
+
+
+def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Platform, CPU model (/proc/cpuinfo), cores, GPU, torch version, threads, date (UTC)."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 1
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "usable_cores": usable,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def _find(rows: list[dict], group: str, score: str) -> dict | None:
+    """The first row of ``score`` in ``group`` (each group lists its base shape first)."""
+    return next((r for r in rows if r["group"] == group and r["score"] == score), None)
+
+
+def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target (issue 6's, then the variants' :data:`VARIANT_GOALS`): id, what, value (a ratio, or seconds),
+    limit (None = reported only), met."""
+    rows = results.get("encoder", [])
+    targets: list[dict[str, Any]] = []
+
+    def add(tid: str, what: str, value: float | None, limit: float | None, note: str = "") -> None:
+        met = None if value is None or limit is None or plan.quick else bool(value <= limit)
+        targets.append({"id": tid, "what": what, "value": value, "limit": limit, "met": met, "note": note})
+
+    s = plan.target_short
+    r = _find(rows, "torch_ab", "scaled_dot")
+    add("1", f"scaled_dot encoder step ÷ torch ({s.tag()})", r and r["ratio_torch"], 1.05)
+    d = results.get("diagnostics")
+    add("2", "training with diagnostics ÷ without (default config)", d and d["ratio"], 1.05)
+    for variant, limit in (("relative_position", 1.5), ("t5_bias", 1.3), ("alibi", 1.5)):
+        r = _find(rows, f"L{plan.target_long_length}", variant)
+        kernel = r["sdpa_kernel"] if r else ""
+        what = f"{variant} step ÷ scaled_dot (L={plan.target_long_length})"
+        add("3", what, r and r["ratio_scaled_dot"], limit, kernel)
+    m = results.get("additive_memory")
+    note = ""
+    if m is not None:
+        note = (
+            f"max rel diff {m['max_rel_diff']:.1e}; fused {m['fused_peak_mb']:.0f}, chunked "
+            f"{m['chunked_peak_mb']:.0f} / naive {m['naive_peak_mb']:.0f} MB"
+        )
+    add("4", f"additive peak memory ÷ naive (L={plan.memory_shape.length})", m and m["ratio"], 0.25, note)
+    r = _find(rows, f"L{plan.target_additive_length}", "additive")
+    what = f"additive step ÷ scaled_dot (L={plan.target_additive_length})"
+    add("16a", what, r and r["ratio_scaled_dot"], 6.0, r["sdpa_kernel"] if r else "")
+    blocks = results.get("blocks")
+    if blocks is not None:
+        length = plan.target_block_length
+        for tid, name, limit, per_naive in BLOCK_GOALS:
+            r = next((r for r in blocks if r["variant"] == name and r["length"] == length), None)
+            if per_naive:
+                value, what = r and r["ratio_naive"], f"{name} ÷ naive (B, H, L, L, d_a) form, blocks (L={length})"
+            else:
+                value, what = r and r["ratio_scaled_dot"], f"{name} ÷ scaled_dot, blocks (L={length})"
+            add(tid, what, value, limit, r["sdpa_kernel"] if r else "")
+    dr = results.get("default_run")
+    add("5", "default `python train.py` wall time (s)", dr.get("wall_s") if dr else None, None)
+    fused = results.get("fused")
+    if fused is not None:
+        ok = fused.get("kernel") is not None  # a yes/no check, valid at any size
+        targets.append(
+            {
+                "id": "6",
+                "what": f"scaled_dot dispatches to a fused SDPA kernel ({results['machine']['device']})",
+                "value": fused.get("kernel") or fused.get("error"),
+                "limit": "flash|efficient",
+                "met": ok,
+                "note": "",
+            }
+        )
+    variants = results.get("variants")
+    if variants is not None:
+        length = plan.target_variant_length
+        for tid, names, limit in VARIANT_GOALS:
+            for name in names:
+                r = next((r for r in variants if r["variant"] == name and r["length"] == length), None)
+                note = "" if r is None else ("fast path" if r["fast_path"] else "eager")
+                add(tid, f"{name} step ÷ scaled_dot (L={length})", r and r["ratio_scaled_dot"], limit, note)
+    return targets
+
+
+def _fmt(v: Any, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if abs(v) < 1e5 else f"{v:.3g}"
+    return str(v)
+
+
+def format_tables(results: dict[str, Any]) -> str:
+    """Markdown tables: targets, then the encoder grid (ratios to torch and to scaled_dot)."""
+    m = results["machine"]
+    lines = [
+        f"attnlab bench · {m['date']} · {m['cpu_model']} ({m['usable_cores']} cores) · torch {m['torch']} · "
+        f"{m['threads']} threads · {m['device']} {m['dtype']}",
+        "",
+    ]
+    if results.get("quick"):
+        lines += [QUICK_NOTE, ""]
+    lines += [
+        "| target | what | value | limit | met |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for t in results["targets"]:
+        note = f" ({t['note']})" if t["note"] else ""
+        lines.append(f"| {t['id']} | {t['what']}{note} | {_fmt(t['value'])} | {_fmt(t['limit'])} | {_fmt(t['met'])} |")
+    enc = results.get("encoder") or []
+    if enc:
+        lines += [
+            "",
+            "| model | L | B | H | d_k | step ms | tokens/s | peak MB | SDPA | ÷ torch | ÷ scaled_dot |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in enc:
+            lines.append(
+                f"| {r['score']} | {r['length']} | {r['batch']} | {r['num_heads']} | {r['d_k']} | "
+                f"{r['median_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['peak_mb']:.0f} | {r['sdpa_kernel']} | "
+                f"{_fmt(r['ratio_torch'])} | {_fmt(r['ratio_scaled_dot'])} |"
+            )
+    variants = results.get("variants") or []
+    if variants:
+        lines += ["", *format_variants(variants)]
+    blocks = results.get("blocks") or []
+    if blocks:
+        lines += [
+            "",
+            "| blocks (forward + backward) | L | B | step ms | peak MB | kernel | ÷ scaled_dot | ÷ naive additive |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in blocks:
+            lines.append(
+                f"| {r['variant']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | {_fmt(r['peak_mb'], 0)} | "
+                f"{r['sdpa_kernel']} | {_fmt(r['ratio_scaled_dot'])} | {_fmt(r['ratio_naive'])} |"
+            )
+    mha = results.get("mha") or []
+    if mha:
+        lines += ["", "| module | shape | step ms | ÷ torch |", "| --- | --- | --- | --- |"]
+        for r in mha:
+            shape = Shape(r["batch"], r["length"], r["d_model"], r["num_heads"], r["d_k"])
+            lines.append(f"| {r['score']} | {shape.tag()} | {r['median_ms']:.2f} | {r['ratio_torch']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_variants(rows: list[dict]) -> list[str]:
+    """The variants table: per variant, whether it takes the fast path (with the SDPA kernel that ran when it was
+    profiled), then per length its step ÷ scaled_dot and median step (ms); the first line names the shapes."""
+    lengths = sorted({r["length"] for r in rows})
+    cell = {(r["variant"], r["length"]): r for r in rows}
+    shapes = ", ".join(
+        Shape(r["batch"], r["length"], r["d_model"], r["num_heads"], r["d_k"]).tag()
+        for r in rows
+        if r["variant"] == "scaled_dot"
+    )
+    lines = [
+        f"variants: encoder training step ÷ scaled_dot's in the same rounds ({shapes}; {rows[0]['num_layers']} layers)",
+        "",
+        "| variant | options | fast path | " + " | ".join(f"÷ scaled_dot L={n} (ms)" for n in lengths) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in lengths) + " |",
+    ]
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        first = next(r for r in rows if r["variant"] == name)
+        cells = []
+        for n in lengths:
+            r = cell.get((name, n))
+            cells.append("-" if r is None else f"{_fmt(r['ratio_scaled_dot'])} ({r['median_ms']:.1f})")
+        fast = {True: "yes", False: "no (eager)", None: "-"}[first["fast_path"]]
+        if first["fast_path"] and first["sdpa_kernel"]:
+            fast += f" ({first['sdpa_kernel']})"
+        lines.append(f"| {name} | {first['options']} | {fast} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def new_results_dir(root: Path, quick: bool) -> Path:
+    """A new folder ``root/<UTC date-time>[-quick]`` (never one an earlier run wrote), and ``root/latest``
+    pointing at it."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = root / (stamp + ("-quick" if quick else ""))
+    n = 1
+    while out.exists():
+        n += 1
+        out = root / f"{stamp}{'-quick' if quick else ''}-{n}"
+    out.mkdir(parents=True)
+    latest = root / "latest"
+    with contextlib.suppress(OSError):
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(out.name, target_is_directory=True)
+    return out
+
+
+def write_results(results: dict[str, Any], out: Path) -> list[Path]:
+    """``bench.json`` (everything), ``bench.csv`` (one row per model), ``targets.csv`` → the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "bench.json", out / "bench.csv", out / "targets.csv"]
+    paths[0].write_text(json.dumps(results, indent=2, default=str) + "\n")
+    with paths[1].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in [
+            *results.get("encoder", []),
+            *results.get("variants", []),
+            *results.get("blocks", []),
+            *results.get("mha", []),
+        ]:
+            writer.writerow(row)
+    with paths[2].open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=TARGET_FIELDS)
+        writer.writeheader()
+        writer.writerows(results["targets"])
+    return paths

@@ -1,0 +1,509 @@
+"""The sections of the benchmark, each a function returning its results: ``encoder`` (:func:`bench_encoder`),
+``mha``, ``variants``, ``diagnostics``, ``additive_memory`` (with the fresh-process child it starts through
+``python -m attnlab.bench --child``), ``default_run`` and ``fused`` (:func:`check_fused_sdpa`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention import MultiHeadAttention
+from attnlab.bench.cases import (
+    ATTENTION_VARIANTS,
+    BLOCK_MODELS,
+    ModelSpec,
+    Plan,
+    Shape,
+    _fast_path,
+    build_blocks,
+    build_model,
+)
+from attnlab.bench.harness import (
+    _autocast,
+    _peak_rss_kb,
+    _reset_peak_rss,
+    _summary,
+    interleaved_times,
+    make_train_step,
+    profile_step,
+)
+from attnlab.runs import load_run
+from attnlab.scores import AdditiveScore
+
+__all__ = [
+    "REPO_ROOT",
+    "FusedKernelUnavailable",
+    "bench_additive_memory",
+    "bench_default_run",
+    "bench_diagnostics",
+    "bench_encoder",
+    "bench_mha",
+    "bench_variants",
+    "check_fused_sdpa",
+    "naive_additive_logits",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class FusedKernelUnavailable(RuntimeError):
+    """SDPA could not dispatch an attention call to a fused kernel (flash or memory-efficient)."""
+
+
+def bench_encoder(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """Time every group of ``plan`` → one row per model (median step, tokens/s, peak MB, SDPA kernel, ratios)."""
+    rows: list[dict] = []
+    for group in plan.groups:
+        steps = {}
+        for spec in group.specs:
+            model = build_model(spec)
+            steps[spec.label] = make_train_step(model, spec.shape.batch, spec.shape.length, device, dtype)
+        log(f"encoder: group {group.name}, {len(group.specs)} models ...")
+        times = interleaved_times(steps, plan.warmup, plan.reps * group.reps_factor, device)
+        group_rows = []
+        for spec in group.specs:
+            peak_mb, kernel = profile_step(steps[spec.label], device)
+            stats = _summary(times[spec.label])
+            group_rows.append(
+                {
+                    "section": "encoder",
+                    "group": group.name,
+                    "label": spec.label,
+                    "impl": spec.impl,
+                    "score": spec.score or "torch",
+                    **asdict(spec.shape),
+                    **stats,
+                    "reps": len(times[spec.label]),
+                    "tokens_per_s": spec.shape.tokens / (stats["median_ms"] / 1e3),
+                    "peak_mb": peak_mb,
+                    "sdpa_kernel": kernel,
+                }
+            )
+        _add_ratios(group_rows)
+        rows += group_rows
+        del steps
+    return rows
+
+
+def _same_size(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("batch", "length", "d_model", "num_heads", "num_layers"))
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """ratio_torch: median step ÷ torch's at the same shape; ratio_scaled_dot: ÷ attnlab scaled_dot's at the same
+    (B, L, d_model, H) with d_k = d_model / H."""
+    for row in rows:
+        row["ratio_torch"] = row["ratio_scaled_dot"] = None
+        for other in rows:
+            if not _same_size(row, other):
+                continue
+            if other["impl"] == "torch" and other["d_k"] == row["d_k"]:
+                row["ratio_torch"] = row["median_ms"] / other["median_ms"]
+            if other["score"] == "scaled_dot" and other["d_k"] * other["num_heads"] == other["d_model"]:
+                row["ratio_scaled_dot"] = row["median_ms"] / other["median_ms"]
+
+
+def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """The encoder training step of every one of :data:`ATTENTION_VARIANTS`, at each of ``plan.variant_shapes``:
+    all variants of a length timed together, interleaved, then one profiled step each (peak MB, SDPA kernel;
+    unless ``plan.variant_profile`` is False) → one row per model, with ``ratio_scaled_dot`` (median step ÷ the
+    ``scaled_dot`` variant's at that length) and ``fast_path`` (whether its attention dispatches to SDPA)."""
+    reps = plan.variant_reps if plan.variant_reps is not None else plan.reps
+    rows: list[dict] = []
+    for shape in plan.variant_shapes:
+        specs = [ModelSpec.of_variant(name, shape) for name in ATTENTION_VARIANTS]
+        steps, fast = {}, {}
+        for spec in specs:
+            model = build_model(spec)
+            fast[spec.variant] = _fast_path(model)
+            steps[spec.variant] = make_train_step(model, shape.batch, shape.length, device, dtype)
+        log(f"variants: {shape.tag()}, {len(specs)} models ...")
+        times = interleaved_times(steps, plan.warmup, reps, device)
+        ref = statistics.median(times["scaled_dot"])
+        for spec in specs:
+            peak_mb, kernel = profile_step(steps[spec.variant], device) if plan.variant_profile else (None, None)
+            ts = times[spec.variant]
+            stats = _summary(ts)
+            options = ATTENTION_VARIANTS[spec.variant]
+            rows.append(
+                {
+                    "section": "variants",
+                    "group": f"L{shape.length}",
+                    "label": spec.label,
+                    "impl": spec.impl,
+                    "score": spec.score,
+                    "variant": spec.variant,
+                    "options": " ".join(f"{k}={v}" for k, v in options.items()) or "(reference)",
+                    "fast_path": fast[spec.variant],
+                    **asdict(shape),
+                    **stats,
+                    "reps": len(ts),
+                    "tokens_per_s": shape.tokens / (stats["median_ms"] / 1e3),
+                    "peak_mb": peak_mb,
+                    "sdpa_kernel": kernel,
+                    "ratio_torch": None,
+                    "ratio_scaled_dot": statistics.median(ts) / ref,
+                }
+            )
+        del steps
+    return rows
+
+
+def _blocks_step(layers: nn.Module, shape: Shape, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    layers.to(device).train()
+    x = torch.randn(shape.batch, shape.length, shape.d_model, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def step() -> None:
+        layers.zero_grad(set_to_none=True)
+        with _autocast(device, dtype):
+            h = x
+            for layer in layers:
+                h = layer(h)[0]
+            loss = h.float().square().mean()
+        loss.backward()
+
+    return step
+
+
+def bench_blocks(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """Bare attention block stacks (:func:`~attnlab.bench.cases.build_blocks`), forward + backward of a mean-square
+    loss, no optimizer: each group of ``plan.block_groups`` timed together, interleaved, then one profiled step each
+    → one row per model with ``ratio_scaled_dot`` (÷ the group's scaled_dot) and ``ratio_naive`` (÷ the naive
+    additive form, when the group has it)."""
+    rows: list[dict] = []
+    for shape, names in plan.block_groups:
+        steps = {name: _blocks_step(build_blocks(name, shape), shape, device, dtype) for name in names}
+        log(f"blocks: {shape.tag()}, {', '.join(names)} ...")
+        times = interleaved_times(steps, plan.warmup, plan.reps, device)
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
+        for name in names:
+            peak_mb, kernel = profile_step(steps[name], device)
+            stats = _summary(times[name])
+            score, params = BLOCK_MODELS[name]
+            rows.append(
+                {
+                    "section": "blocks",
+                    "group": f"L{shape.length}",
+                    "label": f"{name} {shape.tag()}",
+                    "impl": "attnlab",
+                    "score": score if isinstance(score, str) else score.__name__,
+                    "variant": name,
+                    "options": " ".join(f"{k}={v}" for k, v in params.items()),
+                    **asdict(shape),
+                    **stats,
+                    "reps": len(times[name]),
+                    "tokens_per_s": shape.tokens / (stats["median_ms"] / 1e3),
+                    "peak_mb": peak_mb,
+                    "sdpa_kernel": kernel,
+                    "ratio_torch": None,
+                    "ratio_scaled_dot": medians[name] / medians["scaled_dot"] if "scaled_dot" in medians else None,
+                    "ratio_naive": medians[name] / medians["additive_naive"] if "additive_naive" in medians else None,
+                }
+            )
+        del steps
+    return rows
+
+
+def _mha_step(module: nn.Module, shape: Shape, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    module.to(device).train()
+    x = torch.randn(shape.batch, shape.length, shape.d_model, generator=torch.Generator().manual_seed(0)).to(device)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    is_torch = isinstance(module, nn.MultiheadAttention)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with _autocast(device, dtype):
+            out = module(x, x, x, need_weights=False)[0] if is_torch else module(x)[0]
+        out.float().square().mean().backward()
+        opt.step()
+
+    return step
+
+
+def bench_mha(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """The attention module alone: attnlab ``MultiHeadAttention`` (scaled_dot) against ``nn.MultiheadAttention``
+    (batch_first, no dropout), one training step on x (B, L, d_model) with loss mean(out²)."""
+    rows = []
+    for shape in plan.mha_shapes:
+        torch.manual_seed(0)
+        steps = {
+            "torch": _mha_step(
+                nn.MultiheadAttention(shape.d_model, shape.num_heads, batch_first=True), shape, device, dtype
+            ),
+            "scaled_dot": _mha_step(
+                MultiHeadAttention(shape.d_model, shape.num_heads, shape.d_k), shape, device, dtype
+            ),
+        }
+        log(f"mha: {shape.tag()} ...")
+        times = interleaved_times(steps, plan.warmup, 2 * plan.reps, device)
+        ref = statistics.median(times["torch"])
+        for name, ts in times.items():
+            stats = _summary(ts)
+            rows.append(
+                {
+                    "section": "mha",
+                    "label": f"{name} {shape.tag()}",
+                    "impl": "torch" if name == "torch" else "attnlab",
+                    "score": name,
+                    **asdict(shape),
+                    **stats,
+                    "reps": len(ts),
+                    "tokens_per_s": shape.tokens / (stats["median_ms"] / 1e3),
+                    "ratio_torch": statistics.median(ts) / ref,
+                }
+            )
+    return rows
+
+
+def bench_diagnostics(plan: Plan, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Whole-run wall time of ``attnlab.training.run`` on the default config (logger none, no progress bar), with
+    diagnostics enabled and disabled, interleaved after one warm-up run (with diagnostics, so that every import,
+    matplotlib's included, happens before the timings); also the seconds spent inside the callback's hooks."""
+    from hydra import compose, initialize_config_dir
+
+    import attnlab.callbacks as C
+    from attnlab import training as T
+    from attnlab.callbacks import AttentionDiagnostics
+
+    class TimedDiagnostics(AttentionDiagnostics):
+        seconds = 0.0
+
+        def _timed(self, hook: Callable[..., Any], *args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return hook(*args)
+            finally:
+                TimedDiagnostics.seconds += time.perf_counter() - t0
+
+        def on_train_start(self, *args: Any) -> None:
+            self._timed(super().on_train_start, *args)
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self._timed(super().on_train_batch_end, *args)
+
+        def on_train_end(self, *args: Any) -> None:
+            self._timed(super().on_train_end, *args)
+
+    base = [
+        "logger=none",
+        "results_table=false",
+        f"threads={threads}",
+        "+trainer.enable_progress_bar=false",
+        *plan.diag_overrides,
+    ]
+    walls: dict[str, list[float]] = {"with": [], "without": []}
+    callback_s: list[float] = []
+    original = C.AttentionDiagnostics
+    C.AttentionDiagnostics = TimedDiagnostics  # type: ignore[misc]  # what the run builds its callback from
+    try:
+        with tempfile.TemporaryDirectory() as tmp, initialize_config_dir(str(T.CONF_DIR), version_base="1.3"):
+            cfgs = {
+                "with": compose("config", overrides=[*base, "diagnostics.enabled=true"]),
+                "without": compose("config", overrides=[*base, "diagnostics.enabled=false"]),
+            }
+            log("diagnostics: warm-up run ...")  # with diagnostics: imports matplotlib too, outside the timings
+            with contextlib.redirect_stdout(sys.stderr):
+                T.run(cfgs["with"], Path(tmp) / "warmup")
+            for i in range(plan.diag_pairs):
+                for arm in ("with", "without"):
+                    log(f"diagnostics: run {i + 1}/{plan.diag_pairs} {arm} ...")
+                    TimedDiagnostics.seconds = 0.0
+                    t0 = time.perf_counter()
+                    with contextlib.redirect_stdout(sys.stderr):
+                        T.run(cfgs[arm], Path(tmp) / f"{arm}{i}")
+                    walls[arm].append(time.perf_counter() - t0)
+                    if arm == "with":
+                        callback_s.append(TimedDiagnostics.seconds)
+            steps = int(cfgs["with"].max_steps)
+            every = int(cfgs["with"].diagnostics.every_n_steps)
+    finally:
+        C.AttentionDiagnostics = original  # type: ignore[misc]
+        torch.set_num_threads(threads)
+    with_s, without_s = statistics.median(walls["with"]), statistics.median(walls["without"])
+    return {
+        "max_steps": steps,
+        "every_n_steps": every,
+        "wall_with_s": walls["with"],
+        "wall_without_s": walls["without"],
+        "median_with_s": with_s,
+        "median_without_s": without_s,
+        "callback_s": callback_s,
+        "ratio": with_s / without_s,
+    }
+
+
+def naive_additive_logits(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, v: Tensor) -> Tensor:
+    """Bahdanau's score materialising the whole (B, H, Lq, Lk, d_a) activation: q (B, H, Lq, d_k), k (B, H, Lk,
+    d_k), w_q, w_k (H, d_k, d_a), v (H, d_a) → logits (B, H, Lq, Lk)."""
+    wq = torch.matmul(q, w_q)  # (B, H, Lq, d_a)
+    uk = torch.matmul(k, w_k)  # (B, H, Lk, d_a)
+    t = torch.tanh(wq[:, :, :, None, :] + uk[:, :, None, :, :])  # (B, H, Lq, Lk, d_a)
+    H, A = v.shape
+    return torch.matmul(t, v.view(1, H, 1, A, 1)).squeeze(-1)
+
+
+def _additive_memory_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: forward + backward of the additive score (``form`` ``fused`` = AdditiveScore's default
+    kernel, ``chunked`` = its PyTorch kernel, ``naive`` = :func:`naive_additive_logits`) → peak RSS growth (MB),
+    seconds; saves logits and gradients."""
+    torch.set_num_threads(int(spec["threads"]))
+    B, H, L, d = spec["batch"], spec["num_heads"], spec["length"], spec["d_k"]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, L, d, generator=gen).requires_grad_()
+    k = torch.randn(B, H, L, d, generator=gen).requires_grad_()
+    cotangent = torch.randn(B, H, L, L, generator=gen)
+    torch.manual_seed(1)
+    score = AdditiveScore(d, H, kernel="chunked" if spec["form"] == "chunked" else "auto")
+    params = (score.w_q, score.w_k, score.v)
+
+    def run(q: Tensor, k: Tensor, cot: Tensor) -> Tensor:
+        if spec["form"] != "naive":
+            logits = score(q, k)
+        else:
+            logits = naive_additive_logits(q, k, *params)
+        logits.backward(cot)
+        return logits.detach()
+
+    small = (q[:, :, :8].detach().requires_grad_(), k[:, :, :8].detach().requires_grad_())
+    run(*small, cotangent[:, :, :8, :8])  # first-call set-up (thread pools, kernels) outside the measurement
+    score.zero_grad(set_to_none=True)
+    before, method = _reset_peak_rss()
+    t0 = time.perf_counter()
+    logits = run(q, k, cotangent)
+    seconds = time.perf_counter() - t0
+    after = _peak_rss_kb(method)
+    torch.save({"logits": logits, "grads": [q.grad, k.grad, *(p.grad for p in params)]}, spec["save"])
+    return {"form": spec["form"], "peak_mb": max(0, after - before) / 1024, "seconds": seconds, "method": method}
+
+
+def bench_additive_memory(plan: Plan, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """Peak memory of the additive score's forward + backward, fused and chunked against naive, one fresh
+    subprocess each; their logits and gradients compared to the naive form's (largest difference relative to the
+    largest magnitude). ``ratio``: fused ÷ naive peak."""
+    s = plan.memory_shape
+    out: dict[str, Any] = {
+        "batch": s.batch,
+        "num_heads": s.num_heads,
+        "length": s.length,
+        "d_k": s.d_k,
+        "d_attn": s.d_k,
+        "naive_elements": s.batch * s.num_heads * s.length**2 * s.d_k,
+    }
+    saved: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        # one at a time (their seconds are reported too); with --quick both at once, to save a start-up
+        batches = [("fused", "chunked", "naive")] if plan.quick else [("fused",), ("chunked",), ("naive",)]
+        for forms in batches:
+            log(f"additive memory: {' and '.join(forms)} at {s.tag()} ...")
+            procs = {}
+            for form in forms:
+                spec = {**asdict(s), "form": form, "threads": threads, "save": str(Path(tmp) / f"{form}.pt")}
+                procs[form] = subprocess.Popen(
+                    [sys.executable, "-m", "attnlab.bench", "--child", json.dumps(spec)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            for form, proc in procs.items():
+                stdout, stderr = proc.communicate()
+                if proc.returncode != 0:
+                    raise RuntimeError(f"additive memory child ({form}) failed:\n{stderr[-2000:]}")
+                result = json.loads(stdout.strip().splitlines()[-1])
+                out[f"{form}_peak_mb"] = result["peak_mb"]
+                out[f"{form}_seconds"] = result["seconds"]
+                out["method"] = result["method"]
+                saved[form] = torch.load(Path(tmp) / f"{form}.pt", weights_only=True)
+    worst = 0.0
+    for form in ("fused", "chunked"):
+        pairs = [(saved[form]["logits"], saved["naive"]["logits"])]
+        pairs += list(zip(saved[form]["grads"], saved["naive"]["grads"], strict=True))
+        for a, b in pairs:
+            worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp(min=1e-30)))
+    out["max_rel_diff"] = worst
+    out["ratio"] = out["fused_peak_mb"] / max(out["naive_peak_mb"], 1e-9)
+    out["chunked_ratio"] = out["chunked_peak_mb"] / max(out["naive_peak_mb"], 1e-9)
+    return out
+
+
+def bench_default_run(log: Callable[[str], None]) -> dict[str, Any]:
+    """Wall time of ``python train.py`` with the default config (W&B offline, diagnostics, checkpoints), from the
+    repository root, run folder in a temporary directory."""
+    script = REPO_ROOT / "train.py"
+    if not script.exists():
+        return {"skipped": "train.py not found next to the package"}
+    log("default run: python train.py ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, str(script), f"hydra.run.dir={tmp}/run"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        wall = time.perf_counter() - t0
+        loaded = load_run(Path(tmp) / "run")
+        summary = loaded.summary or {}
+    if proc.returncode != 0:
+        return {"skipped": f"train.py failed: {proc.stderr.strip().splitlines()[-1:]}", "wall_s": wall}
+    metrics = summary.get("metrics", {})
+    return {
+        "wall_s": wall,
+        "run_wall_time_s": summary.get("wall_time_s"),
+        "threads": summary.get("threads"),
+        "val_acc_best": metrics.get("val/acc_best"),
+        "test_acc": metrics.get("test/acc"),
+    }
+
+
+def check_fused_sdpa(
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    score: str = "scaled_dot",
+    length: int = 128,
+    dropout: float = 0.0,
+) -> str:
+    """Forward + backward of an attnlab ``MultiHeadAttention(score)`` with SDPA limited to the fused kernels
+    (flash, memory-efficient) → the kernel that ran (on the CPU, Shaw and T5 run attnlab's fused ``relative``
+    kernel instead of SDPA, and ``additive`` its own). Raises :class:`FusedKernelUnavailable`, with the reason,
+    when SDPA cannot dispatch to one of them (then the fast path silently used the math kernel)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    device = torch.device(device)
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(128, 4, 32, score=score, dropout=dropout).to(device)
+    x = torch.randn(2, length, 128, device=device, requires_grad=True)
+    try:
+        with (
+            warnings.catch_warnings(record=True) as caught,
+            sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]),
+        ):
+            warnings.simplefilter("always")
+
+            def step() -> None:
+                with _autocast(device, dtype):
+                    out, _ = mha(x)
+                out.float().sum().backward()
+
+            _, kernel = profile_step(step, device)
+    except RuntimeError as exc:
+        why = [str(w.message).split(" (Triggered")[0] for w in caught]
+        reason = " ".join(" ".join([*why, str(exc)]).split())[:600]
+        raise FusedKernelUnavailable(
+            f"SDPA could not dispatch attnlab '{score}' to a fused kernel (flash or memory-efficient) on "
+            f"{device} in {str(dtype).removeprefix('torch.')}: {reason}"
+        ) from exc
+    return kernel
