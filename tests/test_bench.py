@@ -75,12 +75,16 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
     by_id = {}
     for t in targets:
         by_id.setdefault(t["id"], []).append(t)
-    for tid in ("1", "2", "3", "4", "4b"):
+    for tid in ("1", "2", "3", "4", "16a"):
         for t in by_id[tid]:
             assert float(t["value"]) > 0, t
     assert len(by_id["3"]) == 3
     assert len(by_id["7"]) == 6 and len(by_id["8"]) == 6
-    assert all(t["met"] == "" for tid in ("1", "2", "3", "4", "7", "8") for t in by_id[tid])  # not judged
+    assert len(by_id["16c"]) == 2 and len(by_id["16b"]) == 1  # the bare block stacks' goals
+    assert {r["variant"] for r in results["blocks"]} == {"scaled_dot", "relative_position", "t5_bias", "additive",
+                                                          "additive_chunked", "additive_naive"}  # fmt: skip
+    judged = ("1", "2", "3", "4", "7", "8", "16a", "16b", "16c")
+    assert all(t["met"] == "" for tid in judged for t in by_id[tid])  # not judged
     assert results["additive_memory"]["max_rel_diff"] < 1e-4
     assert results["diagnostics"]["wall_with_s"] and results["diagnostics"]["wall_without_s"]
 

@@ -379,7 +379,8 @@ def test_auto_falls_back_to_chunked_and_says_why_once(additive_disabled, caplog,
         torch.testing.assert_close(out, expected, rtol=TOL, atol=TOL)
         assert_all_close(grads_of(out, inputs), grads_of(expected, inputs))
 
-    records = [r for r in caplog.records if r.name == "attnlab"]
+    # one record, counted once even when two capturing handlers saw it (a training test may leave one behind)
+    records = list({id(r): r for r in caplog.records if r.name == "attnlab"}.values())
     assert len(records) == 1, [r.getMessage() for r in records]
     message = records[0].getMessage()
     assert records[0].levelno == logging.WARNING

@@ -1,5 +1,6 @@
-"""``variant=alibi``, ``t5_bias`` and ``relative_position`` give bit-for-bit the numbers they gave before the
-attention pipeline was opened into stages (issue 12).
+"""``variant=alibi``, ``t5_bias`` and ``relative_position`` give the numbers they gave before the attention pipeline
+was opened into stages (issue 12): bit for bit then, and to 1e-12 since issue 16's fused relative-position kernel,
+which sums in another order.
 
 The values below were printed by attnlab at commit 1f8928a (before the change) with the script in this test: the
 same seeds build the same parameters, and the encoder's outputs and a gradient must come out identical, so that
@@ -37,9 +38,11 @@ def test_position_presets_give_the_numbers_of_before_the_pipeline(score, params,
     h = enc(tokens)
     (h * c).sum().backward()
     g = enc.layers[0].self_attn.q_proj.weight.grad
-    assert h[0, 1, :4].tolist() == h01
-    assert h[1, 8, :4].tolist() == h18
-    assert g[1, :4].tolist() == grad
+    # bit for bit until issue 16: the fused relative-position kernel sums in another order, so the last bits move
+    close = {"rtol": 1e-12, "atol": 1e-14}
+    torch.testing.assert_close(h[0, 1, :4], torch.tensor(h01, dtype=torch.float64), **close)
+    torch.testing.assert_close(h[1, 8, :4], torch.tensor(h18, dtype=torch.float64), **close)
+    torch.testing.assert_close(g[1, :4], torch.tensor(grad, dtype=torch.float64), **close)
 
 
 @pytest.mark.parametrize(
