@@ -330,12 +330,14 @@ class MultiHeadAttention(nn.Module):
         is a learned relative-position table (Shaw, T5: :meth:`~attnlab.scores.PositionBias.table_bias`) and
         gradients are on, on the CPU in float32/64, without dropout or a sink → z (B, Hq, Lq, d_v); else None
         (also where the kernel cannot be built: then SDPA or :class:`BiasedSoftmaxAttention` runs)."""
+        terms = [b for b in (score.position_term(), self.position_bias) if b is not None]
+        if len(terms) != 1:  # most models have no position term: they leave here, before any other check
+            return None
         if not torch.is_grad_enabled() or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
             return None
         if (self.training and self.dropout > 0) or self._extra_logit() is not None:
             return None
-        terms = [b for b in (score.position_term(), self.position_bias) if b is not None]
-        if len(terms) != 1 or not relative_kernel.available():
+        if not relative_kernel.available():
             return None
         table_bias = getattr(terms[0], "table_bias", None)
         found = None if table_bias is None else table_bias(q, k.shape[2])

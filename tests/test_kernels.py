@@ -499,7 +499,7 @@ def test_runs_equal_a_plain_run_length_encoding(make_index):
     assert runs.num_columns == int(index.max()) + 1
     assert (runs.ptr.dtype, runs.starts.dtype, runs.cols.dtype) == (torch.int64, torch.int32, torch.int32)
     assert runs.starts.is_contiguous() and runs.cols.is_contiguous()
-    assert relative.runs_of(index).cols.tolist() == cols
+    assert relative.Runs(index).cols.tolist() == cols
 
 
 # ---------------------------------------------------------------------------------------------- 8. relative kernel

@@ -89,18 +89,11 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
                 raise
             results["fused"] = {"kernel": None, "error": str(exc)}
         lap("fused")
-    if "encoder" in opts.only:
-        results["encoder"] = bench_encoder(plan, device, dtype, log)
-        lap("encoder")
-    if "mha" in opts.only:
-        results["mha"] = bench_mha(plan, device, dtype, log)
-        lap("mha")
-    if "variants" in opts.only:
-        results["variants"] = bench_variants(plan, device, dtype, log)
-        lap("variants")
-    if "blocks" in opts.only:
-        results["blocks"] = bench_blocks(plan, device, dtype, log)
-        lap("blocks")
+    timed = {"encoder": bench_encoder, "mha": bench_mha, "variants": bench_variants, "blocks": bench_blocks}
+    for name, section in timed.items():
+        if name in opts.only:
+            results[name] = section(plan, device, dtype, log)
+            lap(name)
     if "diagnostics" in opts.only and device.type == "cpu":
         results["diagnostics"] = bench_diagnostics(plan, threads, log)
         lap("diagnostics")

@@ -31,7 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from attnlab.kernels.build import DTYPES, Library
 
-__all__ = ["Runs", "available", "relative_attention", "runs_of", "unavailable_reason"]
+__all__ = ["Runs", "available", "relative_attention", "unavailable_reason"]
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -74,11 +74,6 @@ class Runs:
         self.cols = index[rows, starts].to(torch.int32).contiguous()
         self.shape = (Lq, Lk)
         self.num_columns = int(index.max()) + 1 if index.numel() else 0
-
-
-def runs_of(index: Tensor) -> Runs:
-    """:class:`Runs` of a (Lq, Lk) column index."""
-    return Runs(index)
 
 
 def _hidden_args(hidden: Tensor | None, shape: tuple[int, int, int, int]) -> tuple[Tensor | None, Tensor | None]:
