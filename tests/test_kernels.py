@@ -237,6 +237,20 @@ def test_additive_logits_gradcheck():
     assert torch.autograd.gradcheck(additive.additive_logits, (wq, uk, v), eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
+@needs_additive
+def test_additive_operators_pass_torch_library_opcheck():
+    """The operators that torch.compile sees: schema, autograd registration, and fake kernels whose output shapes and
+    strides are those of the real ones, for the transposed (B, L, H, d_a) → (B, H, L, d_a) inputs attention passes
+    (the backward's fake once copied the strides of uk, and compiled models fell back to eager)."""
+    B, H, Lq, Lk, A = 2, 3, 4, 5, 6
+    wq = randn(B, Lq, H, A, seed=31).transpose(1, 2).requires_grad_()
+    uk = randn(B, Lk, H, A, seed=32).transpose(1, 2).requires_grad_()
+    v = randn(H, A, seed=33, requires_grad=True)
+    torch.library.opcheck(additive._forward_op, (wq, uk, v))
+    grad = randn(B, H, Lq, Lk, seed=34)
+    torch.library.opcheck(additive._backward_op, (grad, wq.detach(), uk.detach(), v.detach()))
+
+
 # ---------------------------------------------------------------------------------------------- 2. thread counts
 
 
@@ -542,6 +556,27 @@ def test_relative_attention_gradcheck(table_kind):
         return relative.relative_attention(q, k, v, table, runs, hidden, 0.9)
 
     assert torch.autograd.gradcheck(f, (q, k, v, table), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+@needs_relative
+@pytest.mark.parametrize("mask", ["none", "key_padding"])
+@pytest.mark.parametrize("table_kind", ["shaw", "t5"])
+def test_relative_operator_passes_torch_library_opcheck(table_kind, mask):
+    """As for the additive operators: the fake kernels' shapes and strides match the real ones, for transposed
+    q, k, v, forward and backward."""
+    B, H, L, d = 2, 2, 5, 3
+    q0, k0, v0, table, index = relative_inputs(B, H, L, L, d, table_kind, seed=171)
+    q, k, v = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q0, k0, v0))
+    assert not q.is_contiguous()
+    runs = relative.Runs(index)
+    hidden = hidden_mask(mask, B, H, L, L) if mask != "none" else None
+    args = (q, k, v, table, runs.ptr, runs.starts, runs.cols, hidden, 0.5, table.dim() == 4)
+    torch.library.opcheck(relative._forward_op, args)
+    z, weights = relative._forward_op(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args))
+    q, k, v, table = (t.detach() for t in (q, k, v, table))
+    dz = randn(*z.shape, seed=172)
+    backward = (dz, q, k, v, weights, z, table, runs.ptr, runs.starts, runs.cols, 0.5, table.dim() == 4)
+    torch.library.opcheck(relative._backward_op, backward)
 
 
 @needs_relative

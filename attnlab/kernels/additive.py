@@ -116,7 +116,7 @@ def _backward_impl(grad: Tensor, wq: Tensor, uk: Tensor, v: Tensor) -> tuple[Ten
     v_row = v.to(dtype).view(1, H, 1, A)
     return (
         g_wq.mul_(v_row).to(wq.dtype),
-        g_ukT.transpose(-1, -2).mul_(v_row).to(uk.dtype),
+        g_ukT.transpose(-1, -2).contiguous().mul_(v_row).to(uk.dtype),  # contiguous, as the fake kernel says
         g_v.sum(0).to(v.dtype),
     )
 
@@ -128,7 +128,8 @@ _backward_op = torch.library.custom_op("attnlab::additive_logits_backward", muta
 
 @_backward_op.register_fake
 def _backward_fake(grad: Tensor, wq: Tensor, uk: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(wq), torch.empty_like(uk), torch.empty_like(v)
+    # contiguous outputs, as the real kernel's (empty_like would copy the strides of a transposed input)
+    return wq.new_empty(wq.shape), uk.new_empty(uk.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx: object, inputs: tuple[Tensor, Tensor, Tensor], output: Tensor) -> None:

@@ -167,7 +167,8 @@ _backward_op = torch.library.custom_op("attnlab::relative_attention_backward", m
 
 @_backward_op.register_fake
 def _backward_fake(dz, q, k, v, weights, z, table, ptr, starts, cols, scale, per_row):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(table)
+    # contiguous outputs, as the real kernel's (empty_like would copy the strides of a transposed input)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), table.new_empty(table.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
