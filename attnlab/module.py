@@ -12,6 +12,9 @@ Besides ``train/*``, ``val/*`` and ``test/*`` (loss, acc), a run logs:
   first at which ``val/acc`` has left chance, i.e. is at least ``chance + 0.1 * (1 - chance)`` (``chance`` is the
   task's ``chance_accuracy``, by default ``1 / num_classes``). Both are measured at validations (every
   ``eval_every`` steps), logged from then on, and absent from the summary when never reached.
+
+:meth:`EncoderModule.compile_forward` compiles the training forward pass (encoder, pooling and head) in place with
+``torch.compile``; :func:`compile_problem` says beforehand whether ``torch.compile`` can run on a device at all.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from attnlab.encoder import Encoder
 from attnlab.tasks.base import IGNORE_INDEX
 
-__all__ = ["IGNORE_INDEX", "EncoderModule", "warmup_cosine"]
+__all__ = ["IGNORE_INDEX", "EncoderModule", "compile_problem", "warmup_cosine"]
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> float:
@@ -39,6 +42,28 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# torch.compile: each training batch shape is one static graph (usually two: the batch and an epoch's last one). Past
+# Dynamo's limit per function (8) shapes would run eagerly, and which ones would depend on the order a run met them.
+RECOMPILE_LIMIT = 64
+
+_compile_problems: dict[str, str | None] = {}
+
+
+def compile_problem(device: torch.device | str = "cpu") -> str | None:
+    """Why ``torch.compile`` cannot run on ``device`` here (no C++ compiler, no Triton, an unsupported platform),
+    found by compiling and running one tiny function there, or None when it can. Cached per device type."""
+    kind = torch.device(device).type
+    if kind not in _compile_problems:
+        try:
+            probe = torch.compile(lambda x: x * 2 + 1, dynamic=False, fullgraph=True)
+            ok = bool(torch.equal(probe(torch.ones(4, device=device)), torch.full((4,), 3.0, device=device)))
+            _compile_problems[kind] = None if ok else "a compiled test function computed a wrong result"
+        except Exception as exc:  # whatever the toolchain raises: the run goes on eagerly, with one warning line
+            first = next((line for line in str(exc).splitlines() if line.strip()), "")
+            _compile_problems[kind] = f"{type(exc).__name__}: {first.strip()[:200]}".rstrip(": ")
+    return _compile_problems[kind]
 
 
 class EncoderModule(L.LightningModule):
@@ -130,6 +155,66 @@ class EncoderModule(L.LightningModule):
         }
         self.reached: dict[str, int] = {}  # milestone → step; saved in checkpoints
 
+    # ----------------------------------------------------------------------------------------- compile
+
+    def compile_forward(self, example: tuple[Tensor, Tensor] | None = None, deterministic: bool = True) -> str | None:
+        """Compile the training forward pass in place with ``torch.compile`` (inductor): each training step runs
+        the encoder, pooling and head compiled, forward and backward. Parameter names, and so ``state_dict`` keys
+        and checkpoints, stay as they are: a checkpoint loads with compile on or off.
+
+        Validation and test call :meth:`forward` itself, eagerly, as does the diagnostics callback (the encoder
+        with ``need_weights=True``): their batch shapes (validation, test, their last batches, the task's test
+        lengths) would each be one more compile, for a few % of a run's work. Shapes are static
+        (``dynamic=False``): the training batch and an epoch's shorter last batch compile once each, and a shape
+        always runs the same kernels, whatever the run met before, so that same-seed runs and resumes agree.
+        ``deterministic`` turns on torch's deterministic algorithms (warnings only) for the process, unless they are
+        on already: without them the compiled backward of an embedding or a gather adds with atomics, in an order
+        that differs between runs on more than one thread. The mask is prepared outside the graph (its dataclass is
+        not traceable): one break after the embedding.
+
+        ``example`` (a training batch ``(tokens, labels)``, on the module's device): one eager forward pass on it
+        does the model's lazy set-up (loading or building attnlab's fused kernels: traced, that file-system work
+        would be a graph break inside the layer loop, and Dynamo would leave the layers eager), then one compiled
+        forward and backward pass compiles the training graph now, leaving the random state and the gradients as they
+        were. Without it, give the module one eager forward pass before compiling. If that
+        fails (an op that inductor or a custom op's fake kernel gets wrong), the module is eager again and the
+        reason, one line, is returned; else None.
+        """
+        import torch._dynamo
+
+        torch._dynamo.reset()  # a run compiles anew, also after earlier runs in this process (a sweep's jobs)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        if deterministic and not torch.are_deterministic_algorithms_enabled():
+            # inductor then keeps aten's deterministic index_put (the embedding's backward) instead of atomic adds,
+            # whose order, and so the last bits of the sums, varies from run to run with more than one thread
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.encoder.build_mask = torch.compiler.disable(self.encoder.build_mask)
+        self.compile(dynamic=False)
+        if example is None:
+            return None
+        device, was_training = example[0].device, self.training
+        forked = {"devices": [], "device_type": "cuda"} if device.type == "cpu" else {"devices": [device]}
+        try:
+            with torch.random.fork_rng(**forked):  # dropout draws nothing from the run's random state here
+                self.train()
+                self.forward(example[0])  # eagerly first: lazy set-up (building a fused kernel) stays out of the graph
+                self._loss(example)[0].backward()
+        except Exception as exc:  # the run goes on eagerly, and says why
+            self._compiled_call_impl = None
+            del self.encoder.build_mask
+            text = " ".join(str(exc).split())
+            return f"{type(exc).__name__}: {text[:240]}" if text else type(exc).__name__
+        finally:
+            self.train(was_training)
+            for parameter in self.parameters():
+                parameter.grad = None
+        return None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether :meth:`compile_forward` has compiled this module."""
+        return getattr(self, "_compiled_call_impl", None) is not None
+
     # ----------------------------------------------------------------------------------------- forward
 
     def pool(self, h: Tensor, tokens: Tensor) -> Tensor:
@@ -146,7 +231,7 @@ class EncoderModule(L.LightningModule):
 
     def _loss(self, batch: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         tokens, labels = batch
-        logits = self(tokens)
+        logits = self(tokens) if self.training else self.forward(tokens)  # (compile=true: compiled in training only)
         flat_logits = logits.reshape(-1, logits.shape[-1])
         flat_labels = labels.reshape(-1)
         loss = F.cross_entropy(flat_logits.float(), flat_labels, ignore_index=IGNORE_INDEX)

@@ -186,7 +186,15 @@ def validate_config(cfg: DictConfig) -> Any:
     threads = cfg.get("threads", "auto")
     if threads not in (None, "auto") and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be auto or an integer >= 1, got {threads!r}")
-    for key in ("resume", "overwrite", "results_table", "smoke", "diagnostics.enabled", "diagnostics.heatmaps"):
+    for key in (
+        "compile",
+        "resume",
+        "overwrite",
+        "results_table",
+        "smoke",
+        "diagnostics.enabled",
+        "diagnostics.heatmaps",
+    ):
         _flag(cfg, key)
     if cfg.get("ckpt_path") is not None and not isinstance(cfg.ckpt_path, str):
         raise ConfigError(f"ckpt_path must be a path, 'last' or null, got {cfg.ckpt_path!r}")

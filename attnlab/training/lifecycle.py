@@ -137,6 +137,7 @@ class Run:
         self.summary = Summary()
         self.segment: Segment | None = None
         self.trainer: Any = None
+        self.deterministic_before: tuple[bool, bool] | None = None  # torch's, before compile=true set them
         from attnlab.training.console import RunLog
 
         self.log = RunLog(enabled=self.writer)
@@ -163,6 +164,7 @@ class Run:
             return self.fail(exc)
         finally:
             self.log.close()
+            self._restore_deterministic()
 
     def validate(self) -> None:
         import_user_modules(self.cfg)
@@ -348,6 +350,7 @@ class Run:
         from attnlab.training.checkpoints import close_restored_loops
 
         ckpt = str(self.ckpt_path) if self.ckpt_path is not None else None
+        self._compile()
         self.trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt, weights_only=True)
         if self.ckpt is not None and int(self.ckpt["global_step"]) >= self.cfg.max_steps:
             close_restored_loops(self.trainer)  # nothing was left to train: the run was killed during its test
@@ -477,6 +480,49 @@ class Run:
                 "in a -m sweep (Lightning starts the other processes by re-running the command line); run it as a "
                 "single run, or sweep with hydra/launcher=slurm and hydra.launcher.tasks_per_node=<devices>"
             )
+
+    def _compile(self) -> None:
+        """``compile=true``: compile the module's training step in place, with one trial step on a training batch
+        (the random state and the gradients stay as they were), and say so in one line. Where torch.compile cannot
+        run on the trainer's device, or fails on this model, the run trains eagerly after one warning line."""
+        if not self.cfg.get("compile", False):
+            return
+        if self.ckpt is not None and int(self.ckpt["global_step"]) >= self.cfg.max_steps:
+            return  # nothing left to train (killed during its test): validation and test run eagerly anyway
+        import torch
+
+        from attnlab.module import compile_problem
+
+        device = self.trainer.strategy.root_device
+        problem = compile_problem(device)
+        if problem is None:
+            # same seed, same numbers (on CPU, as eager runs): torch's deterministic algorithms for this run
+            self.deterministic_before = (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            )
+            tokens, labels = self.datamodule.tensors("train")
+            batch = self.datamodule.batch_size
+            example = (tokens[:batch].clone().to(device), labels[:batch].clone().to(device))
+            started = time.perf_counter()
+            problem = self.module.to(device).compile_forward(example, deterministic=device.type == "cpu")
+        if problem is not None:
+            self._restore_deterministic()
+            self.log.info(f"warning: compile=true, but torch.compile fails here ({problem}); training eagerly")
+            return
+        self.log.info(
+            f"compile=true: training steps run under torch.compile (inductor), compiled in "
+            f"{time.perf_counter() - started:.1f} s (an epoch's shorter last batch compiles when it comes); "
+            "validation and test run eagerly"
+        )
+
+    def _restore_deterministic(self) -> None:
+        """torch's deterministic algorithms as they were before compile=true turned them on for this run."""
+        if self.deterministic_before is not None:
+            import torch
+
+            torch.use_deterministic_algorithms(self.deterministic_before[0], warn_only=self.deterministic_before[1])
+            self.deterministic_before = None
 
     def _truncate_metrics(self) -> None:
         """A new run starts metrics.jsonl anew; a resumed one cuts it back to its checkpoint's row count (never
