@@ -19,7 +19,10 @@ Besides ``train/*``, ``val/*`` and ``test/*`` (loss, acc), a run logs:
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import lightning as L
@@ -157,7 +160,12 @@ class EncoderModule(L.LightningModule):
 
     # ----------------------------------------------------------------------------------------- compile
 
-    def compile_forward(self, example: tuple[Tensor, Tensor] | None = None, deterministic: bool = True) -> str | None:
+    def compile_forward(
+        self,
+        example: tuple[Tensor, Tensor] | None = None,
+        deterministic: bool = True,
+        context: Callable[[], AbstractContextManager[Any]] | None = None,
+    ) -> str | None:
         """Compile the training forward pass in place with ``torch.compile`` (inductor): each training step runs
         the encoder, pooling and head compiled, forward and backward. Parameter names, and so ``state_dict`` keys
         and checkpoints, stay as they are: a checkpoint loads with compile on or off.
@@ -167,48 +175,71 @@ class EncoderModule(L.LightningModule):
         lengths) would each be one more compile, for a few % of a run's work. Shapes are static
         (``dynamic=False``): the training batch and an epoch's shorter last batch compile once each, and a shape
         always runs the same kernels, whatever the run met before, so that same-seed runs and resumes agree.
-        ``deterministic`` turns on torch's deterministic algorithms (warnings only) for the process, unless they are
-        on already: without them the compiled backward of an embedding or a gather adds with atomics, in an order
-        that differs between runs on more than one thread. The mask is prepared outside the graph (its dataclass is
-        not traceable): one break after the embedding.
+        ``deterministic`` turns on torch's deterministic algorithms (warnings only, and without filling new tensors
+        with NaN) for the process, unless they are on already: without them the compiled backward of an embedding or
+        a gather adds with atomics, in an order that differs between runs on more than one thread. The mask is
+        prepared outside the graph (its dataclass is not traceable): one break after the embedding.
 
         ``example`` (a training batch ``(tokens, labels)``, on the module's device): one eager forward pass on it
-        does the model's lazy set-up (loading or building attnlab's fused kernels: traced, that file-system work
-        would be a graph break inside the layer loop, and Dynamo would leave the layers eager), then one compiled
-        forward and backward pass compiles the training graph now, leaving the random state and the gradients as they
-        were. Without it, give the module one eager forward pass before compiling. If that
-        fails (an op that inductor or a custom op's fake kernel gets wrong), the module is eager again and the
-        reason, one line, is returned; else None.
+        first does the model's lazy set-up (loading or building attnlab's fused kernels: traced, that file-system
+        work would be a graph break inside the layer loop, and Dynamo would leave the layers eager); then one
+        compiled forward and backward pass compiles the training graph now. Both leave the random state and the
+        gradients as they were, and run inside ``context()`` (the trainer's precision, e.g. bf16 autocast), so that
+        the first training step finds its graph. Without ``example``, give the module one eager forward pass before
+        compiling. If the compiled pass fails (an op that inductor or a custom op's fake kernel gets wrong), the
+        module is eager again, torch's deterministic flags are as they were, and the reason, one line, is returned;
+        else None. An error of the eager pass is the model's own, and is raised.
         """
         import torch._dynamo
+        import torch.utils.deterministic
 
+        if example is not None:
+            with self._trial(example, context):
+                self.forward(example[0])
         torch._dynamo.reset()  # a run compiles anew, also after earlier runs in this process (a sweep's jobs)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        if deterministic and not torch.are_deterministic_algorithms_enabled():
+        flags = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory,
+        )
+        if deterministic and not flags[0]:
             # inductor then keeps aten's deterministic index_put (the embedding's backward) instead of atomic adds,
             # whose order, and so the last bits of the sums, varies from run to run with more than one thread
             torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.utils.deterministic.fill_uninitialized_memory = False  # every torch.empty is written anyway
         self.encoder.build_mask = torch.compiler.disable(self.encoder.build_mask)
         self.compile(dynamic=False)
         if example is None:
             return None
-        device, was_training = example[0].device, self.training
-        forked = {"devices": [], "device_type": "cuda"} if device.type == "cpu" else {"devices": [device]}
         try:
-            with torch.random.fork_rng(**forked):  # dropout draws nothing from the run's random state here
-                self.train()
-                self.forward(example[0])  # eagerly first: lazy set-up (building a fused kernel) stays out of the graph
+            with self._trial(example, context):
                 self._loss(example)[0].backward()
         except Exception as exc:  # the run goes on eagerly, and says why
             self._compiled_call_impl = None
             del self.encoder.build_mask
+            torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+            torch.utils.deterministic.fill_uninitialized_memory = flags[2]
             text = " ".join(str(exc).split())
             return f"{type(exc).__name__}: {text[:240]}" if text else type(exc).__name__
+        return None
+
+    @contextlib.contextmanager
+    def _trial(
+        self, example: tuple[Tensor, Tensor], context: Callable[[], AbstractContextManager[Any]] | None
+    ) -> Iterator[None]:
+        """A pass in training mode on ``example`` that leaves no trace: the random state (dropout), the mode and the
+        gradients are as they were afterwards."""
+        device, was_training = example[0].device, self.training
+        forked = {"devices": []} if device.type == "cpu" else {"devices": [device], "device_type": device.type}
+        try:
+            with torch.random.fork_rng(**forked), context() if context is not None else contextlib.nullcontext():
+                self.train()
+                yield
         finally:
             self.train(was_training)
             for parameter in self.parameters():
                 parameter.grad = None
-        return None
 
     @property
     def compiled(self) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -56,6 +57,7 @@ __all__ = [
     "Summary",
     "SweepJournal",
     "atomic_open",
+    "config_defaults",
     "find_runs",
     "flatten_config",
     "is_neutral",
@@ -112,6 +114,20 @@ def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten_config(value, f"{prefix}{key}."))
         return out
     return {prefix.rstrip("."): node}
+
+
+@functools.cache
+def config_defaults() -> dict[str, Any]:
+    """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...):
+    what a run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not
+    beside the package."""
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+    if not path.is_file():
+        return {}
+    values = OmegaConf.to_container(OmegaConf.load(path))
+    return {k: v for k, v in values.items() if isinstance(k, str) and not isinstance(v, (dict, list))}
 
 
 class RunFileError(Exception):
@@ -198,6 +214,7 @@ class Segment:
     results: dict[str, float] = field(default_factory=dict)
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
+    compiled: bool | None = None  # compile=true: whether this part trained compiled (False: it fell back to eager)
 
 
 @dataclass

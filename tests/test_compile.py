@@ -13,6 +13,7 @@ uninterrupted run. Inductor's on-disk cache makes every compile after the first 
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo
 from hydra import compose
 from test_resume import REPO, SMALL, _CrashAt, _env, assert_same_run, summary_of, weights_of
 
@@ -56,8 +58,18 @@ def compiled_reference(hydra_ctx: None, tmp_path_factory: pytest.TempPathFactory
 
     counters.clear()
     out = tmp_path_factory.mktemp("compiled") / "run"
-    T.run(compose("config", overrides=list(COMPILED)), out)
+    threads, uid, limit = torch.get_num_threads(), os.environ.get("ATTNLAB_UID"), torch._dynamo.config.recompile_limit
+    try:
+        T.run(compose("config", overrides=list(COMPILED)), out)
+    finally:  # (a module fixture: the per-test restore_process_state does not cover it)
+        torch.set_num_threads(threads)
+        torch._dynamo.config.recompile_limit = limit
+        if uid is None:
+            os.environ.pop("ATTNLAB_UID", None)
+        else:
+            os.environ["ATTNLAB_UID"] = uid
     assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
+    assert [segment["compiled"] for segment in summary_of(out)["segments"]] == [True]
     # two training shapes (16 and the last batch's 8), three graphs each (the embedding, the layers, the head), and
     # the toolchain's probe: validation, test and the diagnostics probe batch run eagerly and compile nothing
     assert counters["stats"]["unique_graphs"] <= 7, dict(counters["stats"])
@@ -190,11 +202,22 @@ def test_a_resume_cannot_switch_compile(compiled_reference: Path, tmp_path: Path
     assert "compile: True → False" in capsys.readouterr().err
 
 
-def _short_run(out: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
-    """A compiled run of 6 steps in ``out``; the lines it printed that start with ``warning:``."""
+def _short_run(out: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A compile=true run of 6 steps in ``out`` that trained eagerly, with torch's deterministic algorithms as they
+    were; the lines it printed that start with ``warning:``."""
+    flags = []
+    training_step = EncoderModule.training_step
+
+    def recording(self, batch, batch_idx):
+        flags.append((torch.are_deterministic_algorithms_enabled(), self.compiled))
+        return training_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(EncoderModule, "training_step", recording)
     overrides = [o for o in COMPILED if not o.startswith(("max_steps=", "eval_every="))]
     T.run(compose("config", overrides=[*overrides, "max_steps=6", "eval_every=6"]), out)
     assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
+    assert [segment["compiled"] for segment in summary_of(out)["segments"]] == [False]
+    assert flags == [(False, False)] * 6  # eager steps, deterministic algorithms off (as before the run)
     return [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
 
 
@@ -203,11 +226,10 @@ def test_where_torch_compile_cannot_run_the_run_trains_eagerly_after_one_warning
 ) -> None:
     monkeypatch.setitem(attnlab.module._compile_problems, "cpu", "InvalidCxxCompiler: No working C++ compiler found")
     monkeypatch.setattr(EncoderModule, "compile_forward", lambda *args, **kwargs: pytest.fail("compiled"))
-    assert _short_run(tmp_path / "run", capsys) == [
+    assert _short_run(tmp_path / "run", capsys, monkeypatch) == [
         "warning: compile=true, but torch.compile fails here (InvalidCxxCompiler: No working C++ compiler found); "
         "training eagerly"
     ]
-    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_a_model_that_does_not_compile_trains_eagerly_after_one_warning(
@@ -222,11 +244,33 @@ def test_a_model_that_does_not_compile_trains_eagerly_after_one_warning(
         return loss(self, batch)
 
     monkeypatch.setattr(EncoderModule, "_loss", failing_when_compiled)
-    assert _short_run(tmp_path / "run", capsys) == [
+    assert _short_run(tmp_path / "run", capsys, monkeypatch) == [
         "warning: compile=true, but torch.compile fails here (RuntimeError: expected size 16==16, stride 4096==1024 "
         "at dim=0 Error in op: mylib.op.default); training eagerly"
     ]
-    assert not torch.are_deterministic_algorithms_enabled()
+
+
+@pytest.mark.slow
+def test_a_resume_that_compiles_where_the_run_fell_back_says_its_numbers_mix_the_two(
+    hydra_ctx: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Started where torch.compile could not run (eager after a warning), crashed, resumed where it can: the
+    segments record each part, and the resume says so in one warning line."""
+    out = tmp_path / "run"
+    monkeypatch.setattr(attnlab.callbacks, "DivergenceGuard", _CrashAt)
+    monkeypatch.setattr(_CrashAt, "steps", [15])
+    with monkeypatch.context() as patch:
+        patch.setitem(attnlab.module._compile_problems, "cpu", "InvalidCxxCompiler: No working C++ compiler found")
+        assert math.isnan(T.run(compose("config", overrides=list(COMPILED)), out))
+    capsys.readouterr()
+    T.run(compose("config", overrides=[*COMPILED, "resume=true"]), out)
+    assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
+    assert [segment["compiled"] for segment in summary_of(out)["segments"]] == [False, True]
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        "warning: this part of the run trains compiled, its earlier part eagerly: its numbers mix the two "
+        "(compiled numbers are not eager numbers)"
+    ]
 
 
 def test_compile_problem_reports_a_broken_toolchain_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,9 +282,11 @@ def test_compile_problem_reports_a_broken_toolchain_in_one_line(monkeypatch: pyt
     assert attnlab.module.compile_problem("cpu") == "RuntimeError: Failed to find C compiler."
 
 
-def test_compile_is_off_by_default(hydra_ctx: None) -> None:
+def test_compile_is_off_by_default_for_runs_and_for_every_study(hydra_ctx: None) -> None:
     assert compose("config").compile is False
-    assert all(compose("config", overrides=[f"experiment={e}"]).compile is False for e in ("stability", "mqar"))
+    experiments = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+    assert len(experiments) >= 5
+    assert [e for e in experiments if compose("config", overrides=[f"experiment={e}"]).compile is not False] == []
 
 
 @pytest.mark.parametrize("value", ["yes", "1", "default", "[true]"])

@@ -115,6 +115,17 @@ def test_a_key_that_differs_is_a_dimension_and_an_equal_key_a_constant() -> None
     assert "lr" not in sweep.constants
 
 
+def test_a_top_level_key_added_since_an_old_run_reads_as_its_default_not_as_a_dimension() -> None:
+    """A run of an older attnlab has no ``compile`` key: it ran eagerly, as ``compile: false`` says; a key
+    without a default (or nested) still reads as missing."""
+    old, new, compiled = make_run({"lr": 1e-3}), make_run({"lr": 3e-3}), make_run({"lr": 1e-2})
+    old.config.pop("compile", None)
+    new.config["compile"], compiled.config["compile"] = False, True
+    assert old.value("compile") is False and old.value("no_such_key") == MISSING
+    assert dim_keys(Sweep([old, new])) == ["lr"] and Sweep([old, new]).constants["compile"] is False
+    assert sorted(dim_keys(Sweep([old, new, compiled]))) == ["compile", "lr"]
+
+
 def test_seeds_and_bookkeeping_are_replicates_never_a_dimension() -> None:
     runs = []
     for seed in range(4):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.runs import ATTENTION_DIR, find_runs, flatten_config
+from attnlab.runs import ATTENTION_DIR, config_defaults, find_runs, flatten_config
 from attnlab.runs import load_run as read_run_folder
 
 __all__ = ["MISSING", "NO_SUMMARY", "Run", "find_run_dirs", "finite", "load_run", "load_runs", "natural_key"]
@@ -87,8 +87,13 @@ class Run:
         return {k: MISSING if v == {} else tuple(v) if isinstance(v, list) else v for k, v in leaves.items()}
 
     def value(self, key: str) -> Any:
-        """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key."""
-        return self.flat.get(key, MISSING)
+        """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key, but a top-level key
+        that a run of an older attnlab lacks reads as its default (``compile: false``): it ran so."""
+        if key in self.flat:
+            return self.flat[key]
+        if self.config and "." not in key:
+            return config_defaults().get(key, MISSING)
+        return MISSING
 
     @property
     def status(self) -> str:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.checks import check_choice, check_int, check_number, default_d_k
 from attnlab.registry import unknown_name_message
-from attnlab.runs import flatten_config, is_neutral
+from attnlab.runs import config_defaults, flatten_config, is_neutral
 
 __all__ = [
     "CONF_DIR",
@@ -554,7 +554,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     top-level key that a run of an older attnlab lacks is no change when the new value is its default."""
     a, b = flatten_config(old), flatten_config(new)
     absent = "<absent>"
-    defaults = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
+    defaults = config_defaults()
     return [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())

@@ -137,7 +137,7 @@ class Run:
         self.summary = Summary()
         self.segment: Segment | None = None
         self.trainer: Any = None
-        self.deterministic_before: tuple[bool, bool] | None = None  # torch's, before compile=true set them
+        self.deterministic_before: tuple[bool, bool, bool] | None = None  # torch's, before compile=true set them
         from attnlab.training.console import RunLog
 
         self.log = RunLog(enabled=self.writer)
@@ -163,8 +163,8 @@ class Run:
         except Exception as exc:
             return self.fail(exc)
         finally:
-            self.log.close()
             self._restore_deterministic()
+            self.log.close()
 
     def validate(self) -> None:
         import_user_modules(self.cfg)
@@ -483,45 +483,69 @@ class Run:
 
     def _compile(self) -> None:
         """``compile=true``: compile the module's training step in place, with one trial step on a training batch
-        (the random state and the gradients stay as they were), and say so in one line. Where torch.compile cannot
-        run on the trainer's device, or fails on this model, the run trains eagerly after one warning line."""
+        (the random state and the gradients stay as they were, the trainer's precision is on), and say so in one
+        line. Where torch.compile cannot run on the trainer's device, or fails on this model, or the trainer spawns
+        its processes (``ddp_spawn`` pickles the model, and the compiled forward with it would be lost), the run
+        trains eagerly after one warning line. The segment records which it was (``compiled``); a resume that trains
+        otherwise than the run's earlier parts says so in a warning line (its numbers mix the two)."""
         if not self.cfg.get("compile", False):
             return
         if self.ckpt is not None and int(self.ckpt["global_step"]) >= self.cfg.max_steps:
             return  # nothing left to train (killed during its test): validation and test run eagerly anyway
         import torch
+        import torch.utils.deterministic
+        from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
         from attnlab.module import compile_problem
 
         device = self.trainer.strategy.root_device
-        problem = compile_problem(device)
+        if isinstance(getattr(self.trainer.strategy, "launcher", None), _MultiProcessingLauncher):
+            problem: str | None = "a spawning trainer pickles the model for its processes, without the compiled forward"
+        else:
+            problem = compile_problem(device)
+        started = time.perf_counter()
         if problem is None:
             # same seed, same numbers (on CPU, as eager runs): torch's deterministic algorithms for this run
             self.deterministic_before = (
                 torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.utils.deterministic.fill_uninitialized_memory,
             )
             tokens, labels = self.datamodule.tensors("train")
             batch = self.datamodule.batch_size
             example = (tokens[:batch].clone().to(device), labels[:batch].clone().to(device))
-            started = time.perf_counter()
-            problem = self.module.to(device).compile_forward(example, deterministic=device.type == "cpu")
+            problem = self.module.to(device).compile_forward(
+                example, deterministic=device.type == "cpu", context=self.trainer.precision_plugin.train_step_context
+            )
         if problem is not None:
             self._restore_deterministic()
             self.log.info(f"warning: compile=true, but torch.compile fails here ({problem}); training eagerly")
-            return
-        self.log.info(
-            f"compile=true: training steps run under torch.compile (inductor), compiled in "
-            f"{time.perf_counter() - started:.1f} s (an epoch's shorter last batch compiles when it comes); "
-            "validation and test run eagerly"
-        )
+        else:
+            self.log.info(
+                f"compile=true: training steps run under torch.compile (inductor), compiled in "
+                f"{time.perf_counter() - started:.1f} s (an epoch's shorter last batch compiles when it comes); "
+                "validation and test run eagerly"
+            )
+        compiled = problem is None
+        if self.segment is not None:
+            self.segment.compiled = compiled
+        earlier = {seg.compiled for seg in self.summary.segments if seg is not self.segment} - {None}
+        if earlier - {compiled}:
+            self.log.info(
+                f"warning: this part of the run trains {'compiled' if compiled else 'eagerly'}, its earlier part "
+                f"{'eagerly' if compiled else 'compiled'}: its numbers mix the two (compiled numbers are not eager "
+                "numbers)"
+            )
 
     def _restore_deterministic(self) -> None:
         """torch's deterministic algorithms as they were before compile=true turned them on for this run."""
         if self.deterministic_before is not None:
             import torch
+            import torch.utils.deterministic
 
-            torch.use_deterministic_algorithms(self.deterministic_before[0], warn_only=self.deterministic_before[1])
+            enabled, warn_only, fill = self.deterministic_before
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+            torch.utils.deterministic.fill_uninitialized_memory = fill
             self.deterministic_before = None
 
     def _truncate_metrics(self) -> None:
