@@ -35,7 +35,14 @@ from torchmetrics.classification import MulticlassAccuracy
 from attnlab.encoder import Encoder
 from attnlab.tasks.base import IGNORE_INDEX
 
-__all__ = ["IGNORE_INDEX", "EncoderModule", "compile_problem", "warmup_cosine"]
+__all__ = [
+    "IGNORE_INDEX",
+    "EncoderModule",
+    "compile_problem",
+    "deterministic_flags",
+    "set_deterministic_flags",
+    "warmup_cosine",
+]
 
 
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> float:
@@ -67,6 +74,26 @@ def compile_problem(device: torch.device | str = "cpu") -> str | None:
             first = next((line for line in str(exc).splitlines() if line.strip()), "")
             _compile_problems[kind] = f"{type(exc).__name__}: {first.strip()[:200]}".rstrip(": ")
     return _compile_problems[kind]
+
+
+def deterministic_flags() -> tuple[bool, bool, bool]:
+    """torch's deterministic-algorithm settings: (enabled, warnings only, fill new tensors with NaN)."""
+    import torch.utils.deterministic
+
+    return (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+
+
+def set_deterministic_flags(flags: tuple[bool, bool, bool]) -> None:
+    """Put back settings that :func:`deterministic_flags` returned."""
+    import torch.utils.deterministic
+
+    enabled, warn_only, fill = flags
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
 class EncoderModule(L.LightningModule):
@@ -198,11 +225,7 @@ class EncoderModule(L.LightningModule):
                 self.forward(example[0])
         torch._dynamo.reset()  # a run compiles anew, also after earlier runs in this process (a sweep's jobs)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        flags = (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-            torch.utils.deterministic.fill_uninitialized_memory,
-        )
+        flags = deterministic_flags()
         if deterministic and not flags[0]:
             # inductor then keeps aten's deterministic index_put (the embedding's backward) instead of atomic adds,
             # whose order, and so the last bits of the sums, varies from run to run with more than one thread
@@ -218,8 +241,7 @@ class EncoderModule(L.LightningModule):
         except Exception as exc:  # the run goes on eagerly, and says why
             self._compiled_call_impl = None
             del self.encoder.build_mask
-            torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
-            torch.utils.deterministic.fill_uninitialized_memory = flags[2]
+            set_deterministic_flags(flags)
             text = " ".join(str(exc).split())
             return f"{type(exc).__name__}: {text[:240]}" if text else type(exc).__name__
         return None

@@ -46,9 +46,9 @@ COMPILED = (
 @pytest.fixture
 def deterministic_flags():
     """torch's deterministic-algorithms flags, put back afterwards."""
-    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    before = attnlab.module.deterministic_flags()
     yield
-    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    attnlab.module.set_deterministic_flags(before)
 
 
 @pytest.fixture(scope="module")

@@ -492,11 +492,9 @@ class Run:
             return
         if self.ckpt is not None and int(self.ckpt["global_step"]) >= self.cfg.max_steps:
             return  # nothing left to train (killed during its test): validation and test run eagerly anyway
-        import torch
-        import torch.utils.deterministic
         from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
-        from attnlab.module import compile_problem
+        from attnlab.module import compile_problem, deterministic_flags
 
         device = self.trainer.strategy.root_device
         if isinstance(getattr(self.trainer.strategy, "launcher", None), _MultiProcessingLauncher):
@@ -506,19 +504,14 @@ class Run:
         started = time.perf_counter()
         if problem is None:
             # same seed, same numbers (on CPU, as eager runs): torch's deterministic algorithms for this run
-            self.deterministic_before = (
-                torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled(),
-                torch.utils.deterministic.fill_uninitialized_memory,
-            )
+            self.deterministic_before = deterministic_flags()
             tokens, labels = self.datamodule.tensors("train")
             batch = self.datamodule.batch_size
             example = (tokens[:batch].clone().to(device), labels[:batch].clone().to(device))
             problem = self.module.to(device).compile_forward(
                 example, deterministic=device.type == "cpu", context=self.trainer.precision_plugin.train_step_context
             )
-        if problem is not None:
-            self._restore_deterministic()
+        if problem is not None:  # (compile_forward has put torch's flags back)
             self.log.info(f"warning: compile=true, but torch.compile fails here ({problem}); training eagerly")
         else:
             self.log.info(
@@ -540,12 +533,9 @@ class Run:
     def _restore_deterministic(self) -> None:
         """torch's deterministic algorithms as they were before compile=true turned them on for this run."""
         if self.deterministic_before is not None:
-            import torch
-            import torch.utils.deterministic
+            from attnlab.module import set_deterministic_flags
 
-            enabled, warn_only, fill = self.deterministic_before
-            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-            torch.utils.deterministic.fill_uninitialized_memory = fill
+            set_deterministic_flags(self.deterministic_before)
             self.deterministic_before = None
 
     def _truncate_metrics(self) -> None:
