@@ -24,6 +24,7 @@ from torch import Tensor
 
 from attnlab.checks import check_int, check_number
 from attnlab.metrics import attention_stats, flatten_stats
+from attnlab.runs import atomic_open
 
 __all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_attention_maps"]
 
@@ -62,7 +63,8 @@ def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | Non
     fig.supxlabel("key position")
     fig.supylabel("query position")
     path = Path(path)
-    fig.savefig(path, dpi=80)
+    with atomic_open(path, "wb") as f:  # replaced whole (and a link there replaced, never written through)
+        fig.savefig(f, dpi=80, format="png")
     plt.close(fig)
     return path
 

@@ -30,9 +30,12 @@ import functools
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import time
+import types
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -61,8 +64,13 @@ __all__ = [
     "find_runs",
     "flatten_config",
     "is_neutral",
+    "is_wandb_id",
+    "iter_metrics",
     "load_run",
+    "nofollow_opener",
+    "read_bytes",
     "read_metrics",
+    "read_text",
     "utc_now",
     "write_json_atomic",
 ]
@@ -138,6 +146,12 @@ class RunFolderBusy(Exception):
     """Another process holds the run folder's lock. The message names the holder."""
 
 
+def is_wandb_id(value: Any) -> bool:
+    """Whether ``value`` is a W&B run id as attnlab draws them (letters, digits, ``_`` and ``-``, at most 64): an id
+    read from a folder names folders W&B creates, so anything else (``../x``) is refused."""
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", value) is not None
+
+
 def utc_now() -> str:
     """The current time as ISO 8601 UTC, to the second."""
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
@@ -182,20 +196,123 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _read_json(path: Path) -> Any:
+def nofollow_opener(path: str | os.PathLike[str], flags: int) -> int:
+    """An ``opener`` for :func:`open` that never follows a symbolic link at ``path`` (``O_NOFOLLOW``): opening a
+    link fails with ``ELOOP`` instead of reading or writing the file it points to."""
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+
+
+def _file_error(path: Path, exc: OSError) -> RunFileError:
+    """An OSError on one of a run's files as a :class:`RunFileError`, naming a symbolic link as such."""
+    if path.is_symlink():
+        return RunFileError(f"{path} is a symbolic link: a run folder's files are never read or written through links")
+    return RunFileError(f"{path} cannot be read ({exc.strerror or exc})")
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """A run file's bytes, never through a symbolic link; :class:`RunFileError` (one line naming the file) when it
+    cannot be read or is a link."""
+    path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb", opener=nofollow_opener) as f:
+            return f.read()
     except OSError as exc:
-        raise RunFileError(f"{path} cannot be read ({exc.strerror or exc})") from None
+        raise _file_error(path, exc) from None
+
+
+def read_text(path: str | Path) -> str:
+    """A run file's text, never through a symbolic link; :class:`RunFileError` (one line naming the file) when it
+    cannot be read, is a link, or is not UTF-8."""
+    path = Path(path)
+    data = read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunFileError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def _read_json(path: Path) -> Any:
+    text = read_text(path)
     if not text.strip():
         raise RunFileError(f"{path} is empty")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RunFileError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise RunFileError(f"{path} is nested too deeply to be read") from None
 
 
 # ---------------------------------------------------------------------------------------------------- summary
+
+
+def _conforms(value: Any, kind: Any) -> bool:
+    """Whether a JSON value has the type ``kind`` (a field's annotation): ``int`` excludes booleans, ``float``
+    takes any finite or null-free number, containers are checked element by element."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in args)
+    if kind is Any:
+        return True
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is str:
+        return isinstance(value, str)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if dataclasses.is_dataclass(kind):
+        return isinstance(value, dict)  # checked field by field by its own reader
+    return isinstance(value, kind)
+
+
+def _typed_fields(cls: type, data: dict[str, Any], where: str, problems: list[str] | None) -> dict[str, Any]:
+    """The entries of ``data`` that are fields of the dataclass ``cls`` and have its types. A wrong one raises
+    :class:`RunFileError` (``problems`` None) or is left out with a problem appended."""
+    hints = _hints(cls)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in hints:
+            continue
+        if not _conforms(value, hints[key]):
+            text = json.dumps(value, default=str)
+            text = text if len(text) <= 40 else text[:37] + "..."
+            message = f"{where}: {key} is {text}, which is not {_type_name(hints[key])}"
+            if problems is None:
+                raise RunFileError(message)
+            problems.append(message + "; ignored")
+            continue
+        out[key] = value
+    return out
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(kind: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(kind))
+    if typing.get_origin(kind) is dict:
+        return f"an object of {_type_name(typing.get_args(kind)[1])}"
+    if typing.get_origin(kind) is list:
+        return (
+            "a list"
+            if dataclasses.is_dataclass(typing.get_args(kind)[0])
+            else f"a list of {_type_name(typing.get_args(kind)[0])}"
+        )
+    return names.get(kind, getattr(kind, "__name__", str(kind)))
 
 
 @dataclass
@@ -215,6 +332,7 @@ class Segment:
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     compiled: bool | None = None  # compile=true: whether this part trained compiled (False: it fell back to eager)
+    target_steps: int | None = None  # the max_steps this start set out to reach (an interrupted extension's aim)
 
 
 @dataclass
@@ -275,24 +393,37 @@ class Summary:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Summary:
-        """Read a summary of any schema version; unknown keys are dropped, version 1 paths made relative."""
+    def from_dict(cls, data: Any, problems: list[str] | None = None) -> Summary:
+        """Read a summary of any schema version; unknown keys are dropped, version 1 paths made relative.
+
+        Every field is checked against its type (summary.json is untrusted input: a copied or downloaded folder may
+        hold anything). With ``problems=None`` a wrong field raises :class:`RunFileError` naming it (a resume
+        refuses); with a list, the field keeps its default and a one-line problem is appended (the dashboard
+        warns and goes on)."""
         if not isinstance(data, dict):
-            raise RunFileError(f"a summary must be a JSON object, got {type(data).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
-        seg_names = {f.name for f in dataclasses.fields(Segment)}
+            raise RunFileError(f"summary.json must be a JSON object, got {type(data).__name__}")
+        kwargs = _typed_fields(cls, data, "summary.json", problems)
         segments = []
-        for seg in data.get("segments") or []:
+        for i, seg in enumerate(kwargs.get("segments") or []):
             if isinstance(seg, dict) and {"kind", "started", "from_step"} <= seg.keys():
-                segments.append(Segment(**{k: v for k, v in seg.items() if k in seg_names}))
+                fields = _typed_fields(Segment, seg, f"summary.json segments[{i}]", problems)
+                if {"kind", "started", "from_step"} <= fields.keys():
+                    segments.append(Segment(**fields))
         kwargs["segments"] = segments
         for key in ("best_checkpoint", "resumed_from"):  # version 1 stored absolute paths
             if isinstance(kwargs.get(key), str) and Path(kwargs[key]).is_absolute() and data.get("run_dir"):
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, TypeError):
                     kwargs[key] = Path(kwargs[key]).relative_to(data["run_dir"]).as_posix()
         kwargs["schema_version"] = SCHEMA_VERSION
         return cls(**kwargs)
+
+    def clear_mistyped(self) -> None:
+        """Put every field (``segments`` aside) whose value is not of the field's type back to its default: a
+        summary written for a config that failed validation (``lr=abc``) stays readable as its type says."""
+        defaults = Summary()
+        for name, kind in _hints(Summary).items():
+            if name != "segments" and not _conforms(getattr(self, name), kind):
+                setattr(self, name, getattr(defaults, name))
 
     @property
     def finished(self) -> bool:
@@ -303,28 +434,36 @@ class Summary:
 # ---------------------------------------------------------------------------------------------------- metrics
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` file (or of a run folder's); blank, torn (a killed writer's last line) and
-    non-object lines are skipped; a missing file has no rows."""
+def iter_metrics(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` file (or of a run folder's), one at a time, read as a stream (a file of any
+    size costs one line's memory); blank, torn (a killed writer's last line) and non-object lines are skipped, a
+    byte that is not UTF-8 is replaced. A missing file has no rows; a symbolic link is never followed
+    (:class:`RunFileError`)."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
-    rows: list[dict[str, Any]] = []
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+        f = open(path, encoding="utf-8", errors="replace", opener=nofollow_opener)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _file_error(path, exc) from None
+    with f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                yield row
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a ``metrics.jsonl`` file, as :func:`iter_metrics` reads them."""
+    return list(iter_metrics(path))
 
 
 class MetricsFile:
@@ -352,7 +491,7 @@ class MetricsFile:
         rows = self.rows  # counted before the first append
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", buffering=1)
+            self._file = open(self.path, "a", buffering=1, encoding="utf-8", opener=nofollow_opener)
         self._file.write(json.dumps(_json_safe(row)) + "\n")
         self._rows = rows + 1
 
@@ -432,18 +571,59 @@ class RunFolder:
     def holds_run(self) -> bool:
         """Whether a run has started here (config.yaml, summary.json, metrics.jsonl or a checkpoint exists)."""
         files = (self.config_path, self.summary_path, self.metrics_path)
-        return any(p.exists() for p in files) or any(self.checkpoint_dir.glob("*.ckpt"))
+        return any(p.exists() or p.is_symlink() for p in files) or any(self.checkpoint_dir.glob("*.ckpt"))
+
+    def is_run(self) -> bool:
+        """Whether the folder holds a run that attnlab recognises as its own: a readable summary.json (not a link)
+        whose object has ``schema_version`` (or, written by attnlab before version 2, ``status`` and ``run_dir``)."""
+        try:
+            data = _read_json(self.summary_path)
+        except RunFileError:
+            return False
+        return isinstance(data, dict) and (
+            isinstance(data.get("schema_version"), int) or {"status", "run_dir"} <= data.keys()
+        )
+
+    def has_entries(self) -> bool:
+        """Whether any file or folder that a run writes (:data:`RUN_ENTRIES`) exists here."""
+        return any((self.path / name).exists() or (self.path / name).is_symlink() for name in RUN_ENTRIES)
+
+    def links(self) -> list[Path]:
+        """The symbolic links among the run's files: its own entries (``wandb/`` itself included), anything under
+        ``checkpoints/``, ``attention/``, ``csv/`` and ``.hydra/``, and the lock files. Inside ``wandb/``, W&B keeps
+        links of its own (``latest-run``, ``debug.log``, ``logs/debug-core.log`` into ``~/.cache/wandb``), which it
+        replaces rather than writes through, and each start writes a new W&B run folder: those are not counted."""
+        found = []
+        for name in (*RUN_ENTRIES, LOCK_FILE, HOLDER_FILE):
+            path = self.path / name
+            if path.is_symlink():
+                found.append(path)
+            elif path.is_dir() and name != "wandb":
+                for dirpath, dirnames, filenames in os.walk(path):
+                    found += [Path(dirpath) / e for e in (*dirnames, *filenames) if (Path(dirpath) / e).is_symlink()]
+        return found
+
+    def check_links(self) -> None:
+        """:class:`RunFileError` naming the first symbolic link among the run's files (see :meth:`links`): attnlab
+        never reads or writes a run's files through a link, which could lead anywhere."""
+        links = self.links()
+        if links:
+            link = links[0]
+            more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
+            raise RunFileError(
+                f"{link} is a symbolic link (to {os.readlink(link)}){more}: attnlab never reads or writes a run's "
+                "files through links; remove it, or copy the folder with its links resolved (cp -rL)"
+            )
 
     def read_config(self) -> dict[str, Any]:
         """config.yaml as a plain dict; :class:`RunFileError` when it is missing, empty or not a mapping."""
         import yaml
 
-        try:
-            text = self.config_path.read_text()
-        except OSError as exc:
-            raise RunFileError(f"{self.config_path} cannot be read ({exc.strerror or exc})") from None
+        text = read_text(self.config_path)
         try:
             data = yaml.safe_load(text)
+        except RecursionError:
+            raise RunFileError(f"{self.config_path} is nested too deeply to be read") from None
         except yaml.YAMLError as exc:
             raise RunFileError(f"{self.config_path} is not valid YAML ({' '.join(str(exc).split())})") from None
         if not isinstance(data, dict):
@@ -459,11 +639,12 @@ class RunFolder:
         with atomic_open(self.config_path) as f:
             yaml.safe_dump(config, f, sort_keys=False)
 
-    def read_summary(self) -> Summary | None:
-        """summary.json (None when there is none); :class:`RunFileError` when it is empty or corrupt."""
-        if not self.summary_path.exists():
+    def read_summary(self, problems: list[str] | None = None) -> Summary | None:
+        """summary.json (None when there is none); :class:`RunFileError` when it is empty, corrupt, a link, or (with
+        ``problems`` None) has a field of the wrong type (see :meth:`Summary.from_dict`)."""
+        if not (self.summary_path.exists() or self.summary_path.is_symlink()):
             return None
-        return Summary.from_dict(_read_json(self.summary_path))
+        return Summary.from_dict(_read_json(self.summary_path), problems)
 
     def write_summary(self, summary: Summary) -> None:
         """Replace summary.json atomically."""
@@ -481,6 +662,9 @@ class RunFolder:
         from filelock import FileLock, Timeout
 
         self.path.mkdir(parents=True, exist_ok=True)
+        for name in (LOCK_FILE, HOLDER_FILE):  # the lock file is opened with O_TRUNC: never through a link
+            if (self.path / name).is_symlink():
+                raise RunFileError(f"{self.path / name} is a symbolic link: never written through links")
         lock = FileLock(str(self.path / LOCK_FILE), timeout=LOCK_WAIT_S)
         try:
             lock.acquire()
@@ -524,15 +708,45 @@ class RunFolder:
         return False
 
     def remove_run(self) -> None:
-        """Delete the run's files (``overwrite=true``); other files in the folder are left alone."""
+        """Delete what a run wrote (``overwrite=true``), and nothing else: its files, its two checkpoints, its maps,
+        the CSV logger's two files, its own W&B runs (by the id it recorded) and W&B's pointers to them; a folder it
+        made is removed when that leaves it empty. Links are removed, never followed. Only for a folder that
+        :meth:`is_run`."""
         import shutil
 
-        for name in RUN_ENTRIES:
-            path = self.path / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
+        wandb_id = self._wandb_id()
+        own = {
+            ".": (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, WANDB_ID_FILE, "attention_maps.png"),
+            CHECKPOINT_DIR: ("best.ckpt", "last.ckpt"),
+            ATTENTION_DIR: ("maps.png",),
+            "csv": ("metrics.csv", "hparams.yaml"),
+            ".hydra": ("config.yaml", "hydra.yaml", "overrides.yaml"),
+            "wandb": ("latest-run", "debug.log", "debug-internal.log"),
+        }
+        for sub, names in own.items():
+            folder = self.path / sub
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            doomed = [folder / name for name in names]
+            if sub == "wandb" and wandb_id:
+                doomed += [p for p in folder.iterdir() if p.name.endswith(f"-{wandb_id}") and "run-" in p.name]
+            for path in doomed:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif path.exists() or path.is_symlink():
+                    path.unlink()
+            if sub != ".":
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
+
+    def _wandb_id(self) -> str | None:
+        """The W&B run id this run recorded (summary.json, else wandb_id.txt), when it is a plain id."""
+        candidates = []
+        with contextlib.suppress(RunFileError, TypeError):
+            candidates.append(_read_json(self.summary_path).get("wandb_id"))
+        with contextlib.suppress(RunFileError):
+            candidates.append(read_text(self.wandb_id_path).strip())
+        return next((c for c in candidates if is_wandb_id(c)), None)
 
     def remove_partial_files(self) -> None:
         """Delete the temporary files that a killed writer left (``.<name>.*.tmp``)."""
@@ -556,23 +770,25 @@ class LoadedRun:
     problems: list[str]
 
 
-def load_run(path: str | Path) -> LoadedRun:
-    """Read one run folder without failing: a missing, empty or corrupt file becomes a problem of the run.
+def load_run(path: str | Path, rows: bool = True) -> LoadedRun:
+    """Read one run folder without failing: every file of it is untrusted, and a missing, empty, corrupt, linked or
+    mistyped file or field becomes a one-line problem of the run (naming the file and the field).
 
-    A corrupt summary.json reads as ``status: failed`` with the reason; a summary that says ``running`` while no
-    process holds the folder (the run was killed) reads as ``interrupted``.
+    A corrupt summary.json reads as ``status: failed`` with the reason; a field of the wrong type keeps its default;
+    a summary that says ``running`` while no process holds the folder (the run was killed) reads as
+    ``interrupted``. ``rows=False`` leaves ``rows`` empty (a reader that streams :func:`iter_metrics` itself).
     """
     folder = RunFolder(path)
     problems: list[str] = []
     config: dict[str, Any] = {}
-    if folder.config_path.exists():
+    if folder.config_path.exists() or folder.config_path.is_symlink():
         try:
             config = folder.read_config()
         except RunFileError as exc:
             problems.append(str(exc))
     summary: dict[str, Any] | None = None
     try:
-        loaded = folder.read_summary()
+        loaded = folder.read_summary(problems)
     except RunFileError as exc:
         problems.append(str(exc))
         summary = {"status": "failed", "reason": f"unreadable summary.json: {exc}"}
@@ -585,7 +801,13 @@ def load_run(path: str | Path) -> LoadedRun:
             problems.append(f"{folder.summary_path} is missing: the run never started, or is from an older attnlab")
     if summary is not None and (summary.get("steps") or 0) > 0 and not folder.metrics_path.exists():
         problems.append(f"{folder.metrics_path} is missing: no curves for this run")
-    return LoadedRun(folder.path, config, summary, read_metrics(folder.metrics_path), problems)
+    metric_rows: list[dict[str, Any]] = []
+    if rows:
+        try:
+            metric_rows = read_metrics(folder.metrics_path)
+        except RunFileError as exc:
+            problems.append(str(exc))
+    return LoadedRun(folder.path, config, summary, metric_rows, problems)
 
 
 SKIP_DIRS = frozenset({"wandb", CHECKPOINT_DIR, ATTENTION_DIR, "csv", "__pycache__"})

@@ -86,7 +86,7 @@ def test_a_version_1_summary_reads_with_relative_paths(tmp_path: Path) -> None:
     [
         ("summary.json", "", r"summary.json is empty"),
         ("summary.json", '{"status": "ok", ', r"summary.json is not valid JSON"),
-        ("summary.json", "[1, 2]", r"a summary must be a JSON object"),
+        ("summary.json", "[1, 2]", r"summary.json must be a JSON object"),
         ("config.yaml", "", r"config.yaml is empty"),
         ("config.yaml", "a: [1, 2", r"config.yaml is not valid YAML"),
     ],
@@ -145,16 +145,27 @@ def test_a_summary_left_running_reads_as_interrupted_once_nobody_holds_the_folde
     assert loaded.summary["status"] == "interrupted" and "killed" in loaded.summary["reason"]
 
 
-def test_overwrite_removes_the_run_and_nothing_else(tmp_path: Path) -> None:
+def test_overwrite_removes_what_the_run_wrote_and_nothing_else(tmp_path: Path) -> None:
+    """The run's files, its two checkpoints, its maps, the CSV logger's files and its own W&B run (by its id) go;
+    a user's files beside them, another W&B run and a link's target stay; emptied folders go."""
     folder = RunFolder(tmp_path)
-    for name in ("config.yaml", "summary.json", "metrics.jsonl", "train.log", "wandb_id.txt", "notes.txt"):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("keep")
+    (tmp_path / "summary.json").write_text(json.dumps({"schema_version": 2, "status": "ok", "wandb_id": "ab12"}))
+    written = ["config.yaml", "metrics.jsonl", "train.log", "wandb_id.txt", "checkpoints/best.ckpt"]
+    written += ["checkpoints/last.ckpt", "attention/maps.png", "csv/metrics.csv", "csv/hparams.yaml"]
+    written += ["wandb/offline-run-20260101_000000-ab12/run-ab12.wandb"]
+    mine = ["notes.txt", "checkpoints/my_model.pt", "wandb/offline-run-20250101_000000-zz99/run-zz99.wandb"]
+    for name in written + mine:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    for sub in ("checkpoints", "attention", "wandb"):
-        (tmp_path / sub).mkdir()
-        (tmp_path / sub / "f").write_text("x")
-    assert folder.holds_run()
+    (tmp_path / "wandb" / "latest-run").symlink_to(outside)
+    assert folder.holds_run() and folder.is_run()
     folder.remove_run()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and not folder.holds_run()
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(mine) and not folder.holds_run()
+    assert not (tmp_path / "attention").exists() and not (tmp_path / "csv").exists()
+    assert outside.read_text() == "keep"
 
 
 def test_sweep_journal_counts_jobs_after_the_last_header(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from attnlab.runs import Summary
+from attnlab.console import plain_console, printable
+from attnlab.runs import Summary, nofollow_opener
 
 __all__ = ["RunLog", "clock", "quiet_libraries", "results_line", "results_table"]
 
@@ -38,6 +38,13 @@ def quiet_libraries() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+class _NoFollowFileHandler(logging.FileHandler):
+    """A log file opened without following a symbolic link (a linked train.log is refused, never appended to)."""
+
+    def _open(self) -> Any:
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors, opener=nofollow_opener)
+
+
 class RunLog:
     """The run's voice: lines on stdout (errors on stderr) and, once :meth:`open`, in ``train.log``.
 
@@ -46,16 +53,14 @@ class RunLog:
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.console = Console(highlight=False, soft_wrap=True)
-        if not self.console.is_terminal:  # a log file: room for the results table (Rich would assume 80 columns)
-            self.console.width = 120
+        self.console = plain_console()  # names and values are printed as text, never as markup
         self._handler: logging.Handler | None = None
 
     def open(self, path: Path) -> None:
         """Append the run's lines to ``path`` (train.log), with timestamps."""
         if not self.enabled or self._handler is not None:
             return
-        self._handler = logging.FileHandler(path, encoding="utf-8")
+        self._handler = _NoFollowFileHandler(path, encoding="utf-8")
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         LOG.addHandler(self._handler)
         LOG.setLevel(logging.INFO)
@@ -69,12 +74,12 @@ class RunLog:
 
     def info(self, message: str) -> None:
         if self.enabled:
-            self.console.print(message, markup=False)
+            self.console.print(message)
             LOG.info(message)
 
     def error(self, message: str) -> None:
         """``error: <message>`` on stderr (and in train.log when it is open)."""
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(f"error: {printable(message)}", file=sys.stderr, flush=True)
         if self._handler is not None:
             LOG.error(message)
 

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from attnlab.runs import MetricsFile, RunFolder
+from attnlab.runs import MetricsFile, RunFileError, RunFolder, atomic_open, is_wandb_id, read_text
 from attnlab.training.config import plain
 
 __all__ = ["JsonlLogger", "finish_wandb", "make_loggers", "wandb_run_id"]
@@ -90,7 +90,10 @@ def wandb_run_id(folder: RunFolder, resume: bool) -> str:
     """The W&B run id: the folder's own when continuing it (or on a rank > 0), a new one otherwise. Read only:
     the id file is written by :func:`make_loggers`."""
     if (resume or rank_zero_only.rank != 0) and folder.wandb_id_path.exists():
-        return folder.wandb_id_path.read_text().strip()
+        run_id = read_text(folder.wandb_id_path).strip()
+        if not is_wandb_id(run_id):  # W&B names a folder after it: nothing like ../x from a folder
+            raise RunFileError(f"{folder.wandb_id_path} does not hold a W&B run id (letters, digits, _ and -)")
+        return run_id
     return secrets.token_hex(4)
 
 
@@ -99,7 +102,8 @@ def _wandb(cfg: DictConfig, folder: RunFolder, run_id: str, name: str, group: st
 
     lc = cfg.logger
     if rank_zero_only.rank == 0:
-        folder.wandb_id_path.write_text(run_id + "\n")
+        with atomic_open(folder.wandb_id_path) as f:
+            f.write(run_id + "\n")
     return _WandbLogger(
         id=run_id,
         resume="allow",
