@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attnlab.console import plain_console, printable
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run, load_runs
 from attnlab.dashboard.metrics import spec_for
@@ -76,14 +77,11 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
     """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, entropy and saturation,
     status and time; 120 columns wide when the output is not a terminal (CI logs)."""
     from rich import box
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=120)
+        console = plain_console()  # run names, config keys and values are text, never markup
     sweep = Sweep(runs)
     dims = sweep.dims or []
     metrics = headline_metrics(runs)[:2]
@@ -176,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for run in runs:
         for problem in run.problems:
-            print(f"attnlab-dashboard: warning: run {run.name}: {problem}", file=sys.stderr)
+            print(f"attnlab-dashboard: warning: run {printable(run.name)}: {printable(problem)}", file=sys.stderr)
     print_table(runs)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, of which plotly.js {_plotly_mb():.1f} MB)")
     if args.csv is not None:

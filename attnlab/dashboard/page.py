@@ -15,6 +15,7 @@ import base64
 import html
 import json
 import math
+import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import parse_metric, spec_for
 from attnlab.dashboard.stats import Headline, best_run, best_runs, grouped, headline
+from attnlab.runs import RunFileError, read_bytes
 
 __all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
 
@@ -308,8 +310,11 @@ def _maps_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -
         images = []
         for run in members:
             for image in run.images():
-                data = image.read_bytes()
-                if len(data) > MAX_IMAGE_BYTES:
+                try:
+                    if os.lstat(image).st_size > MAX_IMAGE_BYTES:
+                        continue
+                    data = read_bytes(image)  # never through a link (Run.images leaves links out, with a warning)
+                except (OSError, RunFileError):
                     continue
                 caption = f"{_selector_label(run, sweep, metric)}/{image.relative_to(run.path).as_posix()}"
                 images.append({"src": "data:image/png;base64," + base64.b64encode(data).decode(), "caption": caption})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,25 @@ def _flat_keys(node: Any, prefix: str = "") -> set[str]:
     return keys
 
 
+def _names_code(override: str) -> bool:
+    """Whether an override can make Hydra import or instantiate something (``imports``, a ``_target_`` in its key
+    or value, or any ``hydra`` setting, such as a callback): a run folder's overrides of this kind are never
+    re-applied by a resume."""
+    key, value = _split(override)
+    return key == "imports" or key.startswith("hydra") or any(m in key + value for m in _CODE_MARKERS)
+
+
+_CODE_MARKERS = ("_target_", "_partial_", "_args_")
+
+
 def with_run_overrides(argv: list[str]) -> list[str]:
     """For a single run with ``resume=true`` (or ``ckpt_path=last``) and ``hydra.run.dir=<folder>``: the
     overrides of the run's last start (kept in its summary), then the command line's (which win). A command line
-    that repeats them is unchanged. Anything else is returned as is."""
+    that repeats them is unchanged. Anything else is returned as is.
+
+    The folder is data, never code: of its overrides only values are re-applied. ``imports`` and ``hydra.*`` are
+    not (the run checks the folder's ``imports`` against the command line's before importing anything), and one
+    that names code (``_target_``) is refused in one line unless the command line gives that key itself."""
     if "-m" in argv or "--multirun" in argv:
         return argv
     pairs = [_split(a) for a in argv if "=" in a]
@@ -121,7 +137,13 @@ def with_run_overrides(argv: list[str]) -> list[str]:
     last = summary.segments[-1].overrides if summary and summary.segments else (summary.overrides if summary else [])
     stored = [o for o in last if "=" in o]  # the last start's: an extension's larger max_steps included
     kept = [o for o in stored if _split(o)[0] not in given and _split(o)[0] not in _NOT_REPEATED]
-    return [*kept, *argv]
+    code = [o for o in kept if _names_code(o) and _split(o)[0] != "imports" and not _split(o)[0].startswith("hydra")]
+    if code:
+        raise ConfigError(
+            f"the run in {folder} was started with {code[0]}, which names code, and a resume never runs code that "
+            "a run folder names: if you trust it, repeat that override on the command line"
+        )
+    return [*(o for o in kept if not _names_code(o)), *argv]
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -133,8 +155,9 @@ def hydra_main(cfg: DictConfig) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python train.py ...``: check the overrides, run Hydra, and exit 1 if a job of a multirun failed."""
-    from attnlab.training.sweep import failed_jobs
+    """``python train.py ...``: check the overrides, run Hydra, and exit 1 if a job of a multirun failed. Ctrl-C or
+    SIGTERM during a multirun ends it with its report (the jobs so far) and exit code 130, as a single run ends."""
+    from attnlab.training.sweep import failed_jobs, report_interrupted
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -146,6 +169,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = [sys.argv[0] or str(Path("train.py")), *args]
-    hydra_main()
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # Lightning has its own during training
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        if report_interrupted():
+            print("error: the sweep was interrupted (Ctrl-C or SIGTERM); the jobs above finished", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if failed_jobs():
         raise SystemExit(1)
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM outside training ends the command as Ctrl-C does (the run or sweep says so, exit 130)."""
+    raise KeyboardInterrupt

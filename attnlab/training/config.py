@@ -60,6 +60,7 @@ CUSTOM_GROUPS = {"variant": "score", "mask": "mask", "normalizer": "normalizer",
 # keys a resume may raise: training goes on past the original end (an extension)
 EXTENSION_KEYS = ("max_steps", "trainer.max_steps")
 
+MAX_THREADS_PER_CORE = 4  # more torch threads than this per core only slow a run (and a million crash torch)
 TRAINER_PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true")
 
 
@@ -74,6 +75,23 @@ def _launch_uid() -> str:
 # ``${attnlab_uid:}`` in the run and sweep folder names. Cached in the config, so that a job that composes its
 # config again (submitit, joblib) gets the launch's id even where the environment is not passed on.
 OmegaConf.register_new_resolver("attnlab_uid", _launch_uid, replace=True, use_cache=True)
+
+
+def job_dir_name(overrides: str, limit: int = 200) -> str:
+    """A sweep job's folder name from its overrides (``hydra.job.override_dirname``): every character that could
+    leave the sweep folder or break a shell (``/``, ``\\``, control characters) becomes ``_``, so that
+    ``+tag=../../x`` names a folder *inside* the sweep; a name longer than ``limit`` bytes is cut and ends with a
+    hash of the whole, so that two long sweeps' jobs stay apart and the file system takes the name."""
+    import hashlib
+
+    name = "".join("_" if ch in "/\\" or not ch.isprintable() else ch for ch in str(overrides))
+    if len(name.encode()) > limit:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = name.encode()[: limit - 11].decode(errors="ignore") + "-" + digest
+    return name
+
+
+OmegaConf.register_new_resolver("attnlab_job_dir", job_dir_name, replace=True)
 
 
 class ConfigError(ValueError):
@@ -162,6 +180,7 @@ def validate_config(cfg: DictConfig) -> Any:
 
     Returns the task's datamodule, built but not set up (its data is generated later).
     """
+    _check_resolves(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         group = missing[0].removesuffix(".name")
@@ -183,9 +202,11 @@ def validate_config(cfg: DictConfig) -> Any:
         )
     if cfg.trainer.get("max_steps", cfg.max_steps) != cfg.max_steps:
         raise ConfigError(f"trainer.max_steps ({cfg.trainer.max_steps}) follows max_steps: set max_steps instead")
-    threads = cfg.get("threads", "auto")
-    if threads not in (None, "auto") and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"threads must be auto or an integer >= 1, got {threads!r}")
+    threads, most = cfg.get("threads", "auto"), MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
+    if threads not in (None, "auto") and (
+        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most
+    ):
+        raise ConfigError(f"threads must be auto or an integer from 1 to {most} (4 per core here), got {threads!r}")
     for key in (
         "compile",
         "resume",
@@ -201,14 +222,42 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_model(cfg.model)
     _check_diagnostics(cfg)
     _check_logger(cfg.logger)
-    _check_trainer(cfg.trainer)
-    score = _check_variant(cfg)
+    _check_trainer(cfg.trainer, cfg.eval_every)
+    score = _on_meta(lambda: _check_variant(cfg))
     _check_mask(cfg)
-    attention = _check_attention(cfg, score)
+    attention = _on_meta(lambda: _check_attention(cfg, score))
     datamodule = _check_task(cfg)
     _check_causal(cfg, datamodule)
     _check_memory(cfg, datamodule, attention)
     return datamodule
+
+
+def _on_meta(build: Any) -> Any:
+    """``build()`` on torch's meta device, where a module of any size takes no memory (its sizes are judged by
+    :func:`_check_memory`); a user's module that needs real tensors to be built is built on the CPU instead. A bad
+    value (TypeError, ValueError, :class:`ConfigError`) is raised either way."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build()
+    except (TypeError, ValueError):
+        raise
+    except Exception:
+        return build()
+
+
+def _check_resolves(cfg: DictConfig) -> None:
+    """Every ``${...}`` of the config resolves: one line naming the key (``lr=${undefined_key}``), not Hydra's
+    traceback."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # (OmegaConf adds full_key lines)
+        raise ConfigError(f"{key}: {message}" if key else message) from None
 
 
 def _check_causal(cfg: DictConfig, datamodule: Any) -> None:
@@ -280,19 +329,109 @@ def _wandb_credentials() -> bool:
             os.environ["WANDB_MODE"] = mode
 
 
-def _check_trainer(trainer: DictConfig) -> None:
+def _batches(name: str, value: Any, zero: bool = False) -> None:
+    """Lightning's ``limit_*_batches`` / ``overfit_batches``: a fraction in (0, 1] or a count >= 1 (0 allowed with
+    ``zero``)."""
+    if isinstance(value, float):
+        check_number(name, value, 0.0, 1.0, low_open=not zero)
+    else:
+        check_int(name, value, minimum=0 if zero else 1)
+
+
+def _flag_or_warn(name: str, value: Any) -> None:
+    if not isinstance(value, bool) and value != "warn":
+        raise ValueError(f"{name} must be true, false or warn, got {value!r}")
+
+
+def _optional_number(name: str, value: Any) -> None:
+    if value is not None:
+        check_number(name, value, low=0.0)
+
+
+def _optional_choice(choices: tuple[Any, ...]) -> Any:
+    return lambda name, value: check_choice(name, value, choices)
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+# The Lightning Trainer arguments a user may set (``trainer.<key>=``), each with its check; attnlab sets the others
+# itself (callbacks, loggers, plugins, default_root_dir, checkpointing) or derives them (max_steps, max_epochs,
+# val_check_interval, check_val_every_n_epoch: the run counts optimizer steps and validates every eval_every).
+TRAINER_KEYS: dict[str, Any] = {
+    "_target_": _optional_choice(("lightning.Trainer", "lightning.pytorch.Trainer")),
+    "accelerator": _optional_choice(("auto", "cpu", "gpu", "cuda", "mps", "tpu")),
+    "devices": None,  # checked below (auto, a count, or a list of device indices)
+    "strategy": lambda name, value: isinstance(value, str) or _bool(name, value),
+    "num_nodes": lambda name, value: check_int(name, value, minimum=1),
+    "precision": lambda name, value: check_choice(name, str(value), TRAINER_PRECISIONS),
+    "max_steps": None,  # follows max_steps (checked with it)
+    "max_epochs": _optional_choice((-1, None)),
+    "val_check_interval": None,  # follows eval_every (checked with it)
+    "check_val_every_n_epoch": _optional_choice((None,)),
+    "log_every_n_steps": lambda name, value: check_int(name, value, minimum=1),
+    "num_sanity_val_steps": lambda name, value: check_int(name, value, minimum=-1),
+    "gradient_clip_val": _optional_number,
+    "gradient_clip_algorithm": _optional_choice(("norm", "value", None)),
+    "accumulate_grad_batches": lambda name, value: check_int(name, value, minimum=1),
+    "deterministic": _flag_or_warn,
+    "benchmark": lambda name, value: value is None or _bool(name, value),
+    "enable_model_summary": _bool,
+    "enable_progress_bar": _bool,
+    "detect_anomaly": _bool,
+    "sync_batchnorm": _bool,
+    "inference_mode": _bool,
+    "limit_train_batches": _batches,
+    "limit_val_batches": _batches,
+    "limit_test_batches": _batches,
+    "overfit_batches": lambda name, value: _batches(name, value, zero=True),
+    "profiler": _optional_choice((None, "simple", "advanced", "pytorch")),
+}
+_TRAINER_FOLLOWS = ("max_steps", "max_epochs", "val_check_interval", "check_val_every_n_epoch")
+_TRAINER_DERIVED = {
+    "max_epochs": "attnlab trains for max_steps optimizer steps (trainer.max_epochs is -1): set max_steps instead",
+    "check_val_every_n_epoch": "attnlab validates every eval_every steps: set eval_every instead",
+}
+
+
+def _check_trainer(trainer: DictConfig, eval_every: int) -> None:
+    """Every key of ``trainer`` is one a user may set (:data:`TRAINER_KEYS`) with a value Lightning takes; the
+    keys that attnlab derives from its own settings follow them. One line naming the key."""
+    import difflib
+
     import torch
 
+    settable = [k for k in TRAINER_KEYS if not k.startswith("_") and k not in _TRAINER_FOLLOWS]
+    for key in trainer:
+        if key not in TRAINER_KEYS:
+            close = difflib.get_close_matches(str(key), settable, n=1)
+            hint = f"did you mean trainer.{close[0]}? " if close else ""
+            listed = ", ".join(settable)
+            raise ConfigError(f"trainer.{key} is not a trainer setting attnlab takes ({hint}allowed: {listed})")
+        check = TRAINER_KEYS[key]
+        if check is not None:
+            try:
+                check(f"trainer.{key}", trainer[key])
+            except ValueError as exc:
+                raise ConfigError(f"{exc}; {_TRAINER_DERIVED[key]}" if key in _TRAINER_DERIVED else str(exc)) from None
+    if trainer.get("val_check_interval", eval_every) != eval_every:
+        raise ConfigError(
+            f"trainer.val_check_interval ({trainer.val_check_interval}) follows eval_every ({eval_every}): set "
+            "eval_every instead"
+        )
     accelerator = str(trainer.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"trainer.accelerator={accelerator} but torch sees no CUDA GPU on this machine; "
             "use trainer=auto (the GPU when there is one, else the CPU) or trainer=cpu"
         )
-    precision = str(trainer.get("precision", "32-true"))
-    _check(check_choice, "trainer.precision", precision, TRAINER_PRECISIONS)
     devices = trainer.get("devices", "auto")
-    if devices != "auto" and not OmegaConf.is_list(devices):
+    if OmegaConf.is_list(devices):
+        for device in devices:
+            _check(check_int, "trainer.devices", device, minimum=0)
+    elif devices not in ("auto", -1):
         _check(check_int, "trainer.devices", devices, minimum=1)
 
 
@@ -455,8 +594,19 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention: Any) -> None:
     )
     if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
         needs.append((cfg.batch_size * heads * length**2 * 4 * 3 * layers, "a training batch's attention"))
+    params = _parameter_count(cfg, datamodule)
+    if params is not None:  # weights, gradients and AdamW's two moments, float32
+        needs.append((params * 4 * 4, f"{params:,} parameters with their gradients and optimizer state"))
     need, what = max(needs)
     have, where = _memory_bytes(cfg.trainer)
+    if need > 0.8 * have and params is not None and what.endswith("optimizer state"):
+        sizes = {"d_model": cfg.d_model, "d_k": cfg.d_k, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers}
+        sizes |= {"model.d_ff": cfg.model.d_ff, "model.d_v": cfg.model.d_v}
+        shown = ", ".join(f"{k}={v}" for k, v in sizes.items() if v is not None)
+        raise ConfigError(
+            f"{shown}: the model needs about {_size(need)} for {what}, more than the {_size(have)} of {where} here; "
+            "choose smaller sizes"
+        )
     if need > 0.8 * have:
         key = next((k for k in datamodule.length_keys if cfg.task.datamodule.get(k) is not None), None)
         setting = f"task.datamodule.{key}={cfg.task.datamodule[key]}" if key else f"task={cfg.task.name}"
@@ -464,6 +614,17 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention: Any) -> None:
             f"{setting}: sequences of {length} tokens need about {_size(need)} for {what}, more than the "
             f"{_size(have)} of {where} here; use shorter sequences (or a smaller batch / diagnostics.probe_size)"
         )
+
+
+def _parameter_count(cfg: DictConfig, datamodule: Any) -> int | None:
+    """The model's parameter count, built on the meta device (no memory); None when it cannot be built there."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build_module(cfg, datamodule).num_parameters
+    except Exception:
+        return None
 
 
 def _size(n: float) -> str:

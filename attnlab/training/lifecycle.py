@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from attnlab.runs import RunFileError, RunFolder, RunFolderBusy, Segment, Summary, utc_now
 from attnlab.training.config import (
@@ -78,7 +78,7 @@ def _is_multirun() -> bool:
 
 def _one_line(exc: BaseException) -> str:
     """The exception as one line; our own errors are sentences already, others get their type in front."""
-    own: tuple[type, ...] = (ConfigError, RunFolderBusy)
+    own: tuple[type, ...] = (ConfigError, RunFolderBusy, RunFileError)
     if "attnlab.callbacks" in sys.modules:  # (not imported before the config was valid: keeps refusals fast)
         own += (sys.modules["attnlab.callbacks"].DivergenceError,)
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -125,7 +125,8 @@ class Run:
         self.multirun = _is_multirun()
         self.writer = _rank() == 0  # with several processes only rank 0 writes the folder
         self.created = sweep.created_dirs(path) if output_dir is None else sweep.missing_dirs(path)
-        self.overrides = [str(o) for o in hc.overrides.task] if hc is not None else []
+        # (as written: an override's value is data here, never resolved, ${...} included)
+        self.overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task)] if hc is not None else []
         self.started_at = time.perf_counter()
         self.started = False  # True once the folder has been written to
         self.complete = False
@@ -156,7 +157,7 @@ class Run:
                 self.fit()  # 6. train, from the last checkpoint when resuming
                 self.test()  # 7. test the best checkpoint
                 return self.finish()  # 8. summary "ok", results table, run folder
-        except (ConfigError, RunFolderBusy) as exc:
+        except (ConfigError, RunFolderBusy, RunFileError) as exc:
             return self.refuse(exc)
         except (KeyboardInterrupt, SystemExit) as exc:
             return self.interrupted(exc)
@@ -167,8 +168,30 @@ class Run:
             self.log.close()
 
     def validate(self) -> None:
+        if self.resuming:
+            self._check_stored_imports()  # the folder is data: its imports run only when the command line asks
         import_user_modules(self.cfg)
         self.datamodule = validate_config(self.cfg)
+
+    @property
+    def resuming(self) -> bool:
+        return bool(self.cfg.get("resume")) or self.cfg.get("ckpt_path") == "last"
+
+    def _check_stored_imports(self) -> None:
+        """A run folder is data, never code: the modules its config.yaml lists under ``imports`` are imported only
+        when the command line names the same ones (read as data, before anything is imported)."""
+        folder = self.folder
+        if not (folder.config_path.exists() or folder.config_path.is_symlink()):
+            return
+        stored = self._read(folder.read_config).get("imports") or []
+        given = plain(self.cfg.get("imports")) or []
+        if stored != given:
+            shown_stored = "[" + ",".join(str(m) for m in stored) + "]" if isinstance(stored, list) else repr(stored)
+            raise ConfigError(
+                f"the run in {shown(folder.path)} was started with imports={shown_stored}, and a resume never "
+                f"imports code that a run folder names: if you trust these modules, add 'imports={shown_stored}' "
+                "to the command line" + (f" (it has imports={given})" if given else "")
+            )
 
     @contextlib.contextmanager
     def hold_folder(self) -> Iterator[None]:
@@ -189,7 +212,7 @@ class Run:
     def inspect_folder(self) -> None:
         """Decide what this start is; refuse (:class:`ConfigError`) what the folder does not allow."""
         cfg, folder = self.cfg, self.folder
-        resume = bool(cfg.resume) or cfg.get("ckpt_path") == "last"
+        resume = self.resuming
         if resume and cfg.overwrite:
             raise ConfigError("resume=true and overwrite=true contradict each other: continue the run, or replace it")
         explicit = None if cfg.get("ckpt_path") in (None, "last") else Path(cfg.ckpt_path)
@@ -202,6 +225,13 @@ class Run:
             self.ckpt_path = folder.checkpoint("last") if resume else explicit
             self.schedule_steps = self._stored_max_steps() if resume else None
             return
+        folder.check_links()  # no file of a run folder is read or written through a link
+        if cfg.overwrite and folder.has_entries() and not folder.is_run():
+            raise ConfigError(
+                f"overwrite=true deletes a run, and {shown(folder.path)} holds no run that attnlab recognises (no "
+                "summary.json with a schema_version) but files a run would write (config.yaml, checkpoints/, wandb/ "
+                "...): nothing was removed; use another folder, or remove those files yourself"
+            )
         if not folder.holds_run() or cfg.overwrite:
             if resume and not folder.holds_run():
                 raise ConfigError(
@@ -230,9 +260,7 @@ class Run:
         original = stored.get("max_steps")
         if not isinstance(original, int):
             raise ConfigError(f"cannot use the run in {shown(folder.path)}: its config.yaml has no max_steps")
-        trained = max(original, previous.steps or 0) if previous is not None else original
-        if cfg.max_steps < trained:
-            raise ConfigError(f"max_steps {trained} → {cfg.max_steps}: a run cannot be shortened")
+        self._check_not_shortened(original, previous)
         self.previous = previous
         if previous is not None and previous.finished and (previous.steps or 0) >= cfg.max_steps:
             self.complete = True
@@ -245,6 +273,22 @@ class Run:
         if previous is not None:
             self.summary = previous
             self.rows_floor = folder.metrics().rows if previous.finished else previous.metrics_rows_floor
+
+    def _check_not_shortened(self, original: int, previous: Summary | None) -> None:
+        """Refuse a ``max_steps`` below any step the run reached or any segment set out to reach and was
+        interrupted on the way (an extension to 500 killed at 400 cannot be resumed as a 300-step run)."""
+        reached, target = original, None
+        if previous is not None:
+            reached = max(reached, previous.steps or 0, *(seg.to_step or 0 for seg in previous.segments))
+            unfinished = [seg for seg in previous.segments if seg.status != "ok" and seg.target_steps]
+            target = max((seg.target_steps for seg in unfinished), default=None)
+        if self.cfg.max_steps < reached:
+            aim = f", and an extension to {target} was interrupted" if target and target > reached else ""
+            raise ConfigError(
+                f"max_steps {reached} → {self.cfg.max_steps}: a run cannot be shortened (the run in "
+                f"{shown(self.folder.path)} reached step {reached}{aim}; resume with max_steps >= {reached}, or leave "
+                "max_steps out)"
+            )
 
     def report_complete(self) -> float:
         summary = self.previous
@@ -291,6 +335,8 @@ class Run:
         if self.ckpt_path is not None:
             self.ckpt = read_checkpoint(self.ckpt_path)
             check_fits(self.module, self.ckpt, self.ckpt_path)
+            if self.writer and int(self.ckpt["global_step"]) > cfg.max_steps:  # whatever the summary says
+                self._check_not_shortened(int(self.ckpt["global_step"]), self.previous)
 
         best, last = make_checkpoints(self.folder)
         self.wandb_id = wandb_run_id(self.folder, resume=self.kind != "new")
@@ -549,8 +595,8 @@ class Run:
             jsonl.truncate(max(int(rows), self.rows_floor))
 
     def _settings(self) -> None:
-        """The key settings into the summary; also for a config that failed validation (an unset or odd value is
-        stored as it is, or as null)."""
+        """The key settings into the summary; also for a config that failed validation (an unset value, or one of
+        another type than the summary's field, is stored as null: a reader checks every field's type)."""
         from omegaconf import OmegaConf
 
         def get(key: str) -> Any:
@@ -573,6 +619,7 @@ class Run:
             s.d_k = get("d_k")
         s.smoke = bool(get("smoke"))
         s.launch_id = os.environ.get("ATTNLAB_UID")
+        s.clear_mistyped()
 
     def _begin_summary(self, step: int) -> None:
         import torch
@@ -593,7 +640,7 @@ class Run:
         s.wandb_id = self.wandb_id if self.cfg.logger.name == "wandb" else None
         if self.ckpt_path is not None:
             s.resumed_from, s.resumed_at_step = self.folder.relative(self.ckpt_path), step
-        self.segment = Segment(self.kind, utc_now(), step, self.overrides)
+        self.segment = Segment(self.kind, utc_now(), step, self.overrides, target_steps=self.cfg.max_steps)
         s.segments.append(self.segment)
 
     def _end_summary(self, status: str, reason: str | None) -> None:

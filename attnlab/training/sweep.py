@@ -9,6 +9,7 @@ job's log in ``<sweep>/.submitit/``; the final table is printed by the launching
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import tempfile
@@ -20,12 +21,21 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.console import plain_console
 from attnlab.runs import RunFileError, RunFolder, SweepJournal
 from attnlab.training.console import clock
 
-__all__ = ["RunFolderGuard", "SweepReport", "count_jobs", "created_dirs", "failed_jobs", "job_done"]
+__all__ = [
+    "RunFolderGuard",
+    "SweepReport",
+    "count_jobs",
+    "created_dirs",
+    "failed_jobs",
+    "job_done",
+    "report_interrupted",
+]
 
-_state: dict[str, Any] = {"created": (None, []), "failed": 0}
+_state: dict[str, Any] = {"created": (None, []), "failed": 0, "sweep": None}
 
 
 def created_dirs(path: Path) -> list[Path]:
@@ -126,51 +136,72 @@ def job_done(job: str, status: str, reason: str | None, wall_time_s: float | Non
 class SweepReport(Callback):
     """At the start of a multirun, the journal's header (jobs expected); at its end, a table of the jobs (status,
     best val and test accuracy, wall time, reason) and "N ok, M failed". :func:`failed_jobs` then tells
-    ``train.py`` to exit non-zero."""
+    ``train.py`` to exit non-zero. The count comes from the journal before anything is printed, so that no failure
+    of the report itself (a job folder's odd name, an unreadable summary) can turn a failed sweep's exit code into 0.
+    A sweep stopped by Ctrl-C or SIGTERM gets the same report from :func:`report_interrupted`."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _quiet_optuna(config)
         _state["failed"] = 0
+        _state["sweep"] = Path(config.hydra.sweep.dir)
         SweepJournal(config.hydra.sweep.dir).start(count_jobs(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from rich.console import Console
-        from rich.table import Table
+        _report(Path(config.hydra.sweep.dir))
+        _state["sweep"] = None
 
-        sweep = Path(config.hydra.sweep.dir)
+
+def _report(sweep: Path, interrupted: bool = False) -> None:
+    """The jobs table and "N ok, M failed" for the sweep folder ``sweep``; sets the failed count first."""
+    try:
         _, jobs = SweepJournal(sweep).read()
-        table = Table(title=f"sweep {sweep}", title_justify="left")
-        for col in ("job", "status", "best val acc", "test acc", "wall time"):
-            table.add_column(col, justify="left" if col in ("job", "status") else "right")
-        failed = []
-        for job in jobs:
-            metrics: dict[str, Any] = {}
-            try:
-                summary = RunFolder(sweep / job["job"]).read_summary()
-                metrics = summary.metrics if summary else {}
-            except RunFileError:
-                pass
-            ok = job.get("status") == "ok"
-            if not ok:
-                failed.append(job)
-            table.add_row(
-                str(job["job"]),
-                str(job.get("status")),
-                *(
-                    f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-"
-                    for k in ("val/acc_best", "test/acc")
-                ),
-                f"{job['wall_time_s']:.1f} s" if job.get("wall_time_s") is not None else "-",
-            )
-        console = Console(highlight=False, soft_wrap=True)
-        if not console.is_terminal:
-            console.width = 120
+    except RunFileError as exc:
+        jobs = []
+        print(f"error: {exc}", file=sys.stderr)
+    failed = [job for job in jobs if job.get("status") != "ok"]
+    _state["failed"] = len(failed) + (1 if interrupted else 0)
+    console = plain_console()  # job folders, statuses and reasons are text, never markup
+    try:
         if jobs:
-            console.print(table)
-        console.print(f"sweep {sweep}: {len(jobs) - len(failed)} ok, {len(failed)} failed", markup=False)
-        for job in failed:
-            console.print(f"  {job.get('status')}: {job['job']}: {job.get('reason')}", markup=False)
-        _state["failed"] = len(failed)
+            console.print(_jobs_table(sweep, jobs))
+    except Exception as exc:  # the report is a courtesy; the count above is what the exit code says
+        print(f"error: the sweep's table could not be printed ({type(exc).__name__}: {exc})", file=sys.stderr)
+    ended = "interrupted: " if interrupted else ""
+    console.print(f"sweep {sweep}: {ended}{len(jobs) - len(failed)} ok, {len(failed)} failed")
+    for job in failed:
+        console.print(f"  {job.get('status')}: {job.get('job')}: {job.get('reason')}")
+
+
+def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"sweep {sweep}", title_justify="left")
+    for col in ("job", "status", "best val acc", "test acc", "wall time"):
+        table.add_column(col, justify="left" if col in ("job", "status") else "right")
+    for job in jobs:
+        metrics: dict[str, Any] = {}
+        with contextlib.suppress(RunFileError, OSError, ValueError, TypeError):
+            summary = RunFolder(sweep / str(job.get("job"))).read_summary()
+            metrics = summary.metrics if summary else {}
+        wall = job.get("wall_time_s")
+        table.add_row(
+            str(job.get("job")),
+            str(job.get("status")),
+            *(f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-" for k in ("val/acc_best", "test/acc")),
+            f"{wall:.1f} s" if isinstance(wall, int | float) else "-",
+        )
+    return table
+
+
+def report_interrupted() -> bool:
+    """After Ctrl-C or SIGTERM stopped a multirun: its report (what finished, what failed), once. False when no
+    multirun was under way."""
+    sweep = _state.get("sweep")
+    if sweep is None:
+        return False
+    _state["sweep"] = None
+    _report(sweep, interrupted=True)
+    return True
 
 
 def failed_jobs() -> int:
