@@ -267,7 +267,10 @@ def test_load_runs_statuses_fallbacks_and_torn_line(sweeps: Path) -> None:
     assert crashed.status == "failed (no summary)" and crashed.summary is None and "summary.json" in crashed.reason
     # config-only run: fields from config.yaml, metrics from the last complete metrics.jsonl rows
     assert (crashed.variant, crashed.d_k, crashed.num_heads, crashed.seed) == ("dot", 512, HEADS, 2)
-    assert crashed.rows[-1] == {"step": 100, "test/acc": acc_of("dot", 512, 2), "test/loss": 0.9}
+    # the last complete row ({"step": 100, "test/acc": ..., "test/loss": 0.9}) is read, the torn one after it is not
+    assert crashed.metric_log.row_count == 15
+    assert [c[0].tolist()[-1:] for c in map(crashed.curve, ("test/acc", "test/loss"))] == [[100.0], [100.0]]
+    assert (crashed.final("test/loss"), crashed.final("train/loss")) == (0.9, 2.3 - 100 / 60)
     assert crashed.final("test/acc") == acc_of("dot", 512, 2)
     assert crashed.init("attn/saturation") == saturation("dot", 512, 0)  # from the step-0 row
     ok = runs["5_d_k=512,seed=1,variant=dot"]
@@ -303,7 +306,8 @@ def test_partial_runs_still_make_a_page(tmp_path: Path) -> None:
     (old / "config.yaml").write_text("variant: additive\nd_model: 32\nd_k: null\nnum_heads: 4\nseed: 3\n")
     running, config_only = load_runs(tmp_path)
     assert (running.status, running.ok, running.final("test/acc")) == ("running", False, acc_of("alibi", 16, 0))
-    assert (config_only.variant, config_only.d_k, config_only.seed, config_only.rows) == ("additive", 8, 3, [])
+    assert (config_only.variant, config_only.d_k, config_only.seed) == ("additive", 8, 3)
+    assert config_only.metric_log.row_count == 0 and config_only.metric_names == frozenset()
     assert config_only.final("test/acc") is None and config_only.head_grid("saturation") is None
     html = build_html([running, config_only])
     assert '<tr class="running"' in html and '<tr class="failed"' in html

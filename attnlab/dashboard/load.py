@@ -1,31 +1,59 @@
-"""Reading run folders for the dashboard: :class:`Run` (one folder's config, summary and metric rows) and the search.
+"""Reading run folders for the dashboard: :class:`Run` (one folder's config, summary and metrics) and the search.
 
 Everything goes through :mod:`attnlab.runs`, the one module that knows the run-folder layout; a missing, empty or
-corrupt file is one of the run's ``problems``, never an error.
+corrupt file is one of the run's ``problems``, never an error. ``metrics.jsonl`` is read as a stream into a
+:class:`MetricLog`, which keeps only what the page shows (final, step-0 and last per-head values, curves thinned to
+:data:`CURVE_POINTS` points): a run's memory does not grow with the number of rows.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnlab.runs import ATTENTION_DIR, config_defaults, find_runs, flatten_config
+from attnlab.runs import (
+    ATTENTION_DIR,
+    RunFileError,
+    RunFolder,
+    config_defaults,
+    find_runs,
+    flatten_config,
+    iter_metrics,
+)
 from attnlab.runs import load_run as read_run_folder
 
-__all__ = ["MISSING", "NO_SUMMARY", "Run", "find_run_dirs", "finite", "load_run", "load_runs", "natural_key"]
+__all__ = [
+    "CURVE_POINTS",
+    "MISSING",
+    "NO_SUMMARY",
+    "MetricLog",
+    "Run",
+    "find_run_dirs",
+    "finite",
+    "load_run",
+    "load_runs",
+    "natural_key",
+]
 
 NO_SUMMARY = "failed (no summary)"
 MISSING = "—"
 """The value of a config key that a run does not have (e.g. ``variant.params.d_attn`` for a dot-product run)."""
 
-_HEAD_KEY = re.compile(r"^attn/L(\d+)H(\d+)/(\w+)$")
+_HEAD_KEY = re.compile(r"^attn/L(\d{1,3})H(\d{1,3})/(\w+)$")  # (a bound: a grid is allocated from the numbers)
+
+CURVE_POINTS = 2000
+"""The most (step, value) points a run keeps of one metric's curve (16 bytes each: at most 32 KB per metric, whatever
+the length of ``metrics.jsonl``). A longer curve is thinned evenly as it is read, its first and last points kept;
+the page draws at most :data:`attnlab.dashboard.stats.MAX_CURVE_POINTS` (200) steps per curve anyway."""
 
 
 def finite(value: Any) -> float | None:
@@ -34,7 +62,7 @@ def finite(value: Any) -> float | None:
         return None
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float (``1e400`` written out)
         return None
     return x if math.isfinite(x) else None
 
@@ -59,16 +87,162 @@ def _dig(mapping: Any, dotted: str) -> Any:
     return node
 
 
+class _Series:
+    """What a :class:`MetricLog` keeps of one key: its last finite value, its first finite value at step 0 and its
+    curve, thinned as it grows: the points whose index is a multiple of ``stride`` (a power of two), and the last."""
+
+    __slots__ = ("count", "final", "head", "init", "last_step", "last_value", "steps", "stride", "values")
+
+    def __init__(self, key: Any) -> None:
+        self.final: float | None = None
+        self.init: float | None = None
+        self.steps = array("d")
+        self.values = array("d")
+        self.stride = 1
+        self.count = 0  # the curve's points so far, kept or not
+        self.last_step = self.last_value = math.nan
+        match = _HEAD_KEY.match(key) if isinstance(key, str) else None
+        self.head = (match.group(3), int(match.group(1)), int(match.group(2))) if match else None
+
+    def append(self, step: float, value: float) -> None:
+        """Add the curve's next point; when the kept points and the last would pass :data:`CURVE_POINTS`, every
+        other kept point goes and the stride doubles (so the kept points stay evenly spread, the first among them)."""
+        index = self.count
+        self.count = index + 1
+        self.last_step = step
+        self.last_value = value
+        if index % self.stride == 0:
+            self.steps.append(step)
+            self.values.append(value)
+            if len(self.steps) > CURVE_POINTS:
+                self._thin()
+        elif len(self.steps) == CURVE_POINTS:  # the kept points and the last one would pass the bound
+            self._thin()
+
+    def _thin(self) -> None:
+        self.steps, self.values = self.steps[::2], self.values[::2]
+        self.stride *= 2
+
+    def curve(self, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        stride = max(stride, self.stride)
+        if stride % self.stride:
+            raise ValueError(f"stride {stride} is not a multiple of the curve's stride {self.stride}")
+        every = stride // self.stride
+        steps = np.array(self.steps[::every], dtype=float)
+        values = np.array(self.values[::every], dtype=float)
+        if self.count and (self.count - 1) % stride:  # the last point, when the stride did not keep it
+            steps, values = np.append(steps, self.last_step), np.append(values, self.last_value)
+        return steps, values
+
+
+class MetricLog:
+    """What the dashboard keeps of a run's ``metrics.jsonl``, taken in one row at a time (:meth:`add`, :meth:`read`).
+
+    Per key: the last finite value (:meth:`final`), the first finite value in a row with ``step`` 0 (:meth:`init`)
+    and the curve over the rows with a finite ``step`` (:meth:`curve`), NaN where the value is null, thinned to at
+    most :data:`CURVE_POINTS` points. Per per-head metric (``attn/L{l}H{h}/{metric}``): the values of the last row
+    that has it (:meth:`head_grid`). Memory is at most about 32 KB per distinct key, whatever the number of rows.
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = ()) -> None:
+        self._series: dict[str, _Series] = {}
+        self._heads: dict[str, tuple[int, dict[tuple[int, int], float | None]]] = {}  # metric: (row, cells)
+        self.row_count = 0
+        """The rows taken in."""
+        for row in rows:
+            self.add(row)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Take in one row."""
+        self.row_count += 1
+        raw_step = row.get("step")
+        step = finite(raw_step)
+        at_zero = raw_step == 0
+        for key, raw in row.items():
+            series = self._series.get(key)
+            if series is None:
+                series = self._series[key] = _Series(key)
+            value = raw if type(raw) is float and raw - raw == 0.0 else finite(raw)  # the common case first
+            if value is not None:
+                series.final = value
+                if at_zero and series.init is None:
+                    series.init = value
+            if step is not None:
+                series.append(step, math.nan if value is None else value)
+            if series.head is not None:
+                metric, layer, head = series.head
+                seen = self._heads.get(metric)
+                if seen is None or seen[0] != self.row_count:  # the first cell of this metric in this row
+                    seen = self._heads[metric] = (self.row_count, {})
+                seen[1][layer, head] = value
+
+    def read(self, path: str | Path) -> None:
+        """Take in the rows of a ``metrics.jsonl`` file, streamed by :func:`attnlab.runs.iter_metrics` (raising
+        its :class:`attnlab.runs.RunFileError`; the rows before an error stay taken in)."""
+        for row in iter_metrics(path):
+            self.add(row)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every key of every row (``step`` included)."""
+        return frozenset(self._series)
+
+    def final(self, key: str) -> float | None:
+        """The last finite value of ``key``."""
+        series = self._series.get(key)
+        return None if series is None else series.final
+
+    def init(self, key: str) -> float | None:
+        """The first finite value of ``key`` in a row whose ``step`` is 0."""
+        series = self._series.get(key)
+        return None if series is None else series.init
+
+    def curve(self, key: str, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of ``key`` over the rows with a finite step, NaN where the value is not a finite number;
+        every point when there are at most :data:`CURVE_POINTS`, else an even subset with the first and last.
+
+        ``stride`` (a multiple of :meth:`stride`'s): only the points whose index is a multiple of it, and the last.
+        """
+        series = self._series.get(key)
+        return (np.array([], dtype=float), np.array([], dtype=float)) if series is None else series.curve(stride)
+
+    def stride(self, key: str) -> int:
+        """How far apart ``key``'s kept points are, counted in points (1: all kept; else a power of two)."""
+        series = self._series.get(key)
+        return 1 if series is None else series.stride
+
+    def head_grid(self, metric: str) -> np.ndarray | None:
+        """A (layers, heads) array of ``attn/L{l}H{h}/{metric}`` from the last row that has any of them, NaN for a
+        head that row lacks or has null; None when no row has one."""
+        seen = self._heads.get(metric)
+        if seen is None:
+            return None
+        cells = seen[1]
+        grid = np.full((1 + max(layer for layer, _ in cells), 1 + max(head for _, head in cells)), np.nan)
+        for (layer, head), value in cells.items():
+            grid[layer, head] = np.nan if value is None else value
+        return grid
+
+
 @dataclass
 class Run:
-    """One run folder: its resolved config, its summary (None when the run never wrote one) and its metric rows."""
+    """One run folder: its resolved config, its summary (None when the run never wrote one) and what the dashboard
+    keeps of its ``metrics.jsonl`` (:class:`MetricLog`: bounded memory, however long the file).
+
+    ``rows``, when given, are taken into ``metric_log`` (a run built in memory); they are not kept.
+    """
 
     path: Path
     name: str
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: InitVar[Iterable[dict[str, Any]] | None] = None
     problems: list[str] = field(default_factory=list)
+    metric_log: MetricLog = field(default_factory=MetricLog, repr=False, compare=False)
+
+    def __post_init__(self, rows: Iterable[dict[str, Any]] | None) -> None:
+        for row in rows or ():
+            self.metric_log.add(row)
 
     # -------------------------------------------------------------------------------- identity
     def setting(self, summary_key: str, config_key: str | None = None) -> Any:
@@ -180,19 +354,14 @@ class Run:
         metrics = _dig(self.summary, "metrics") if self.summary is not None else None
         if isinstance(metrics, dict) and finite(metrics.get(metric)) is not None:
             return finite(metrics[metric])
-        for row in reversed(self.rows):
-            value = finite(row.get(metric))
-            if value is not None:
-                return value
-        return None
+        return self.metric_log.final(metric)
 
     @functools.cached_property
     def metric_names(self) -> frozenset[str]:
         """Every metric name in the summary's ``metrics`` or in a ``metrics.jsonl`` row."""
         metrics = _dig(self.summary, "metrics") if self.summary is not None else None
         keys = set(metrics) if isinstance(metrics, dict) else set()
-        for row in self.rows:
-            keys.update(row)
+        keys.update(self.metric_log.keys)
         keys.discard("step")
         keys.discard("epoch")
         return frozenset(keys)
@@ -231,44 +400,48 @@ class Run:
         init = _dig(self.summary, "attn_init") if self.summary else None
         if isinstance(init, dict) and finite(init.get(metric)) is not None:
             return finite(init[metric])
-        for row in self.rows:
-            if row.get("step") == 0 and finite(row.get(metric)) is not None:
-                return finite(row[metric])
-        return None
+        return self.metric_log.init(metric)
 
-    def curve(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of ``metric`` over training, NaN where a row has null; rows without the key are skipped."""
-        steps, values = [], []
-        for row in self.rows:
-            if metric in row and finite(row.get("step")) is not None:
-                steps.append(float(row["step"]))
-                value = finite(row[metric])
-                values.append(math.nan if value is None else value)
-        return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    def curve(self, metric: str, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of ``metric`` over training, NaN where a row has null; rows without the key are skipped.
+        At most :data:`CURVE_POINTS` points: a longer curve is thinned evenly, its first and last points kept.
+
+        Runs of different lengths are thinned with different strides (:meth:`curve_stride`); ``stride``, a power of
+        two, keeps only the points whose index is a multiple of it (and the last), so that runs logged at the same
+        steps share their steps when read at the largest of their strides."""
+        return self.metric_log.curve(metric, stride)
+
+    def curve_stride(self, metric: str) -> int:
+        """The stride (in points) to which ``metric``'s curve was thinned: 1 for a curve of at most
+        :data:`CURVE_POINTS` points, else a power of two."""
+        return self.metric_log.stride(metric)
 
     def head_grid(self, metric: str) -> np.ndarray | None:
         """A (layers, heads) array of ``attn/L{l}H{h}/{metric}`` from the last row with per-head diagnostics."""
-        for row in reversed(self.rows):
-            cells = {}
-            for key, value in row.items():
-                match = _HEAD_KEY.match(key)
-                if match and match.group(3) == metric:
-                    cells[(int(match.group(1)), int(match.group(2)))] = finite(value)
-            if cells:
-                layers = 1 + max(layer for layer, _ in cells)
-                heads = 1 + max(head for _, head in cells)
-                grid = np.full((layers, heads), np.nan)
-                for (layer, head), value in cells.items():
-                    grid[layer, head] = np.nan if value is None else value
-                return grid
-        return None
+        return self.metric_log.head_grid(metric)
 
     def images(self) -> list[Path]:
-        """Saved attention-map images: ``attention_maps.png`` (older runs) first, then ``attention/**/*.png``."""
-        found = [self.path / "attention_maps.png"] if (self.path / "attention_maps.png").is_file() else []
+        """Saved attention-map images: ``attention_maps.png`` (older runs) first, then ``attention/**/*.png``. A
+        symbolic link (file or folder) is left out, and noted once in :attr:`problems`: the page never embeds what
+        a link points to."""
+        found, links = [], []
+        old = self.path / "attention_maps.png"
+        (links if old.is_symlink() else found).extend([old] if old.is_symlink() or old.is_file() else [])
         folder = self.path / ATTENTION_DIR
-        if folder.is_dir():
-            found += sorted(p for p in folder.rglob("*.png") if p.is_file())
+        if folder.is_symlink():
+            links.append(folder)
+        elif folder.is_dir():
+            for dirpath, dirnames, filenames in os.walk(folder):  # (does not enter linked folders)
+                for entry in sorted([*dirnames, *filenames]):
+                    path = Path(dirpath) / entry
+                    if path.is_symlink():
+                        links.append(path)
+                    elif entry.endswith(".png") and entry in filenames:
+                        found.append(path)
+        for link in links:
+            problem = f"{link} is a symbolic link: not shown (a run's files are never read through links)"
+            if problem not in self.problems:
+                self.problems.append(problem)
         return found
 
 
@@ -281,14 +454,23 @@ def find_run_dirs(root: str | Path) -> list[Path]:
 
 def load_run(path: str | Path, root: str | Path | None = None) -> Run:
     """Read one run folder through :func:`attnlab.runs.load_run`; its name is the path relative to ``root`` (or the
-    folder's name)."""
+    folder's name). ``metrics.jsonl`` is streamed once into the run's :class:`MetricLog`: the peak memory is about a
+    line of the file plus the log's bound (at most ~32 KB per distinct metric), not the file's size."""
     path = Path(path)
     name = path.name
     if root is not None:
         rel = path.resolve().relative_to(Path(root).resolve()).as_posix()
         name = Path(root).resolve().name if rel == "." else rel
-    loaded = read_run_folder(path)
-    return Run(path, name, loaded.config, loaded.summary, loaded.rows, loaded.problems)
+    loaded = read_run_folder(path, rows=False)
+    log = MetricLog()
+    metrics_path = RunFolder(loaded.path).metrics_path
+    try:
+        log.read(metrics_path)
+    except RunFileError as exc:
+        loaded.problems.append(str(exc))
+    except OSError as exc:  # a read failing midway (the rows before it stay)
+        loaded.problems.append(f"{metrics_path} could not be read to the end: {exc}")
+    return Run(path, name, loaded.config, loaded.summary, problems=loaded.problems, metric_log=log)
 
 
 def load_runs(root: str | Path, runs: Sequence[Path] | None = None) -> list[Run]:

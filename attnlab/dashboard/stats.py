@@ -193,8 +193,9 @@ def curves(runs: Sequence[Run], sweep: Sweep, metric: str, series_dims: Sequence
     out = []
     for label, key, members in grouped(runs, sweep, series_dims):
         at: dict[float, list[float]] = {}
+        stride = max(run.curve_stride(metric) for run in members)  # long curves are thinned: pool on shared steps
         for run in members:
-            steps, values = run.curve(metric)
+            steps, values = run.curve(metric, stride)
             for s, v in zip(steps, values, strict=True):
                 if math.isfinite(v):
                     at.setdefault(float(s), []).append(float(v))
