@@ -496,8 +496,8 @@ def test_a_kill_at_an_awkward_moment_resumes_to_the_uninterrupted_result(
         assert step == 100 and summary_of(run)["status"] == "running"
         assert any("test/acc" in r for r in read_metrics(run / METRICS_FILE)) is False
 
-    resumed = subprocess.run(
-        [sys.executable, "train.py", "resume=true", f"hydra.run.dir={run}"],
+    resumed = subprocess.run(  # (a resume imports a folder's modules only when the command line names them)
+        [sys.executable, "train.py", "resume=true", "imports=[attnlab_test_killer]", f"hydra.run.dir={run}"],
         cwd=REPO,
         env=env,
         capture_output=True,
