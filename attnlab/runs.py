@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -33,6 +34,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 import types
 import typing
@@ -51,6 +53,7 @@ __all__ = [
     "NEUTRAL_KEYS",
     "SCHEMA_VERSION",
     "SUMMARY_FILE",
+    "SWEEP_FILE",
     "LoadedRun",
     "MetricsFile",
     "RunFileError",
@@ -197,16 +200,25 @@ def _json_safe(value: Any) -> Any:
 
 
 def nofollow_opener(path: str | os.PathLike[str], flags: int) -> int:
-    """An ``opener`` for :func:`open` that never follows a symbolic link at ``path`` (``O_NOFOLLOW``): opening a
-    link fails with ``ELOOP`` instead of reading or writing the file it points to."""
-    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    """An ``opener`` for :func:`open` that opens only a regular file, never through a symbolic link at ``path``
+    (``O_NOFOLLOW``: ``ELOOP``) and never a FIFO or device, which could block a reader forever (opened
+    non-blocking, then checked: ``EINVAL``)."""
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    if hasattr(os, "O_NONBLOCK"):
+        os.set_blocking(fd, True)
+    return fd
 
 
 def _file_error(path: Path, exc: OSError) -> RunFileError:
     """An OSError on one of a run's files as a :class:`RunFileError`, naming a symbolic link as such."""
     if path.is_symlink():
         return RunFileError(f"{path} is a symbolic link: a run folder's files are never read or written through links")
-    return RunFileError(f"{path} cannot be read ({exc.strerror or exc})")
+    if exc.errno == errno.EINVAL and exc.strerror == "not a regular file":
+        return RunFileError(f"{path} is not a regular file (a FIFO, socket or device): not read")
+    return RunFileError(f"{path} cannot be used ({exc.strerror or exc})")
 
 
 def read_bytes(path: str | Path) -> bytes:
@@ -239,6 +251,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RunFileError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise RunFileError(f"{path} cannot be read as JSON ({' '.join(str(exc).split())[:120]})") from None
     except RecursionError:
         raise RunFileError(f"{path} is nested too deeply to be read") from None
 
@@ -248,7 +262,8 @@ def _read_json(path: Path) -> Any:
 
 def _conforms(value: Any, kind: Any) -> bool:
     """Whether a JSON value has the type ``kind`` (a field's annotation): ``int`` excludes booleans, ``float``
-    takes any finite or null-free number, containers are checked element by element."""
+    takes any number (NaN and infinities too, as Python's json reads them), containers are checked element by
+    element, and a dataclass (a segment) must be an object, whose fields its own reader checks."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
         return any(_conforms(value, arg) for arg in args)
@@ -307,11 +322,8 @@ def _type_name(kind: Any) -> str:
     if typing.get_origin(kind) is dict:
         return f"an object of {_type_name(typing.get_args(kind)[1])}"
     if typing.get_origin(kind) is list:
-        return (
-            "a list"
-            if dataclasses.is_dataclass(typing.get_args(kind)[0])
-            else f"a list of {_type_name(typing.get_args(kind)[0])}"
-        )
+        item = typing.get_args(kind)[0]
+        return "a list of objects" if dataclasses.is_dataclass(item) else f"a list of {_type_name(item)}"
     return names.get(kind, getattr(kind, "__name__", str(kind)))
 
 
@@ -393,20 +405,22 @@ class Summary:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any, problems: list[str] | None = None) -> Summary:
+    def from_dict(cls, data: Any, problems: list[str] | None = None, source: str = SUMMARY_FILE) -> Summary:
         """Read a summary of any schema version; unknown keys are dropped, version 1 paths made relative.
 
         Every field is checked against its type (summary.json is untrusted input: a copied or downloaded folder may
         hold anything). With ``problems=None`` a wrong field raises :class:`RunFileError` naming it (a resume
         refuses); with a list, the field keeps its default and a one-line problem is appended (the dashboard
-        warns and goes on)."""
+        warns and goes on), but a wrong ``status`` reads as ``failed``. ``source`` names the file in messages."""
         if not isinstance(data, dict):
-            raise RunFileError(f"summary.json must be a JSON object, got {type(data).__name__}")
-        kwargs = _typed_fields(cls, data, "summary.json", problems)
+            raise RunFileError(f"{source} must be a JSON object, got {type(data).__name__}")
+        kwargs = _typed_fields(cls, data, source, problems)
+        if "status" in data and "status" not in kwargs:
+            kwargs.update(status="failed", reason=f"{source}: unreadable status")
         segments = []
         for i, seg in enumerate(kwargs.get("segments") or []):
             if isinstance(seg, dict) and {"kind", "started", "from_step"} <= seg.keys():
-                fields = _typed_fields(Segment, seg, f"summary.json segments[{i}]", problems)
+                fields = _typed_fields(Segment, seg, f"{source} segments[{i}]", problems)
                 if {"kind", "started", "from_step"} <= fields.keys():
                     segments.append(Segment(**fields))
         kwargs["segments"] = segments
@@ -449,16 +463,19 @@ def iter_metrics(path: str | Path) -> Iterator[dict[str, Any]]:
     except OSError as exc:
         raise _file_error(path, exc) from None
     with f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                yield row
+        try:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError):  # torn, or hostile: too long a number, too deep a nesting
+                    continue
+                if isinstance(row, dict):
+                    yield row
+        except OSError as exc:  # (a read error part-way: the rows so far were given)
+            raise _file_error(path, exc) from None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -588,32 +605,40 @@ class RunFolder:
         """Whether any file or folder that a run writes (:data:`RUN_ENTRIES`) exists here."""
         return any((self.path / name).exists() or (self.path / name).is_symlink() for name in RUN_ENTRIES)
 
-    def links(self) -> list[Path]:
-        """The symbolic links among the run's files: its own entries (``wandb/`` itself included), anything under
-        ``checkpoints/``, ``attention/``, ``csv/`` and ``.hydra/``, and the lock files. Inside ``wandb/``, W&B keeps
-        links of its own (``latest-run``, ``debug.log``, ``logs/debug-core.log`` into ``~/.cache/wandb``), which it
-        replaces rather than writes through, and each start writes a new W&B run folder: those are not counted."""
+    def odd_entries(self) -> list[Path]:
+        """The run's files that are symbolic links or not regular files (a FIFO would block a reader): its own
+        entries (``wandb/`` itself included), anything under ``checkpoints/``, ``attention/``, ``csv/`` and
+        ``.hydra/``, and the lock files. Inside ``wandb/``, W&B keeps links of its own (``latest-run``,
+        ``debug.log``, ``logs/debug-core.log`` into ``~/.cache/wandb``), which it replaces rather than writes
+        through, and each start writes a new W&B run folder: those are not counted."""
+
+        def odd(path: Path) -> bool:
+            return path.is_symlink() or not (path.is_file() or path.is_dir())
+
         found = []
         for name in (*RUN_ENTRIES, LOCK_FILE, HOLDER_FILE):
             path = self.path / name
-            if path.is_symlink():
+            if not (path.exists() or path.is_symlink()):
+                continue
+            if odd(path):
                 found.append(path)
             elif path.is_dir() and name != "wandb":
                 for dirpath, dirnames, filenames in os.walk(path):
-                    found += [Path(dirpath) / e for e in (*dirnames, *filenames) if (Path(dirpath) / e).is_symlink()]
+                    found += [Path(dirpath) / e for e in (*dirnames, *filenames) if odd(Path(dirpath) / e)]
         return found
 
-    def check_links(self) -> None:
-        """:class:`RunFileError` naming the first symbolic link among the run's files (see :meth:`links`): attnlab
-        never reads or writes a run's files through a link, which could lead anywhere."""
-        links = self.links()
-        if links:
-            link = links[0]
-            more = f" (and {len(links) - 1} more)" if len(links) > 1 else ""
-            raise RunFileError(
-                f"{link} is a symbolic link (to {os.readlink(link)}){more}: attnlab never reads or writes a run's "
-                "files through links; remove it, or copy the folder with its links resolved (cp -rL)"
-            )
+    def check_entries(self) -> None:
+        """:class:`RunFileError` naming the first of :meth:`odd_entries`: attnlab never reads or writes a run's
+        files through a link, which could lead anywhere, nor reads a FIFO or device."""
+        odd = self.odd_entries()
+        if odd:
+            path, more = odd[0], f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+            if path.is_symlink():
+                raise RunFileError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}){more}: attnlab never reads or writes a run's "
+                    "files through links; remove it, or copy the folder with its links resolved (cp -rL)"
+                )
+            raise RunFileError(f"{path} is not a regular file or folder{more}: remove it")
 
     def read_config(self) -> dict[str, Any]:
         """config.yaml as a plain dict; :class:`RunFileError` when it is missing, empty or not a mapping."""
@@ -644,7 +669,7 @@ class RunFolder:
         ``problems`` None) has a field of the wrong type (see :meth:`Summary.from_dict`)."""
         if not (self.summary_path.exists() or self.summary_path.is_symlink()):
             return None
-        return Summary.from_dict(_read_json(self.summary_path), problems)
+        return Summary.from_dict(_read_json(self.summary_path), problems, source=str(self.summary_path))
 
     def write_summary(self, summary: Summary) -> None:
         """Replace summary.json atomically."""
@@ -662,7 +687,7 @@ class RunFolder:
         from filelock import FileLock, Timeout
 
         self.path.mkdir(parents=True, exist_ok=True)
-        for name in (LOCK_FILE, HOLDER_FILE):  # the lock file is opened with O_TRUNC: never through a link
+        for name in (LOCK_FILE, HOLDER_FILE):  # (filelock opens with O_NOFOLLOW today; an older one did not)
             if (self.path / name).is_symlink():
                 raise RunFileError(f"{self.path / name} is a symbolic link: never written through links")
         lock = FileLock(str(self.path / LOCK_FILE), timeout=LOCK_WAIT_S)
@@ -749,10 +774,18 @@ class RunFolder:
         return next((c for c in candidates if is_wandb_id(c)), None)
 
     def remove_partial_files(self) -> None:
-        """Delete the temporary files that a killed writer left (``.<name>.*.tmp``)."""
-        for folder in (self.path, self.checkpoint_dir):
-            for tmp in folder.glob(".*.tmp"):
-                tmp.unlink(missing_ok=True)
+        """Delete the temporary files that a killed writer of the run's own files left (``.<name>.<pid>.<hex>.tmp``,
+        :func:`atomic_open`); nobody else's."""
+        owned = {
+            self.path: (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, WANDB_ID_FILE, HOLDER_FILE),
+            self.checkpoint_dir: ("best.ckpt", "last.ckpt"),
+            self.attention_dir: ("maps.png",),
+        }
+        for folder, names in owned.items():
+            for name in names:
+                for tmp in folder.glob(f".{name}.*.tmp"):
+                    if re.fullmatch(rf"\.{re.escape(name)}\.\d+\.[0-9a-f]{{6}}\.tmp", tmp.name):
+                        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------------- readers
@@ -861,5 +894,9 @@ class SweepJournal:
         from filelock import FileLock
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.path.with_name(f".{SWEEP_FILE}.lock"))), open(self.path, "a") as f:
-            f.write(json.dumps(_json_safe(row)) + "\n")
+        lock = FileLock(str(self.path.with_name(f".{SWEEP_FILE}.lock")))
+        try:
+            with lock, open(self.path, "a", encoding="utf-8", opener=nofollow_opener) as f:
+                f.write(json.dumps(_json_safe(row)) + "\n")
+        except OSError as exc:
+            raise _file_error(self.path, exc) from None

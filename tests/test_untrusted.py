@@ -19,9 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose
 
 from attnlab import training as T
+from attnlab.console import printable
 from attnlab.dashboard.cli import main as dashboard_main
 from attnlab.runs import MetricsFile, RunFileError, RunFolder, atomic_open
 from attnlab.training import sweep
@@ -137,10 +139,35 @@ def test_a_resume_reapplies_only_values_from_the_folder(tmp_path: Path) -> None:
     assert with_run_overrides(argv) == ["lr=0.01", *argv]
     stored.append("trainer._target_=evil.Trainer")
     folder.write_summary(Summary(status="interrupted", segments=[Segment("new", "now", 0, stored)]))
-    with pytest.raises(ConfigError, match=r"started with trainer._target_=evil.Trainer, which names code"):
+    with pytest.raises(ConfigError, match=r"started with trainer._target_=evil.Trainer \(it names code\)"):
         with_run_overrides(argv)
     given = [*argv, "trainer._target_=lightning.Trainer"]
     assert with_run_overrides(given) == ["lr=0.01", *given]
+    # an interpolation can assemble "_target_" at resolve time; a group choice can name a file outside conf/
+    assembled = ["+xa=_tar", "+xb=get_", "task.datamodule=\"${oc.decode:'{${xa}${xb}: subprocess.Popen}'}\""]
+    for hostile, reason in (
+        (assembled, "it names code"),
+        (["experiment=../../../../tmp/evil"], "is not a choice of conf/experiment"),
+        (["experiment@hydra=mqar"], "it is not a plain setting"),
+    ):
+        folder.write_summary(Summary(status="interrupted", segments=[Segment("new", "now", 0, ["lr=0.01", *hostile])]))
+        with pytest.raises(ConfigError, match=reason):
+            with_run_overrides(argv)
+    (tmp_path / "summary.json").write_text('{"segments": 5}')
+    with pytest.raises(ConfigError, match=r"cannot use the run in .*summary.json: segments is 5"):
+        with_run_overrides(argv)
+
+
+def test_a_config_names_no_class_but_the_tasks_own(hydra_ctx: None) -> None:
+    """Whatever composed the config, the datamodule is the class registered for the task: a ``_target_`` naming
+    anything else is refused, and never imported."""
+    from attnlab.training.config import validate_config
+
+    for target in ("subprocess.Popen", "no_such_module.Digits.evil"):
+        cfg = compose("config", overrides=[*SMALL, f"task.datamodule._target_={target}"])
+        with pytest.raises(ConfigError, match=r"task.datamodule._target_=.* is not the class of task=digits"):
+            validate_config(cfg)
+    assert "no_such_module" not in sys.modules
 
 
 # ------------------------------------------------------------------------------- 2. no link is followed
@@ -203,6 +230,61 @@ def test_the_writers_replace_or_refuse_a_link_and_never_write_through_it(tmp_pat
     assert outside.read_text() == "keep"
 
 
+def test_no_reader_blocks_on_a_fifo_in_a_run_folder(
+    hydra_ctx: None, finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A FIFO in place of metrics.jsonl or summary.json would block a reader forever: the dashboard warns, a resume
+    refuses, both at once."""
+    root = tmp_path / "sweep"
+    for name in ("metrics.jsonl", "summary.json"):
+        run = _copy(finished, root / name.split(".")[0])
+        (run / name).unlink()
+        os.mkfifo(run / name)
+    assert dashboard_main([str(root), "-o", str(tmp_path / "page.html")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("is not a regular file") == 2, err
+    assert math.isnan(T.run(compose("config", overrides=[*SMALL, "resume=true"]), root / "summary"))
+    assert "summary.json is not a regular file" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_sweep_never_writes_its_journal_through_a_link(tmp_path: Path, capsys) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.jsonl").symlink_to(victim)
+    with pytest.raises(SystemExit) as exit_info:
+        sweep._check_sweep_files(tmp_path / "sweep")
+    assert exit_info.value.code == 2 and "sweep.jsonl is a symbolic link" in _one_error_line(capsys.readouterr().err)
+    from attnlab.runs import SweepJournal
+
+    with pytest.raises(RunFileError, match="is a symbolic link"):
+        SweepJournal(tmp_path / "sweep").start(1)
+    assert victim.read_text() == "keep"
+
+
+def test_a_checkpoint_cannot_make_lightning_delete_a_users_file(tmp_path: Path) -> None:
+    """A hostile last.ckpt naming ``my_model.pt`` as its best or k-th best file: the names are dropped, so the next
+    best save never deletes it."""
+    from attnlab.training.checkpoints import RunCheckpoint
+
+    best = RunCheckpoint(dirpath=tmp_path, filename="best", monitor="val/acc", mode="max")
+    best.load_state_dict(
+        {
+            "monitor": "val/acc",
+            "best_model_score": 0.5,
+            "best_model_path": "my_model.pt",
+            "kth_best_model_path": "../../outside.pt",
+            "last_model_path": "last.ckpt",
+            "best_k_models": {"my_model.pt": 0.5, "best.ckpt": 0.4},
+            "dirpath": ".",
+            "current_score": 0.5,
+            "kth_value": 0.5,
+        }
+    )
+    assert best.best_model_path == "" and best.kth_best_model_path == ""
+    assert list(best.best_k_models) == [str(tmp_path / "best.ckpt")]
+
+
 def test_the_dashboard_skips_linked_files_with_a_warning(finished: Path, tmp_path: Path, capsys) -> None:
     """A run whose summary.json and attention/maps.png link to a secret: the page is built, one warning names each
     link, and the secret is nowhere in the page (neither as text nor as base64)."""
@@ -216,6 +298,11 @@ def test_the_dashboard_skips_linked_files_with_a_warning(finished: Path, tmp_pat
     for name in ("summary.json", "attention/maps.png"):
         (bad / name).unlink()
         (bad / name).symlink_to(secret)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    (root / "dashboard.html").symlink_to(victim)  # the default output: replaced, never written through
+    assert dashboard_main([str(root)]) == 0
+    assert victim.read_text() == "keep" and not (root / "dashboard.html").is_symlink()
     assert dashboard_main([str(root), "-o", str(tmp_path / "page.html")]) == 0
     err = capsys.readouterr().err
     page = (tmp_path / "page.html").read_text()
@@ -259,6 +346,7 @@ def test_overwrite_of_a_run_removes_what_it_wrote_and_keeps_the_users_files(
 # ------------------------------------------------------------------------------- 4. names print as text
 
 MARKUP = ("[/x]", "[bold]", "[link=https://example.org]")
+ESCAPE = "a\x1b[41mEVIL\x1b]0;OWNED\x07b"  # an ANSI sequence in a name: printed escaped, never sent to the terminal
 
 
 @pytest.mark.slow
@@ -328,14 +416,14 @@ def test_every_console_path_prints_markup_as_text(finished: Path, tmp_path: Path
     log.error("a folder named x\x1b[2Jy\nz")  # an escape sequence from a name cannot drive the terminal
     journal = SweepJournal(tmp_path / "sweep")
     journal.start(len(MARKUP))
-    for text in MARKUP:
+    for text in (*MARKUP, ESCAPE):
         journal.record(f"0_+tag={text}", "failed", f"reason {text}", 1.0)
     sweep._report(tmp_path / "sweep")
     root = tmp_path / "runs"
-    for i, text in enumerate(MARKUP):
+    for i, text in enumerate((*MARKUP, ESCAPE)):
         run = _copy(finished, root / f"r{i}")
         _edit_json(run / "summary.json", lambda s, t=text: s.update(variant=t))
-        (run / "config.yaml").write_text((run / "config.yaml").read_text() + f"'{text}': {i}\n")
+        (run / "config.yaml").write_text((run / "config.yaml").read_text() + yaml.safe_dump({text: i}))
     assert dashboard_main([str(root), "-o", str(tmp_path / "page.html")]) == 0
     with pytest.raises(SystemExit):
         bench_main(["--only", "[/x],[bold]"])
@@ -344,6 +432,7 @@ def test_every_console_path_prints_markup_as_text(finished: Path, tmp_path: Path
         assert f"variant {text}" in out and f"0_+tag={text}" in out and f"reason {text}" in out
         assert out.count(text) >= 6, text  # results table (x2), sweep table and failures, dashboard (name, key)
     assert "unknown section(s) [/x], [bold]" in err
+    assert "\x1b" not in out + err and f"reason {printable(ESCAPE)}" in out
     assert "error: a folder named x\\x1b[2Jy\\nz\n" in err and "\x1b" not in err
 
 
@@ -409,7 +498,13 @@ CORRUPT = {
     "summary-list": ("summary.json", lambda p: p.write_text("[1, 2]"), "must be a JSON object"),
     "config-list": ("config.yaml", lambda p: p.write_text("- 1\n- 2\n"), "config.yaml is not a mapping"),
     "deep-json": ("summary.json", lambda p: p.write_text("[" * 100000 + "]" * 100000), "nested too deeply"),
+    "huge-int": ("summary.json", lambda p: _huge(p), "cannot be read as JSON"),
 }
+
+
+def _huge(path: Path) -> None:
+    """An integer of 5000 digits (more than Python converts by default) as one more field."""
+    path.write_text(path.read_text().rstrip().removesuffix("}") + ', "x": ' + "9" * 5000 + "}")
 
 
 def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finished: Path, tmp_path: Path, capsys):
@@ -421,7 +516,8 @@ def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finishe
     text = (odd / "config.yaml").read_text().replace("d_model: 16", "d_model: abc").replace("seed: 0", "seed: [1]")
     (odd / "config.yaml").write_text(text + "'[/x]':\n  7: null\n")
     rows = (odd / "metrics.jsonl").read_text()
-    (odd / "metrics.jsonl").write_text('{"step": "abc", "val/acc": "x"}\n[1]\n' + rows + '{"step": 9, "val/ac')
+    hostile = '{"step": "abc", "val/acc": "x"}\n[1]\n{"step": ' + "9" * 5000 + "}\n" + "[" * 100000 + "\n"
+    (odd / "metrics.jsonl").write_text(hostile + rows + '{"step": 9, "val/ac')
     assert dashboard_main([str(root), "-o", str(tmp_path / "page.html")]) == 0
     out, err = capsys.readouterr()
     page = (tmp_path / "page.html").read_text()
@@ -429,7 +525,7 @@ def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finishe
         warnings = [line for line in err.splitlines() if line.startswith(f"attnlab-dashboard: warning: run {name}:")]
         assert len(warnings) == 1 and file in warnings[0] and field in warnings[0], (name, err)
         assert name in page
-    assert "good" in page and "odd-config" in page and "attnlab · 10 runs" in out
+    assert "good" in page and "odd-config" in page and f"attnlab · {len(CORRUPT) + 2} runs" in out
 
 
 @pytest.mark.parametrize("case", sorted(CORRUPT))

@@ -15,7 +15,7 @@ from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run, load_runs
 from attnlab.dashboard.metrics import spec_for
 from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
-from attnlab.runs import CONFIG_FILE, SUMMARY_FILE
+from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
 
@@ -62,8 +62,8 @@ def write_dashboard(
         raise ValueError(f"no runs under {root} (no {SUMMARY_FILE} or {CONFIG_FILE} found)")
     page = build_html(runs, title=f"attnlab · {root.resolve().name}", source=str(root), options=options)
     out = Path(output) if output is not None else root / DEFAULT_OUTPUT
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    with atomic_open(out, "wb") as f:  # (a link at that name is replaced, never written through)
+        f.write(page.encode("utf-8"))
     return out
 
 
@@ -93,12 +93,12 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
     for run in runs:
         style = "" if run.ok else ("yellow" if run.status == "running" else "red")
         table.add_row(
-            *[Text(d.format(run.value(d.key)), overflow="ellipsis") for d in dims],
+            *[Text(printable(d.format(run.value(d.key))), overflow="ellipsis") for d in dims],
             _fmt(run.seed, "int"),
             *[spec_for(m).format(run.final(m)) for m in metrics],
             _fmt(run.final("attn/entropy_norm"), "f"),
             _fmt(run.final("attn/saturation"), "f"),
-            Text(run.status),
+            Text(printable(run.status)),
             format_time(run.wall_time_s),
             style=style,
         )

@@ -466,10 +466,8 @@ def load_run(path: str | Path, root: str | Path | None = None) -> Run:
     metrics_path = RunFolder(loaded.path).metrics_path
     try:
         log.read(metrics_path)
-    except RunFileError as exc:
+    except RunFileError as exc:  # a link, a FIFO, or a read failing part-way (the rows before it stay)
         loaded.problems.append(str(exc))
-    except OSError as exc:  # a read failing midway (the rows before it stay)
-        loaded.problems.append(f"{metrics_path} could not be read to the end: {exc}")
     return Run(path, name, loaded.config, loaded.summary, problems=loaded.problems, metric_log=log)
 
 

@@ -56,6 +56,7 @@ class RunCheckpoint(ModelCheckpoint):
     when the folder moved)."""
 
     _PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
+    _OWN_FILES = ("best.ckpt", "last.ckpt")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(enable_version_counter=False, **kwargs)
@@ -70,12 +71,16 @@ class RunCheckpoint(ModelCheckpoint):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        def here(path: str | None) -> str | None:
-            return os.path.join(self.dirpath, os.path.basename(path)) if path else path
+        def here(path: Any) -> str:
+            """A file the run wrote (best.ckpt, last.ckpt) in this folder; any other name a checkpoint holds is
+            dropped, as "" (Lightning deletes a worse "best" file by that name: never a file of the user's)."""
+            name = os.path.basename(path) if isinstance(path, str) else None
+            return os.path.join(self.dirpath, name) if name in self._OWN_FILES else ""
 
         state = dict(state_dict)
         state.update({key: here(state.get(key)) for key in self._PATH_KEYS})
-        state["best_k_models"] = {here(k): v for k, v in (state.get("best_k_models") or {}).items()}
+        best_k = state.get("best_k_models") if isinstance(state.get("best_k_models"), dict) else {}
+        state["best_k_models"] = {here(k): v for k, v in best_k.items() if here(k)}
         state["dirpath"] = self.dirpath
         super().load_state_dict(state)
 
@@ -167,6 +172,9 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"checkpoint {path} cannot be read ({type(exc).__name__}: {detail})") from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "global_step" not in ckpt:
         raise ConfigError(f"checkpoint {path} is not a Lightning checkpoint (no state_dict / global_step)")
+    step = ckpt["global_step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0 or not isinstance(ckpt["state_dict"], dict):
+        raise ConfigError(f"checkpoint {path} is not a Lightning checkpoint (global_step {step!r}, state_dict)")
     return ckpt
 
 

@@ -8,6 +8,7 @@ gets the run's own overrides put in front of the command line's, so that a resum
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 import signal
 import sys
@@ -18,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.runs import RunFileError, RunFolder
-from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices
+from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices, group_choices
 
 __all__ = ["check_keys", "check_plugins", "hydra_main", "main", "with_run_overrides"]
 
@@ -101,15 +102,11 @@ def _flat_keys(node: Any, prefix: str = "") -> set[str]:
     return keys
 
 
-def _names_code(override: str) -> bool:
-    """Whether an override can make Hydra import or instantiate something (``imports``, a ``_target_`` in its key
-    or value, or any ``hydra`` setting, such as a callback): a run folder's overrides of this kind are never
-    re-applied by a resume."""
-    key, value = _split(override)
-    return key == "imports" or key.startswith("hydra") or any(m in key + value for m in _CODE_MARKERS)
-
-
-_CODE_MARKERS = ("_target_", "_partial_", "_args_")
+# a run folder's recorded overrides: keys a resume never puts back (the command line's business), and what makes one
+# name code (it is then refused): Hydra's instantiation keys, and interpolations, which could assemble them
+_NOT_REAPPLIED = ("imports", "hydra")
+_CODE_MARKERS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_", "${")
+_PLAIN_KEY = re.compile(r"[A-Za-z_]\w*(\.\w+)*")
 
 
 def with_run_overrides(argv: list[str]) -> list[str]:
@@ -117,9 +114,8 @@ def with_run_overrides(argv: list[str]) -> list[str]:
     overrides of the run's last start (kept in its summary), then the command line's (which win). A command line
     that repeats them is unchanged. Anything else is returned as is.
 
-    The folder is data, never code: of its overrides only values are re-applied. ``imports`` and ``hydra.*`` are
-    not (the run checks the folder's ``imports`` against the command line's before importing anything), and one
-    that names code (``_target_``) is refused in one line unless the command line gives that key itself."""
+    The folder is data, never code (:func:`_reapplied`): only plain values and choices of attnlab's own config
+    groups are put back."""
     if "-m" in argv or "--multirun" in argv:
         return argv
     pairs = [_split(a) for a in argv if "=" in a]
@@ -129,21 +125,49 @@ def with_run_overrides(argv: list[str]) -> list[str]:
     folder = values.get("hydra.run.dir")
     if folder is None:
         raise ConfigError("resume=true continues a run folder: name it with hydra.run.dir=<the run folder>")
+    run = RunFolder(folder.strip("'\""))
     try:
-        summary = RunFolder(folder.strip("'\"")).read_summary()
-    except RunFileError:
-        return argv  # the run itself reports the unreadable summary
-    given = {key for key, _ in pairs}
+        summary = run.read_summary()
+    except RunFileError as exc:
+        raise ConfigError(f"cannot use the run in {folder}: {exc}") from None
     last = summary.segments[-1].overrides if summary and summary.segments else (summary.overrides if summary else [])
-    stored = [o for o in last if "=" in o]  # the last start's: an extension's larger max_steps included
-    kept = [o for o in stored if _split(o)[0] not in given and _split(o)[0] not in _NOT_REPEATED]
-    code = [o for o in kept if _names_code(o) and _split(o)[0] != "imports" and not _split(o)[0].startswith("hydra")]
-    if code:
+    return [*_reapplied(run, last, {key for key, _ in pairs}), *argv]
+
+
+def _reapplied(run: RunFolder, recorded: list[str], given: set[str]) -> list[str]:
+    """The recorded overrides (the last start's: an extension's larger max_steps included) that a resume puts back:
+    not those the command line gives, nor ``resume``/``overwrite``/``ckpt_path``, nor ``imports`` and ``hydra*``
+    (the run checks the folder's ``imports`` against the command line's before importing anything). Each is parsed
+    as Hydra would; one that names code (a ``_target_``, an interpolation ``${...}``, a key that is not a plain
+    dotted name) or a group choice that is not a file of ``conf/`` is refused in one line, naming it, unless the
+    command line gives that key itself."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    kept = []
+    for text in recorded:
+        try:
+            (override,) = parser.parse_overrides([text])
+        except Exception:  # (Hydra's grammar errors are several lines)
+            raise ConfigError(f"{run.summary_path}: the recorded override {text!r} cannot be parsed") from None
+        key = override.key_or_group
+        if key in given or key in _NOT_REPEATED or key.split("/")[0].split(".")[0] in _NOT_REAPPLIED:
+            continue
+        value = override.value()
+        group = "." not in key and (CONF_DIR / key).is_dir()
+        bad_choice = group and not (value is None or (isinstance(value, str) and value in group_choices(CONF_DIR, key)))
+        if override.package is not None or not _PLAIN_KEY.fullmatch(key) or bad_choice:
+            reason = f"{key}={value!r} is not a choice of conf/{key}" if bad_choice else "it is not a plain setting"
+        elif any(marker in text for marker in _CODE_MARKERS):
+            reason = "it names code"
+        else:
+            kept.append(text)
+            continue
         raise ConfigError(
-            f"the run in {folder} was started with {code[0]}, which names code, and a resume never runs code that "
-            "a run folder names: if you trust it, repeat that override on the command line"
+            f"the run in {run.path} was started with {text} ({reason}), and a resume never takes code or files "
+            "that a run folder names: if you trust it, repeat that override on the command line"
         )
-    return [*(o for o in kept if not _names_code(o)), *argv]
+    return kept
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -157,7 +181,7 @@ def hydra_main(cfg: DictConfig) -> Any:
 def main(argv: list[str] | None = None) -> None:
     """``python train.py ...``: check the overrides, run Hydra, and exit 1 if a job of a multirun failed. Ctrl-C or
     SIGTERM during a multirun ends it with its report (the jobs so far) and exit code 130, as a single run ends."""
-    from attnlab.training.sweep import failed_jobs, report_interrupted
+    from attnlab.training.sweep import failed_jobs, report_interrupted, signalled
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -169,19 +193,26 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     sys.argv = [sys.argv[0] or str(Path("train.py")), *args]
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)  # Lightning has its own during training
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         hydra_main()
     except KeyboardInterrupt:
-        if report_interrupted():
-            print("error: the sweep was interrupted (Ctrl-C or SIGTERM); the jobs above finished", file=sys.stderr)
+        report_interrupted()
         raise SystemExit(130) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if signalled() and report_interrupted():  # a signal swallowed where Python cannot raise (a GC callback)
+        raise SystemExit(130)
     if failed_jobs():
         raise SystemExit(1)
 
 
-def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM outside training ends the command as Ctrl-C does (the run or sweep says so, exit 130)."""
+def _interrupt(signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM: noted (a multirun starts no further job, :func:`attnlab.training.sweep.signalled`), then
+    raised as KeyboardInterrupt, which ends the run as interrupted (Lightning keeps its own SIGTERM handler during
+    training and calls this one after it)."""
+    from attnlab.training.sweep import mark_signalled
+
+    mark_signalled()
     raise KeyboardInterrupt

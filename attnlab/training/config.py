@@ -28,6 +28,7 @@ __all__ = [
     "ConfigError",
     "build_module",
     "check_group_choices",
+    "check_resolves",
     "config_changes",
     "group_choices",
     "import_user_modules",
@@ -180,7 +181,7 @@ def validate_config(cfg: DictConfig) -> Any:
 
     Returns the task's datamodule, built but not set up (its data is generated later).
     """
-    _check_resolves(cfg)
+    check_resolves(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         group = missing[0].removesuffix(".name")
@@ -247,7 +248,7 @@ def _on_meta(build: Any) -> Any:
         return build()
 
 
-def _check_resolves(cfg: DictConfig) -> None:
+def check_resolves(cfg: DictConfig) -> None:
     """Every ``${...}`` of the config resolves: one line naming the key (``lr=${undefined_key}``), not Hydra's
     traceback."""
     from omegaconf.errors import OmegaConfBaseException
@@ -543,16 +544,21 @@ def _mask_specs(spec: Any) -> Iterable[Any]:
 
 
 def _check_task(cfg: DictConfig) -> Any:
-    from hydra.utils import get_class
-
+    """Build the task's datamodule (not set up) from the class registered under its name: ``_target_`` must name
+    that class, and is never imported (a config may come from a folder someone else wrote)."""
     from attnlab.tasks import TASKS
 
     if cfg.task.name not in TASKS:
         raise ConfigError(unknown_name_message("task", cfg.task.name, list(TASKS)))
     params = plain(cfg.task.datamodule)
-    target = params.pop("_target_")
+    target, cls = params.pop("_target_", None), TASKS[cfg.task.name]
+    if target is not None and str(target).rpartition(".")[2] != cls.__name__:
+        raise ConfigError(
+            f"task.datamodule._target_={target} is not the class of task={cfg.task.name} "
+            f"({cls.__module__}.{cls.__name__})"
+        )
     try:
-        datamodule = get_class(target)(**params)
+        datamodule = cls(**params)
     except (TypeError, ValueError) as exc:
         raise _prefixed("task.datamodule.", exc, params) from None
     if datamodule.batch_size > datamodule.num_train:

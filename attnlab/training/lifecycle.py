@@ -34,6 +34,7 @@ from attnlab.runs import RunFileError, RunFolder, RunFolderBusy, Segment, Summar
 from attnlab.training.config import (
     EXTENSION_KEYS,
     ConfigError,
+    check_resolves,
     config_changes,
     import_user_modules,
     plain,
@@ -146,7 +147,11 @@ class Run:
     # ============================================================================ the steps
 
     def execute(self) -> float:
+        from attnlab.training.sweep import signalled
+
         try:
+            if self.multirun and signalled():  # Ctrl-C came while Python could not raise it: no further job
+                raise KeyboardInterrupt
             self.validate()  # 1. the user's imports, then the whole config: nothing written yet
             with self.hold_folder():  # 2. one writer per folder (a fresh folder is made here)
                 self.inspect_folder()  # 3. new run, resume, extension, or a finished run? (reads only)
@@ -168,6 +173,7 @@ class Run:
             self.log.close()
 
     def validate(self) -> None:
+        check_resolves(self.cfg)  # (imports=${undefined} too: one line)
         if self.resuming:
             self._check_stored_imports()  # the folder is data: its imports run only when the command line asks
         import_user_modules(self.cfg)
@@ -185,7 +191,7 @@ class Run:
             return
         stored = self._read(folder.read_config).get("imports") or []
         given = plain(self.cfg.get("imports")) or []
-        if stored != given:
+        if stored and stored != given:  # (other imports than the run had: the settings check names the change)
             shown_stored = "[" + ",".join(str(m) for m in stored) + "]" if isinstance(stored, list) else repr(stored)
             raise ConfigError(
                 f"the run in {shown(folder.path)} was started with imports={shown_stored}, and a resume never "
@@ -225,7 +231,7 @@ class Run:
             self.ckpt_path = folder.checkpoint("last") if resume else explicit
             self.schedule_steps = self._stored_max_steps() if resume else None
             return
-        folder.check_links()  # no file of a run folder is read or written through a link
+        folder.check_entries()  # no file of a run folder is read or written through a link, and no FIFO read
         if cfg.overwrite and folder.has_entries() and not folder.is_run():
             raise ConfigError(
                 f"overwrite=true deletes a run, and {shown(folder.path)} holds no run that attnlab recognises (no "

@@ -21,8 +21,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from attnlab.console import plain_console
-from attnlab.runs import RunFileError, RunFolder, SweepJournal
+from attnlab.console import plain_console, printable
+from attnlab.runs import SWEEP_FILE, RunFileError, RunFolder, SweepJournal
 from attnlab.training.console import clock
 
 __all__ = [
@@ -32,10 +32,12 @@ __all__ = [
     "created_dirs",
     "failed_jobs",
     "job_done",
+    "mark_signalled",
     "report_interrupted",
+    "signalled",
 ]
 
-_state: dict[str, Any] = {"created": (None, []), "failed": 0, "sweep": None}
+_state: dict[str, Any] = {"created": (None, []), "failed": 0, "sweep": None, "signalled": False}
 
 
 def created_dirs(path: Path) -> list[Path]:
@@ -82,7 +84,21 @@ class RunFolderGuard(Callback):
         _state["created"] = (path.absolute(), missing_dirs(path))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _check_can_create(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))))
+        sweep = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+        _check_can_create(sweep)
+        _check_sweep_files(sweep)
+
+
+def _check_sweep_files(sweep: Path) -> None:
+    """Exit with one line (code 2) if a file the sweep writes in its folder is a symbolic link or not a regular file
+    (the journal and Hydra's ``multirun.yaml`` are never written through a link)."""
+    for name in (SWEEP_FILE, f".{SWEEP_FILE}.lock", "multirun.yaml"):
+        path = sweep / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "a symbolic link" if path.is_symlink() else "not a regular file"
+            message = f"{path} is {what}: a sweep's files are never written through links"
+            print(f"error: {printable(message)}", file=sys.stderr)
+            raise SystemExit(2)
 
 
 def count_jobs(config: DictConfig) -> int | None:
@@ -120,8 +136,12 @@ def _quiet_optuna(config: DictConfig) -> None:
 def job_done(job: str, status: str, reason: str | None, wall_time_s: float | None) -> None:
     """Record a finished job of the current multirun and print ``job k/N done (status), elapsed, time left``."""
     journal = SweepJournal(HydraConfig.get().sweep.dir)
-    journal.record(job, status, reason, wall_time_s)
-    header, jobs = journal.read()
+    try:
+        journal.record(job, status, reason, wall_time_s)
+        header, jobs = journal.read()
+    except RunFileError as exc:  # (the job's own folder has its result; the sweep goes on)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
+        return
     total, started = header.get("jobs"), header.get("started")
     done = len(jobs)
     line = f"job {done}/{total} done ({status})" if total else f"job {done} done ({status})"
@@ -180,8 +200,10 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
         table.add_column(col, justify="left" if col in ("job", "status") else "right")
     for job in jobs:
         metrics: dict[str, Any] = {}
+        name = str(job.get("job"))
+        inside = not Path(name).is_absolute() and ".." not in Path(name).parts  # (the journal is a file too)
         with contextlib.suppress(RunFileError, OSError, ValueError, TypeError):
-            summary = RunFolder(sweep / str(job.get("job"))).read_summary()
+            summary = RunFolder(sweep / name).read_summary() if inside else None
             metrics = summary.metrics if summary else {}
         wall = job.get("wall_time_s")
         table.add_row(
@@ -191,6 +213,16 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
             f"{wall:.1f} s" if isinstance(wall, int | float) else "-",
         )
     return table
+
+
+def mark_signalled() -> None:
+    """Note that Ctrl-C or SIGTERM arrived (set by ``train.py``'s signal handler)."""
+    _state["signalled"] = True
+
+
+def signalled() -> bool:
+    """Whether Ctrl-C or SIGTERM arrived in this process: a multirun's next job does not start."""
+    return bool(_state.get("signalled"))
 
 
 def report_interrupted() -> bool:
