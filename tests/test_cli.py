@@ -57,11 +57,7 @@ BAD_INPUTS = [
     (["lr=${undefined_key}"], r"^error: lr: Interpolation key 'undefined_key' not found$"),
     (["lr=${oc.env:NONEXISTENT}"], r"^error: lr: .*Environment variable 'NONEXISTENT' not found"),
     (["trainer.val_check_interval=0"], r"trainer.val_check_interval \(0\) follows eval_every \(100\): set eval_every"),
-    (["trainer.max_epochs=0"], r"trainer.max_epochs must be one of -1, None, got 0; attnlab trains for max_steps"),
-    (["+trainer.max_time=5"], r"trainer.max_time is not a trainer setting attnlab takes \(.*allowed: accelerator"),
-    (["debug=fast", "trainer.limit_val_batches=0"], r"trainer.limit_val_batches must be an integer >= 1, got 0"),
     (["model.d_ff=100000000000"], r"model.d_ff=100000000000: the model needs about [\d.]+ TiB for [\d,]+ parameters"),
-    (["d_k=1000000000"], r"d_k=1000000000, .*: the model needs about [\d.]+ TiB for [\d,]+ parameters with their"),
     (["model.dropout=1.5"], r"model.dropout must be a finite number in \[0, 1\), got 1.5"),
     (["diagnostics.threshold=2"], r"diagnostics.threshold must be a finite number in \(0, 1\), got 2"),
     (

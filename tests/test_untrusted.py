@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -315,17 +316,21 @@ def test_the_dashboard_skips_linked_files_with_a_warning(finished: Path, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("user_config", [False, True], ids=["no-config", "a-config-yaml-of-the-users"])
-def test_overwrite_removes_nothing_from_a_folder_that_holds_no_run(tmp_path: Path, user_config: bool) -> None:
+def test_overwrite_removes_nothing_from_a_folder_that_holds_no_run(hydra_ctx: None, tmp_path: Path, capsys) -> None:
+    """As the finding did: ``python train.py debug=fast hydra.run.dir=. overwrite=true`` in a folder of W&B runs, a
+    checkpoint and a CSV of the user's; then (in process) the same folder with a config.yaml of the user's."""
     for name in ("wandb/offline-run-old/run.wandb", "checkpoints/my_model.pt", "csv/data.csv"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("mine")
-    if user_config:
-        (tmp_path / "config.yaml").write_text("my: own\n")
     before = _snapshot(tmp_path)
     proc = _train("debug=fast", "logger=none", "hydra.run.dir=.", "overwrite=true", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "holds no run that attnlab recognises" in _one_error_line(proc) and "nothing was removed" in proc.stderr
+    assert _snapshot(tmp_path) == before
+    (tmp_path / "config.yaml").write_text("my: own\n")
+    before = _snapshot(tmp_path)
+    assert math.isnan(T.run(compose("config", overrides=["debug=fast", "logger=none", "overwrite=true"]), tmp_path))
+    assert "holds no run that attnlab recognises" in _one_error_line(capsys.readouterr().err)
     assert _snapshot(tmp_path) == before
 
 
@@ -440,12 +445,13 @@ def test_every_console_path_prints_markup_as_text(finished: Path, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_an_interrupted_extension_cannot_be_resumed_shorter(tmp_path: Path) -> None:
+def test_an_interrupted_extension_cannot_be_resumed_shorter(hydra_ctx: None, tmp_path: Path) -> None:
     """Extend a 10-step run to 400, SIGKILL it once last.ckpt holds step >= 15, then ``max_steps=10``: refused in one
     line naming the step reached and the extension's aim; the summary records that aim, and nothing changed."""
     run = tmp_path / "run"
     base = (*SMALL, "max_steps=10", "eval_every=5", f"hydra.run.dir={run}")
-    assert _train(*base).returncode == 0
+    T.run(compose("config", overrides=list(base[:-1])), run)  # (the commands below name every override)
+    assert json.loads((run / "summary.json").read_text())["status"] == "ok"
     proc = subprocess.Popen(
         [sys.executable, "train.py", *base, "resume=true", "max_steps=400"],
         cwd=REPO,
@@ -552,6 +558,30 @@ def test_override_values_never_place_a_job_folder_outside_the_sweep(hostile_swee
     assert [p.name for p in root.iterdir()] == ["multirun"]
     assert [p.name for p in sweep_dir.parent.iterdir()] == ["sweep"]
     assert [job.name.split(",")[0] for job in jobs] == [f"{i}_+tag='.._.._.._escaped_[bold]'" for i in (0, 1)]
+
+
+# ------------------------------------------------------------------------------- 8. values that escaped validation
+# (threads=1000000, lr=${undefined_key}, lr=${oc.env:...}, trainer.val_check_interval=0 and model.d_ff=1e11 run as
+# real commands among test_cli.py's bad inputs: one line, exit 2, no folder; the rest of the checks here)
+
+REFUSED = [
+    (["trainer.max_epochs=0"], r"trainer.max_epochs must be one of -1, None, got 0; attnlab trains for max_steps"),
+    (["+trainer.max_time=5"], r"trainer.max_time is not a trainer setting attnlab takes \(.*allowed: accelerator"),
+    (["trainer.limit_val_batches=0"], r"trainer.limit_val_batches must be an integer >= 1, got 0"),
+    (["trainer.gradient_clip_val=-1"], r"trainer.gradient_clip_val must be a finite number >= 0, got -1"),
+    (["d_k=1000000000"], r"d_k=1000000000, .*: the model needs about [\d.]+ TiB for [\d,]+ parameters with their"),
+    (["imports=${undefined_key}"], r"imports: Interpolation key 'undefined_key' not found"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), REFUSED, ids=lambda v: "_".join(v) if isinstance(v, list) else "")
+def test_values_that_escaped_validation_are_refused_before_anything_is_written(
+    hydra_ctx: None, tmp_path: Path, overrides: list[str], message: str, capsys
+) -> None:
+    out = tmp_path / "run"
+    assert math.isnan(T.run(compose("config", overrides=[*SMALL, *overrides]), out))
+    assert re.search(message, _one_error_line(capsys.readouterr().err))
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------- 8. a multirun interrupted
