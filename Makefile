@@ -1,6 +1,6 @@
 # Set-up and everyday commands. Every target creates .venv and installs what it needs on first use.
 #   make train ARGS="variant=additive"    train (the default run takes under a minute on 2 CPU cores)
-#   make test                             the test suite (CI runs exactly this)
+#   make test                             the test suite on every core (CI runs exactly this); WORKERS=0: one process
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -21,8 +21,11 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(BIN)/python train.py $(ARGS)
 
+# the suite on every core (pytest-xdist); a test file stays on one worker, so its shared fixtures are built once.
+# WORKERS=0 runs it in this process (pdb, -s)
+WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(WORKERS) --dist loadfile $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
