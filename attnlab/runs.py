@@ -67,6 +67,7 @@ __all__ = [
     "find_runs",
     "flatten_config",
     "is_neutral",
+    "is_odd",
     "is_wandb_id",
     "iter_metrics",
     "load_run",
@@ -94,8 +95,17 @@ absolute paths; :meth:`Summary.from_dict` reads it."""
 
 LOCK_WAIT_S = 2.0  # how long a second writer waits for the lock (a dashboard may probe it for a moment)
 # the files and folders that make up a run (what overwrite=true removes); anything else in the folder is left alone
-RUN_ENTRIES = (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, CHECKPOINT_DIR, ATTENTION_DIR, "attention_maps.png")
-RUN_ENTRIES += ("wandb", WANDB_ID_FILE, "csv", ".hydra")
+RUN_FILES = {
+    ".": (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, WANDB_ID_FILE, "attention_maps.png"),
+    CHECKPOINT_DIR: ("best.ckpt", "last.ckpt"),
+    ATTENTION_DIR: ("maps.png",),
+    "csv": ("metrics.csv", "hparams.yaml"),  # Lightning's CSVLogger (logger=csv)
+    ".hydra": ("config.yaml", "hydra.yaml", "overrides.yaml"),  # runs of attnlab before output_subdir: null
+    "wandb": ("latest-run", "debug.log", "debug-internal.log"),  # W&B's pointers; its run folders go by id
+}
+"""What a run writes, by folder: what overwrite=true removes (and nothing else)."""
+RUN_ENTRIES = (*RUN_FILES["."], *(name for name in RUN_FILES if name != "."))
+"""The run's own entries in its folder: its files and its folders."""
 
 
 NEUTRAL_KEYS = (
@@ -210,6 +220,12 @@ def nofollow_opener(path: str | os.PathLike[str], flags: int) -> int:
     if hasattr(os, "O_NONBLOCK"):
         os.set_blocking(fd, True)
     return fd
+
+
+def is_odd(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link, or something other than a regular file or a folder (a FIFO would block
+    a reader): what a run or a sweep never reads or writes."""
+    return path.is_symlink() or (path.exists() and not (path.is_file() or path.is_dir()))
 
 
 def _file_error(path: Path, exc: OSError) -> RunFileError:
@@ -588,7 +604,7 @@ class RunFolder:
     def holds_run(self) -> bool:
         """Whether a run has started here (config.yaml, summary.json, metrics.jsonl or a checkpoint exists)."""
         files = (self.config_path, self.summary_path, self.metrics_path)
-        return any(p.exists() or p.is_symlink() for p in files) or any(self.checkpoint_dir.glob("*.ckpt"))
+        return any(os.path.lexists(p) for p in files) or any(self.checkpoint_dir.glob("*.ckpt"))
 
     def is_run(self) -> bool:
         """Whether the folder holds a run that attnlab recognises as its own: a readable summary.json (not a link)
@@ -603,7 +619,7 @@ class RunFolder:
 
     def has_entries(self) -> bool:
         """Whether any file or folder that a run writes (:data:`RUN_ENTRIES`) exists here."""
-        return any((self.path / name).exists() or (self.path / name).is_symlink() for name in RUN_ENTRIES)
+        return any(os.path.lexists(self.path / name) for name in RUN_ENTRIES)
 
     def odd_entries(self) -> list[Path]:
         """The run's files that are symbolic links or not regular files (a FIFO would block a reader): its own
@@ -611,20 +627,14 @@ class RunFolder:
         ``.hydra/``, and the lock files. Inside ``wandb/``, W&B keeps links of its own (``latest-run``,
         ``debug.log``, ``logs/debug-core.log`` into ``~/.cache/wandb``), which it replaces rather than writes
         through, and each start writes a new W&B run folder: those are not counted."""
-
-        def odd(path: Path) -> bool:
-            return path.is_symlink() or not (path.is_file() or path.is_dir())
-
         found = []
         for name in (*RUN_ENTRIES, LOCK_FILE, HOLDER_FILE):
             path = self.path / name
-            if not (path.exists() or path.is_symlink()):
-                continue
-            if odd(path):
+            if is_odd(path):
                 found.append(path)
             elif path.is_dir() and name != "wandb":
                 for dirpath, dirnames, filenames in os.walk(path):
-                    found += [Path(dirpath) / e for e in (*dirnames, *filenames) if odd(Path(dirpath) / e)]
+                    found += [Path(dirpath) / e for e in (*dirnames, *filenames) if is_odd(Path(dirpath) / e)]
         return found
 
     def check_entries(self) -> None:
@@ -667,7 +677,7 @@ class RunFolder:
     def read_summary(self, problems: list[str] | None = None) -> Summary | None:
         """summary.json (None when there is none); :class:`RunFileError` when it is empty, corrupt, a link, or (with
         ``problems`` None) has a field of the wrong type (see :meth:`Summary.from_dict`)."""
-        if not (self.summary_path.exists() or self.summary_path.is_symlink()):
+        if not os.path.lexists(self.summary_path):
             return None
         return Summary.from_dict(_read_json(self.summary_path), problems, source=str(self.summary_path))
 
@@ -740,15 +750,7 @@ class RunFolder:
         import shutil
 
         wandb_id = self._wandb_id()
-        own = {
-            ".": (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, WANDB_ID_FILE, "attention_maps.png"),
-            CHECKPOINT_DIR: ("best.ckpt", "last.ckpt"),
-            ATTENTION_DIR: ("maps.png",),
-            "csv": ("metrics.csv", "hparams.yaml"),
-            ".hydra": ("config.yaml", "hydra.yaml", "overrides.yaml"),
-            "wandb": ("latest-run", "debug.log", "debug-internal.log"),
-        }
-        for sub, names in own.items():
+        for sub, names in RUN_FILES.items():
             folder = self.path / sub
             if folder.is_symlink() or not folder.is_dir():
                 continue
@@ -758,7 +760,7 @@ class RunFolder:
             for path in doomed:
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
-                elif path.exists() or path.is_symlink():
+                elif os.path.lexists(path):
                     path.unlink()
             if sub != ".":
                 with contextlib.suppress(OSError):
@@ -776,12 +778,8 @@ class RunFolder:
     def remove_partial_files(self) -> None:
         """Delete the temporary files that a killed writer of the run's own files left (``.<name>.<pid>.<hex>.tmp``,
         :func:`atomic_open`); nobody else's."""
-        owned = {
-            self.path: (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, WANDB_ID_FILE, HOLDER_FILE),
-            self.checkpoint_dir: ("best.ckpt", "last.ckpt"),
-            self.attention_dir: ("maps.png",),
-        }
-        for folder, names in owned.items():
+        for sub, names in {**RUN_FILES, ".": (*RUN_FILES["."], HOLDER_FILE)}.items():
+            folder = self.path / sub
             for name in names:
                 for tmp in folder.glob(f".{name}.*.tmp"):
                     if re.fullmatch(rf"\.{re.escape(name)}\.\d+\.[0-9a-f]{{6}}\.tmp", tmp.name):
@@ -814,7 +812,7 @@ def load_run(path: str | Path, rows: bool = True) -> LoadedRun:
     folder = RunFolder(path)
     problems: list[str] = []
     config: dict[str, Any] = {}
-    if folder.config_path.exists() or folder.config_path.is_symlink():
+    if os.path.lexists(folder.config_path):
         try:
             config = folder.read_config()
         except RunFileError as exc:

@@ -187,7 +187,7 @@ class Run:
         """A run folder is data, never code: the modules its config.yaml lists under ``imports`` are imported only
         when the command line names the same ones (read as data, before anything is imported)."""
         folder = self.folder
-        if not (folder.config_path.exists() or folder.config_path.is_symlink()):
+        if not os.path.lexists(folder.config_path):
             return
         stored = self._read(folder.read_config).get("imports") or []
         given = plain(self.cfg.get("imports")) or []

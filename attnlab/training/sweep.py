@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from attnlab.console import plain_console, printable
-from attnlab.runs import SWEEP_FILE, RunFileError, RunFolder, SweepJournal
+from attnlab.runs import SWEEP_FILE, RunFileError, RunFolder, SweepJournal, is_odd
 from attnlab.training.console import clock
 
 __all__ = [
@@ -94,7 +94,7 @@ def _check_sweep_files(sweep: Path) -> None:
     (the journal and Hydra's ``multirun.yaml`` are never written through a link)."""
     for name in (SWEEP_FILE, f".{SWEEP_FILE}.lock", "multirun.yaml"):
         path = sweep / name
-        if path.is_symlink() or (path.exists() and not path.is_file()):
+        if is_odd(path) or path.is_dir():
             what = "a symbolic link" if path.is_symlink() else "not a regular file"
             message = f"{path} is {what}: a sweep's files are never written through links"
             print(f"error: {printable(message)}", file=sys.stderr)
