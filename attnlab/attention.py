@@ -14,12 +14,10 @@ divisor of H grouped-query attention (Ainslie et al. 2023)); query head h reads 
 Differential attention (Ye et al. 2024) computes two maps per head: Hq = 2H query and Gk = 2G key heads, laid out
 component-major (index c·H + h for component c of head h).
 
-The fast path: when the weights are not requested and every stage is one that
-``torch.nn.functional.scaled_dot_product_attention`` computes exactly (a dot-product score without value term, a
-position bias without value term, the softmax, no soft-capping), q and k go through their transforms and then to
-SDPA, with the position bias and the mask folded into one additive float mask (or ``is_causal=True``, or a bool
-mask when there is no bias), and grouped heads through ``enable_gqa``. Differential attention runs both maps in
-one SDPA call: (w₁ − λ w₂) v = w₁ v − λ w₂ v.
+What this layer computes is one :class:`~attnlab.config.AttentionConfig`; what computes it is a backend
+(:mod:`attnlab.backends`): ``eager`` runs the stages below in turn, ``sdpa``, ``biased_softmax`` and ``relative``
+compute the same numbers in one fused call where the configuration allows, chosen per call by
+:func:`~attnlab.backends.choose_backend` (or forced with ``backend=``).
 """
 
 from __future__ import annotations
@@ -31,14 +29,15 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
-from attnlab.checks import check_choice, check_int, check_number, check_prob
-from attnlab.kernels import relative as relative_kernel
-from attnlab.masks import Mask, PreparedMask, prepare_mask
+from attnlab.backends import Backend, Conditions, build_backend, choose_backend
+from attnlab.checks import check_int, check_prob, default_d_k
+from attnlab.config import AttentionConfig
+from attnlab.masks import Mask, PreparedMask, build_mask, hides_later_keys, prepare_mask
 from attnlab.normalizers import build_normalizer
+from attnlab.position_bias import build_position_bias, resolve_direction
 from attnlab.positions import RotaryEmbedding
-from attnlab.scores import DotProductScore, build_position_bias, build_score
+from attnlab.scores import DotProductScore, build_score
 
 __all__ = ["QK_NORMS", "AttentionOutput", "MultiHeadAttention", "PreparedMask", "prepare_mask"]
 
@@ -59,66 +58,108 @@ def lambda_init(layer: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * (layer - 1))
 
 
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "num_kv_heads": None,
+    "rope": None,
+    "qk_norm": None,
+    "softcap": None,
+    "position_bias": None,
+    "position_bias_params": None,
+    "normalizer": "softmax",
+    "normalizer_params": None,
+    "differential": False,
+    "backend": "auto",
+}
+
+
+def renamed_state_key(key: str, ours: Mapping[str, Any] | Any) -> str:
+    """A checkpoint's state-dict key as this version names it (``ours``: this model's keys). The preset variants'
+    bias parameters lived in the score (0.1: ``…score.rel_k``; 0.2: ``…score.position_bias.rel_k``); since 0.3
+    they are the layer's position-bias stage (``…position_bias.rel_k``)."""
+    if key in ours or ".score." not in f".{key}":
+        return key
+    head, _, rest = f".{key}".rpartition(".score.")
+    moved = f"{head}.position_bias.{rest.removeprefix('position_bias.')}".lstrip(".")
+    return moved if moved in ours else key
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al. 2017, §3.2.2) with every stage pluggable.
+
+    What the layer computes is one :class:`~attnlab.config.AttentionConfig` (``config=``), or, as before, the
+    keyword arguments below, which build one. Either way ``self.config`` is the resolved config (a preset expanded
+    into its score and bias) and ``self.backend`` the backend the layer asked for.
 
     Args:
         d_model: model width.
         num_heads: H.
-        d_k: per-head query/key size, free of d_model and H: ``q_proj`` maps d_model → H·d_k.
+        d_k: per-head query/key size, free of d_model and H: ``q_proj`` maps d_model → H·d_k; default
+            ``config.d_k``, else d_model // H.
         d_v: per-head value size (default d_k): ``v_proj`` maps d_model → G·d_v, ``out_proj`` H·d_v → d_model.
-        score: a registered score name, or a built score module.
+        score: a registered score or preset name, or a built score module.
         bias: biases in the four projections.
         dropout: dropout on the attention weights (training only).
+        config: an :class:`~attnlab.config.AttentionConfig`; then ``score`` and the options below stay unset.
         num_kv_heads: G key/value heads, a divisor of H (default H); ``k_proj`` maps d_model → G·d_k.
         rope: rotary positions on q and k: True, or a dict of :class:`~attnlab.positions.RotaryEmbedding`
-            parameters (``base``, ``fraction``), or a built module; None (default) = off.
+            parameters (``base``, ``fraction``, ``spectrum``), or a built module; None (default) = off.
         qk_norm: ``layernorm`` or ``rmsnorm`` of each head's q and k over d_k (Dehghani et al. 2023), before rope.
         softcap: c > 0: logits ← c·tanh(logits / c) before the mask (Gemma 2 uses 50); None = off.
-        position_bias: a registered position bias (``shaw``, ``t5``, ``alibi``) added to any score, or None/``none``;
-            ``position_bias_params`` its parameters.
-        normalizer: a registered normalizer (default ``softmax``), ``normalizer_params`` its parameters.
+        position_bias: a registered position bias (``shaw``, ``t5``, ``alibi``) added to any score, or None/``none``
+            (or a built module); ``position_bias_params`` its parameters.
+        normalizer: a registered normalizer (default ``softmax``) or a built one, ``normalizer_params`` its
+            parameters.
         differential: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
             λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init).
             q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
+        backend: ``auto`` or a registered backend (:mod:`attnlab.backends`), refused in one line where it cannot
+            compute this configuration.
         layer: this layer's depth l = 1, 2, … (differential attention's λ_init).
         **score_params: passed to the score (``clip=4`` for relative_position, ...).
+
+    A score or position bias that takes ``bidirectional`` (T5's buckets) and leaves it unset gets False when the
+    config's mask hides every later key (causal, causal & window: T5's decoder bucketing) and True otherwise.
     """
 
     def __init__(
         self,
         d_model: int,
         num_heads: int,
-        d_k: int,
+        d_k: int | None = None,
         d_v: int | None = None,
-        score: str | nn.Module = "scaled_dot",
+        score: str | nn.Module | None = None,
         bias: bool = True,
         dropout: float = 0.0,
         *,
-        num_kv_heads: int | None = None,
-        rope: bool | Mapping[str, Any] | nn.Module | None = None,
-        qk_norm: str | None = None,
-        softcap: float | None = None,
-        position_bias: str | nn.Module | None = None,
-        position_bias_params: Mapping[str, Any] | None = None,
-        normalizer: str | nn.Module = "softmax",
-        normalizer_params: Mapping[str, Any] | None = None,
-        differential: bool = False,
+        config: AttentionConfig | None = None,
         layer: int = 1,
-        **score_params: Any,
+        **options: Any,
     ) -> None:
         super().__init__()
+        built: dict[str, nn.Module] = {}
+        if config is None:
+            config = self._config_from_options(score, d_v, options, built)
+        elif score is not None or options:
+            given = sorted([*options, *(["score"] if score is not None else [])])
+            raise ValueError(f"give config= or the attention options, not both (also given: {', '.join(given)})")
+        elif d_v is not None:
+            config = config.replace(d_v=d_v)
+        if not isinstance(config, AttentionConfig):
+            raise TypeError(f"config must be an AttentionConfig, got {type(config).__name__}")
+        self.config = config = config.resolved()
+
         self.d_model = check_int("d_model", d_model, minimum=1)
         self.num_heads = H = check_int("num_heads", num_heads, minimum=1)
-        self.d_k = check_int("d_k", d_k, minimum=1)
-        self.d_v = self.d_k if d_v is None else check_int("d_v", d_v, minimum=1)
+        self.d_k = check_int("d_k", d_k, minimum=1) if d_k is not None else default_d_k(d_model, H, config.d_k)
+        self.d_v = self.d_k if config.d_v is None else config.d_v
         self.dropout = check_prob("dropout", dropout, high_open=True)
-        self.num_kv_heads = G = H if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
+        self.num_kv_heads = G = H if config.num_kv_heads is None else config.num_kv_heads
         if H % G:
             raise ValueError(f"num_kv_heads ({G}) must divide num_heads ({H}): 1 (multi-query), a divisor, or {H}")
-        self.differential = bool(differential)
+        self.differential = config.differential
         maps = 2 if self.differential else 1
         self.query_heads, self.key_heads = maps * H, maps * G  # Hq, Gk
+        causal = config.mask is not None and hides_later_keys(build_mask(config.mask))
 
         # projections
         self.q_proj = nn.Linear(d_model, self.query_heads * self.d_k, bias=bias)
@@ -127,30 +168,31 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(H * self.d_v, d_model, bias=bias)
 
         # score and position bias, over the Hq query heads
-        if isinstance(score, str):
-            score = build_score(score, d_k=self.d_k, num_heads=self.query_heads, d_v=self.d_v, **score_params)
-        elif score_params:
-            raise ValueError("score_params are only used when score is given by name")
-        self.score = score
-        if isinstance(position_bias, str) or position_bias is None:
-            position_bias = build_position_bias(
-                position_bias, d_k=self.d_k, num_heads=self.query_heads, d_v=self.d_v, **(position_bias_params or {})
-            )
-        self.position_bias = position_bias
+        sizes = {"d_k": self.d_k, "num_heads": self.query_heads, "d_v": self.d_v}
+        if "score" in built:
+            self.score = built["score"]
+        else:
+            params = resolve_direction("score", config.score, config.score_params, causal) if causal else None
+            self.score = build_score(config.score, **sizes, **(params or config.score_params))
+        if "position_bias" in built:
+            self.position_bias = built["position_bias"]
+        else:
+            params = config.position_bias_params
+            if config.mask is not None:
+                params = resolve_direction("position bias", config.position_bias, params, causal)
+            self.position_bias = build_position_bias(config.position_bias, **sizes, **params)
 
         # q/k transforms
-        self.qk_norm = None if qk_norm is None else check_choice("qk_norm", qk_norm, [*QK_NORMS, None])
-        self.q_norm = QK_NORMS[qk_norm](self.d_k) if qk_norm is not None else None
-        self.k_norm = QK_NORMS[qk_norm](self.d_k) if qk_norm is not None else None
-        if rope is True:
-            rope = RotaryEmbedding(self.d_k)
-        elif isinstance(rope, Mapping):
-            rope = RotaryEmbedding(self.d_k, **rope)
-        self.rope = rope or None
+        self.qk_norm = config.qk_norm
+        self.q_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
+        self.k_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
+        self.rope = built.get("rope") or (None if config.rope is None else RotaryEmbedding(self.d_k, **config.rope))
 
         # logit transform and normalizer
-        self.softcap = None if softcap is None else check_number("softcap", softcap, low=0.0, low_open=True)
-        self.normalizer = build_normalizer(normalizer, num_heads=self.query_heads, **(normalizer_params or {}))
+        self.softcap = config.softcap
+        self.normalizer = built.get("normalizer") or build_normalizer(
+            config.normalizer, num_heads=self.query_heads, **config.normalizer_params
+        )
 
         # differential attention's λ and per-head norm
         self.layer = check_int("layer", layer, minimum=1)
@@ -160,6 +202,57 @@ class MultiHeadAttention(nn.Module):
                 nn.Parameter(torch.randn(self.d_k) * 0.1) for _ in range(4)
             )
             self.sub_norm = nn.RMSNorm(self.d_v, eps=1e-5)
+
+        # the backend: a forced one must support this configuration
+        self.backend: Backend | None = None if config.backend == "auto" else build_backend(config.backend)
+        if self.backend is not None:
+            reason = self.backend.config_reason(self)
+            if reason is not None:
+                raise ValueError(f"attention.backend={config.backend} cannot compute this layer: {reason}")
+        self._register_load_state_dict_pre_hook(self._rename_old_keys)
+
+    @staticmethod
+    def _config_from_options(
+        score: str | nn.Module | None, d_v: int | None, options: dict[str, Any], built: dict[str, nn.Module]
+    ) -> AttentionConfig:
+        """The :class:`AttentionConfig` that keyword arguments describe; built modules (a score, position bias,
+        normalizer or rotary module) go to ``built`` and the config records their class name."""
+        opts = {**_OPTION_DEFAULTS, **{k: v for k, v in options.items() if k in _OPTION_DEFAULTS}}
+        score_params = {k: v for k, v in options.items() if k not in _OPTION_DEFAULTS}
+        score = "scaled_dot" if score is None else score
+        if isinstance(score, nn.Module):
+            if score_params:
+                raise ValueError("score_params are only used when score is given by name")
+            built["score"] = score
+            score = type(score).__name__
+        for key in ("position_bias", "normalizer", "rope"):
+            if isinstance(opts[key], nn.Module):
+                built[key] = opts[key]
+                opts[key] = type(opts[key]).__name__ if key != "rope" else {}
+        return AttentionConfig(
+            score=score,
+            score_params=score_params,
+            position_bias=opts["position_bias"],
+            position_bias_params=opts["position_bias_params"] or {},
+            rope=opts["rope"],
+            qk_norm=opts["qk_norm"],
+            softcap=opts["softcap"],
+            normalizer=opts["normalizer"],
+            normalizer_params=opts["normalizer_params"] or {},
+            num_kv_heads=opts["num_kv_heads"],
+            d_v=d_v,
+            differential=opts["differential"],
+            backend=opts["backend"],
+        )
+
+    def _rename_old_keys(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A checkpoint of an earlier version loads: the presets' bias parameters move to this layer's
+        position-bias stage (:func:`renamed_state_key`)."""
+        ours = {prefix + k for k in self.state_dict()}
+        for key in [k for k in state_dict if k.startswith(prefix + "score.")]:
+            new = renamed_state_key(key, ours)
+            if new != key and new not in state_dict:
+                state_dict[new] = state_dict.pop(key)
 
     # ------------------------------------------------------------------------------------------ stages
 
@@ -242,18 +335,45 @@ class MultiHeadAttention(nn.Module):
         B, _, Lq, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
 
+    def extra_logit(self) -> Tensor | None:
+        """The normalizer's sink logit (softmax1, sink), or None."""
+        extra = getattr(self.normalizer, "extra_logit", None)
+        return extra() if extra is not None else None
+
+    def position_logits(self, q: Tensor, num_keys: int) -> tuple[Tensor | None, bool]:
+        """The additive logit terms beside q·k (a score's own bias and the position-bias stage), summed, and
+        whether the result is a static (cacheable) tensor; (None, False) when there are none."""
+        score = self.score
+        parts = [(score.bias(q, num_keys), score.static_bias)] if isinstance(score, DotProductScore) else []
+        if self.position_bias is not None:
+            parts.append((self.position_bias(q, num_keys), self.position_bias.static_bias))
+        parts = [(b, s) for b, s in parts if b is not None]
+        if not parts:
+            return None, False
+        if len(parts) == 1:
+            return parts[0]
+        return parts[0][0] + parts[1][0], False
+
     # ------------------------------------------------------------------------------------------ forward
+
+    def backend_for(
+        self,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        need_weights: bool = False,
+        training: bool = True,
+        grad: bool = True,
+    ) -> str:
+        """The name of the backend a call under these conditions runs (:func:`~attnlab.backends.choose_backend`);
+        by default, a training step on the CPU in float32."""
+        when = Conditions(torch.device(device).type, dtype, need_weights, training, grad)
+        return choose_backend(self, when).name
 
     @property
     def uses_fast_path(self) -> bool:
-        """Whether ``forward(need_weights=False)`` dispatches to SDPA."""
-        return (
-            isinstance(self.score, DotProductScore)
-            and not self.score.has_value_term
-            and (self.position_bias is None or not self.position_bias.has_value_term)
-            and (getattr(self.normalizer, "is_softmax", False) or self._extra_logit() is not None)
-            and self.softcap is None
-        )
+        """Whether ``forward(need_weights=False)`` computes the layer in one fused call (SDPA or a fused kernel)
+        rather than stage by stage: the ``sdpa`` backend supports this configuration."""
+        return build_backend("sdpa").config_reason(self) is None
 
     def forward(
         self,
@@ -264,14 +384,11 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, Lq, d_model), key_value (B, Lk, d_model) or None for self-attention, mask bool broadcastable to
         (B, H, Lq, Lk) with True = may attend (or a Mask, or a PreparedMask) → (out (B, Lq, d_model), weights
-        (B, H, Lq, Lk) if ``need_weights`` else None)."""
-        if need_weights or not self.uses_fast_path:
-            o = self.attend(x, key_value, mask)
-            return o.out, (o.weights if need_weights else None)
-        q, k, v = self.project(x, key_value)
-        pm = self.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
-        z = self.combine_maps(self._sdpa(q, k, v, pm))  # (B, H, Lq, d_v)
-        return self.merge(z), None
+        (B, H, Lq, Lk) if ``need_weights`` else None). The backend is chosen per call
+        (:func:`~attnlab.backends.choose_backend`); asking for the weights runs ``eager``."""
+        backend = choose_backend(self, Conditions.of(self, x, need_weights))
+        out, weights = backend.attend(self, x, key_value, mask)
+        return out, (weights if need_weights else None)
 
     def attend(
         self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
@@ -285,88 +402,6 @@ class MultiHeadAttention(nn.Module):
         z = self.mix_values(dropped, v)  # (B, H, Lq, d_v)
         return AttentionOutput(self.merge(z), weights, logits)
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None) -> Tensor:
-        """The fast path: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v) → z (B, Hq, Lq, d_v)."""
-        score: DotProductScore = self.score  # type: ignore[assignment]
-        if self.differential:
-            v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
-        z = self._relative_kernel(score, q, k, v, pm)
-        if z is None:
-            z = self._sdpa_call(score, q, k, v, pm)
-        if pm is not None and not pm.all_visible:
-            z = z * pm.visible  # rows with no visible key: zero output
-        return z
-
-    def _sdpa_call(self, score: DotProductScore, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None) -> Tensor:
-        """The position terms and the mask folded into one SDPA call (a sink as one more key)."""
-        bias, static = self._position_logits(score, q, k.shape[2])
-        causal = bias is None and pm is not None and pm.is_causal
-        if bias is None:
-            attn_mask = None if pm is None or causal else pm.safe
-        else:
-            attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
-        q, k = score.query_map(q), score.key_map(k)
-        extra = self._extra_logit()
-        if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
-            if causal:
-                attn_mask, causal = pm.safe, False
-            q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
-        z = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=causal,
-            scale=score.scale,
-            enable_gqa=self.key_heads != self.query_heads,
-        )
-        return z[..., : self.d_v]  # (B, Hq, Lq, d_v); the sink key's padding cut off
-
-    def _relative_kernel(
-        self, score: DotProductScore, q: Tensor, k: Tensor, v: Tensor, pm: PreparedMask | None
-    ) -> Tensor | None:
-        """The fused kernel :func:`attnlab.kernels.relative.relative_attention`, when the one additive logit term
-        is a learned relative-position table (Shaw, T5: :meth:`~attnlab.scores.PositionBias.table_bias`) and
-        gradients are on, on the CPU in float32/64, without dropout or a sink → z (B, Hq, Lq, d_v); else None
-        (also where the kernel cannot be built: then SDPA or :class:`BiasedSoftmaxAttention` runs)."""
-        terms = [b for b in (score.position_term(), self.position_bias) if b is not None]
-        if len(terms) != 1:  # most models have no position term: they leave here, before any other check
-            return None
-        if not torch.is_grad_enabled() or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.float64):
-            return None
-        if (self.training and self.dropout > 0) or self._extra_logit() is not None:
-            return None
-        if not relative_kernel.available():
-            return None
-        table_bias = getattr(terms[0], "table_bias", None)
-        found = None if table_bias is None else table_bias(q, k.shape[2])
-        if found is None:
-            return None
-        table, runs = found
-        heads = q.shape[1]
-        k, v = self.expand_heads(k, heads), self.expand_heads(v, heads)
-        q, k = score.query_map(q), score.key_map(k)
-        return relative_kernel.relative_attention(q, k, v, table, runs, None if pm is None else pm.hidden, score.scale)
-
-    def _extra_logit(self) -> Tensor | None:
-        """The normalizer's sink logit (softmax1, sink), or None."""
-        extra = getattr(self.normalizer, "extra_logit", None)
-        return extra() if extra is not None else None
-
-    def _position_logits(self, score: DotProductScore, q: Tensor, num_keys: int) -> tuple[Tensor | None, bool]:
-        """The additive logit terms beside q·k (the score's own bias and the position-bias stage), summed, and
-        whether the result is a static (cacheable) tensor."""
-        parts = [(score.bias(q, num_keys), score.static_bias)]
-        if self.position_bias is not None:
-            parts.append((self.position_bias(q, num_keys), self.position_bias.static_bias))
-        parts = [(b, s) for b, s in parts if b is not None]
-        if not parts:
-            return None, False
-        if len(parts) == 1:
-            return parts[0]
-        return parts[0][0] + parts[1][0], False
-
     def extra_repr(self) -> str:
         extra = [f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, d_v={self.d_v}"]
         if self.num_kv_heads != self.num_heads:
@@ -377,106 +412,10 @@ class MultiHeadAttention(nn.Module):
             extra.append(f"softcap={self.softcap:g}")
         if self.differential:
             extra.append(f"differential, layer={self.layer}, lambda_init={self.lambda_init:.3f}")
+        if self.config.backend != "auto":
+            extra.append(f"backend={self.config.backend}")
         return ", ".join(extra)
 
 
-def scaled_dot_product_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> Tensor:
-    """``torch.nn.functional.scaled_dot_product_attention``, the fast path's one call, except for a float mask that
-    needs its gradient (a learned position bias) on the CPU without dropout: SDPA can only use its math kernel for
-    that, which keeps more for the backward pass than it needs and scans every row for −inf, so
-    :class:`BiasedSoftmaxAttention` computes it instead (the same values, fewer passes over (B, H, Lq, Lk)). On
-    CUDA, SDPA's memory-efficient kernel computes a bias gradient itself.
-    q (B, Hq, Lq, d), k (B, Gk, Lk, d), v (B, G, Lk, d_v) → (B, Hq, Lq, d_v)."""
-    learned_bias = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
-    if learned_bias and q.device.type == "cpu" and dropout_p == 0.0 and not is_causal:
-        heads = q.shape[1]
-        if enable_gqa:
-            k = k.repeat_interleave(heads // k.shape[1], dim=1)
-            v = v.repeat_interleave(heads // v.shape[1], dim=1)
-        s = q.shape[-1] ** -0.5 if scale is None else scale
-        return BiasedSoftmaxAttention.apply(q, k, v, attn_mask, s)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
-    )
-
-
-class BiasedSoftmaxAttention(torch.autograd.Function):
-    """z = softmax(scale · q kᵀ + bias) v for a bias that needs its gradient (a learned position bias).
-
-    q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, d_v), bias broadcastable to (B, H, Lq, Lk) (hidden keys at −inf;
-    no row entirely hidden) → z (B, H, Lq, d_v). Equal to SDPA's math kernel, with less memory traffic: the logits
-    are built in place, and the backward pass keeps only the weights P and the output, using
-    dS = P ⊙ (dP − rowsum(dO ⊙ z)) (dP = dO vᵀ) for the logits' gradient, which is the bias's gradient (summed
-    over the dimensions the bias broadcasts along).
-    """
-
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
-        logits = torch.matmul(q * scale, k.transpose(-1, -2)).add_(bias)  # (B, H, Lq, Lk)
-        weights = torch.softmax(logits, dim=-1)
-        del logits
-        z = torch.matmul(weights, v)
-        ctx.save_for_backward(q, k, v, weights, z)
-        ctx.scale, ctx.bias_shape = scale, bias.shape
-        return z
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, weights, z = ctx.saved_tensors
-        dv = torch.matmul(weights.transpose(-1, -2), dz)
-        d_logits = torch.matmul(dz, v.transpose(-1, -2))  # dP, then in place dS
-        d_logits.sub_((dz * z).sum(-1, keepdim=True)).mul_(weights)
-        dq = torch.matmul(d_logits, k).mul_(ctx.scale)
-        dk = torch.matmul(d_logits.transpose(-1, -2), q).mul_(ctx.scale)
-        shape = ctx.bias_shape
-        lead = d_logits.dim() - len(shape)
-        dims = [d for d in range(d_logits.dim()) if d < lead or (shape[d - lead] == 1 and d_logits.shape[d] != 1)]
-        d_bias = d_logits.sum(dims, keepdim=True).view(shape) if dims else d_logits
-        return dq, dk, dv, d_bias, None
-
-
-def _with_sink_key(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, sink: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """SDPA inputs for a softmax with a sink logit b_h, exactly: q gains a last dimension b_h / scale, every key a
-    0 there, and one more key (0, …, 0, 1) with value 0 is appended, so its logit is b_h and its weight is dropped
-    from the output. ``sink`` (Hq,) or a scalar, already divided by the score's scale; the mask gets a visible
-    column (a row that sees no key then gives 0 / e^b = 0, as the eager path). q, k and v are zero-padded to one
-    size (the output's extra columns are cut off by the caller)."""
-    B, Hq, Lq, _ = q.shape
-    Gk = k.shape[1]
-    column = sink.to(q.dtype).expand(Hq).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
-    q = torch.cat((q, column), dim=-1)  # (B, Hq, Lq, d_k + 1)
-    k = F.pad(k, (0, 1))  # (B, Gk, Lk, d_k + 1), 0 in the last dimension
-    sink_key = torch.zeros(B, Gk, 1, k.shape[-1], dtype=k.dtype, device=k.device)
-    sink_key[..., -1] = 1.0
-    k = torch.cat((k, sink_key), dim=2)  # (B, Gk, Lk + 1, d_k + 1)
-    v = F.pad(v, (0, 0, 0, 1))  # (B, G, Lk + 1, d_v), value 0 for the sink
-    size = max(q.shape[-1], v.shape[-1])  # equal q/k and v sizes let SDPA use its fused kernel: pad with zeros
-    q, k, v = (F.pad(t, (0, size - t.shape[-1])) for t in (q, k, v))
-    if attn_mask is not None:
-        attn_mask = F.pad(attn_mask, (0, 1), value=True if attn_mask.dtype == torch.bool else 0.0)
-    return q, k, v, attn_mask
-
-
-def _masked_bias(bias: Tensor, pm: PreparedMask, static: bool) -> Tensor:
-    """The additive float mask: ``bias`` (…, Lq, Lk) with the hidden positions at −inf. A static bias (a cached
-    constant, e.g. ALiBi) is combined with a cached mask once and the result cached with the mask."""
-    if not static or bias.requires_grad:
-        return bias.masked_fill(pm.hidden, float("-inf"))
-    key = ("masked_bias", id(bias))
-    entry = pm.derived.get(key)
-    if entry is None or entry[0] is not bias:  # a new tensor that reuses a freed one's id
-        pm.derived.pop(key, None)
-        entry = pm.derived.get_or_make(key, lambda: (bias, bias.masked_fill(pm.hidden, float("-inf"))))
-    return entry[1]
+# moved to attnlab.backends.sdpa (0.3); importable from here as before
+from attnlab.backends.sdpa import BiasedSoftmaxAttention, scaled_dot_product_attention  # noqa: E402, F401

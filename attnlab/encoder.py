@@ -14,7 +14,7 @@ unit variance, the same order as the sinusoid.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch.nn.functional as F
@@ -22,9 +22,9 @@ from torch import Tensor, nn
 
 from attnlab.attention import AttentionOutput, MultiHeadAttention
 from attnlab.checks import check_choice, check_int, default_d_k
+from attnlab.config import AttentionConfig
 from attnlab.masks import Mask, Padding, PreparedMask, build_mask, prepare_mask
 from attnlab.positions import LearnedPositionalEncoding, SinusoidalPositionalEncoding
-from attnlab.scores import resolve_direction
 
 __all__ = [
     "POSITIONAL_ENCODINGS",
@@ -43,16 +43,6 @@ POSITIONAL_ENCODINGS: dict[str, type[nn.Module] | None] = {
 }
 
 
-def _hides_later_keys(mask: Mask) -> bool:
-    """Whether every key after the query is hidden: a causal mask, or a position-only one (causal & window) whose
-    64 × 64 tensor has nothing above the diagonal. Decides T5's one-directional buckets."""
-    if mask.is_causal:
-        return True
-    if mask.is_trivial or not mask.position_only:
-        return False
-    return not bool(mask.dense(64, 64)[0, 0].triu(1).any())
-
-
 def _renamed(new: bool, old: bool | None, old_name: str) -> bool:
     """``need_weights``, or the value given under its former name (with a DeprecationWarning)."""
     if old is None:
@@ -68,8 +58,9 @@ def _dropout(x: Tensor, p: float) -> Tensor:
 
 class EncoderLayer(nn.Module):
     """One encoder block: self-attention and a position-wise FFN (d_model → d_ff → d_model, GELU), each with
-    dropout and a residual, pre-LN (``norm_first=True``, default) or post-LN. ``attention_options`` go to
-    :class:`~attnlab.attention.MultiHeadAttention` (``num_kv_heads``, ``rope``, ``normalizer``, ``layer`` ...)."""
+    dropout and a residual, pre-LN (``norm_first=True``, default) or post-LN. The attention is
+    ``attention`` (an :class:`~attnlab.config.AttentionConfig`), or built from ``score``, ``score_params`` and
+    ``attention_options`` as :class:`~attnlab.attention.MultiHeadAttention`'s keyword arguments."""
 
     def __init__(
         self,
@@ -80,25 +71,29 @@ class EncoderLayer(nn.Module):
         d_ff: int | None = None,
         dropout: float = 0.0,
         norm_first: bool = True,
-        score: str | nn.Module = "scaled_dot",
+        score: str | nn.Module | None = None,
         score_params: dict[str, Any] | None = None,
         bias: bool = True,
+        *,
+        attention: AttentionConfig | None = None,
+        layer: int = 1,
         **attention_options: Any,
     ) -> None:
         super().__init__()
-        d_k = default_d_k(d_model, num_heads, d_k)
         d_ff = 4 * d_model if d_ff is None else d_ff
-        self.self_attn = MultiHeadAttention(
-            d_model,
-            num_heads,
-            d_k,
-            d_v,
-            score=score,
-            bias=bias,
-            dropout=dropout,
-            **attention_options,
-            **(score_params or {}),
-        )
+        if attention is None:
+            d_k = default_d_k(d_model, num_heads, d_k)
+            options = {**attention_options, **(score_params or {})}
+            self.self_attn = MultiHeadAttention(
+                d_model, num_heads, d_k, d_v, score=score, bias=bias, dropout=dropout, layer=layer, **options
+            )
+        else:
+            if score is not None or score_params or attention_options:
+                raise ValueError("give attention= (an AttentionConfig) or the attention options, not both")
+            d_k = attention.d_k or d_k  # a layer's own d_k first
+            self.self_attn = MultiHeadAttention(
+                d_model, num_heads, d_k, d_v, bias=bias, dropout=dropout, config=attention, layer=layer
+            )
         self.ff = nn.Sequential(nn.Linear(d_model, d_ff, bias=bias), nn.GELU(), nn.Linear(d_ff, d_model, bias=bias))
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
@@ -136,25 +131,30 @@ class EncoderLayer(nn.Module):
 class Encoder(nn.Module):
     """Token embedding + positional encoding + ``num_layers`` :class:`EncoderLayer` + final norm.
 
+    Each layer's attention is an :class:`~attnlab.config.AttentionConfig`: ``attention`` gives one for every layer,
+    or a list of ``num_layers`` (per-layer attention: hybrids, local/global patterns, see
+    :func:`~attnlab.config.layer_configs`), each with its own structural mask. Without ``attention``, one config is
+    built from the keyword arguments below, as before.
+
     Args:
         vocab_size: number of token ids.
         d_model, num_heads, num_layers: sizes.
-        d_k: per-head key size (default d_model // num_heads); d_v: per-head value size (default d_k).
+        d_k: per-head key size (default the config's, else d_model // num_heads); d_v: per-head value size
+            (default d_k).
         d_ff: FFN width (default 4·d_model).
-        score, score_params: the attention score, by registered name, and its parameters.
+        attention: an AttentionConfig, or one per layer.
+        score, score_params: the attention score (a registered score or preset) and its parameters.
         mask: a structural mask (registered name, spec dict, or :class:`Mask`), applied in every layer.
-        pad_id: when set, keys equal to ``pad_id`` are hidden in every layer (AND-ed with ``mask``).
+        pad_id: when set, keys equal to ``pad_id`` are hidden in every layer (AND-ed with each layer's mask).
         pos_encoding: ``sinusoidal``, ``learned``, ``rope`` or ``none``; max_len: size of the positional table.
+            ``rope`` adds no table (rotary positions are the attention's ``rope``, set from ``rope`` here when the
+            config is built from keyword arguments).
         rope: :class:`~attnlab.positions.RotaryEmbedding` parameters (``base``, ``fraction``) for ``rope``.
         dropout: on attention weights, residual branches and the embedding.
         norm_first: pre-LN (default) or post-LN.
         num_kv_heads, qk_norm, softcap, normalizer, normalizer_params, position_bias, position_bias_params,
-        differential: the attention stages, as in :class:`~attnlab.attention.MultiHeadAttention`; layer l (from 1)
-        gets ``layer=l``.
-
-    A score or position bias that takes ``bidirectional`` (T5's buckets) and leaves it unset gets False under a
-    mask that hides every later key (causal, causal & window: T5's decoder bucketing, all buckets go to the past)
-    and True otherwise.
+        differential, backend: the attention stages, as in :class:`~attnlab.attention.MultiHeadAttention`; layer l
+        (from 1) gets ``layer=l``.
     """
 
     def __init__(
@@ -166,7 +166,7 @@ class Encoder(nn.Module):
         d_k: int | None = None,
         d_v: int | None = None,
         d_ff: int | None = None,
-        score: str = "scaled_dot",
+        score: str | None = None,
         score_params: dict[str, Any] | None = None,
         mask: str | Mask | dict[str, Any] | None = None,
         pad_id: int | None = None,
@@ -176,15 +176,9 @@ class Encoder(nn.Module):
         norm_first: bool = True,
         bias: bool = True,
         *,
+        attention: AttentionConfig | Sequence[AttentionConfig] | None = None,
         rope: Mapping[str, Any] | None = None,
-        num_kv_heads: int | None = None,
-        qk_norm: str | None = None,
-        softcap: float | None = None,
-        normalizer: str = "softmax",
-        normalizer_params: Mapping[str, Any] | None = None,
-        position_bias: str | None = None,
-        position_bias_params: Mapping[str, Any] | None = None,
-        differential: bool = False,
+        **attention_options: Any,
     ) -> None:
         super().__init__()
         for name, value in (
@@ -200,45 +194,82 @@ class Encoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, d_model)
         pe_cls = POSITIONAL_ENCODINGS[pos_encoding]
         self.pos = pe_cls(d_model, max_len) if pe_cls is not None else None
-        structural = build_mask("none") if mask is None else build_mask(mask)
-        causal = _hides_later_keys(structural)
-        attention = {
-            "num_kv_heads": num_kv_heads,
-            "rope": dict(rope or {}) if pos_encoding == "rope" else None,
-            "qk_norm": qk_norm,
-            "softcap": softcap,
-            "normalizer": normalizer,
-            "normalizer_params": normalizer_params,
-            "position_bias": position_bias,
-            "position_bias_params": resolve_direction("position bias", position_bias, position_bias_params, causal),
-            "differential": differential,
-        }
-        score_params = resolve_direction("score", score, score_params, causal)
+        configs = self._layer_configs(
+            num_layers, attention, score, score_params, mask, d_v, pos_encoding, rope, attention_options
+        )
+        self.attention_configs = configs
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model, num_heads, d_k, d_v, d_ff, dropout, norm_first, score, score_params, bias, layer=n, **attention
-            )
-            for n in range(1, num_layers + 1)
+            EncoderLayer(d_model, num_heads, d_k, None, d_ff, dropout, norm_first, bias=bias, attention=c, layer=n)
+            for n, c in enumerate(configs, start=1)
         )
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.dropout = float(dropout)
-        self.mask = structural if pad_id is None else structural & Padding(pad_id)
-        self._structural = structural
         self._padding = Padding(pad_id)
+        self._structural: dict[str, Mask] = {}  # one structural mask per distinct spec, shared by its layers
+        self._layer_mask: list[str] = []
+        for c in configs:
+            key = repr(c.mask)
+            if key not in self._structural:
+                self._structural[key] = build_mask("none") if c.mask is None else build_mask(c.mask)
+            self._layer_mask.append(key)
+        structural = self._structural[self._layer_mask[0]]
+        self.mask = structural if pad_id is None else structural & self._padding  # layer 1's full mask
+
+    @staticmethod
+    def _layer_configs(
+        num_layers: int,
+        attention: AttentionConfig | Sequence[AttentionConfig] | None,
+        score: str | None,
+        score_params: dict[str, Any] | None,
+        mask: Any,
+        d_v: int | None,
+        pos_encoding: str,
+        rope: Mapping[str, Any] | None,
+        options: dict[str, Any],
+    ) -> list[AttentionConfig]:
+        if attention is None:
+            base = AttentionConfig(
+                score="scaled_dot" if score is None else score,
+                score_params=dict(score_params or {}),
+                mask=mask,
+                d_v=d_v,
+                rope=dict(rope or {}) if pos_encoding == "rope" else None,
+                **options,
+            )
+            return [base] * num_layers
+        if score is not None or score_params or mask is not None or options or rope is not None:
+            raise ValueError("give attention= (AttentionConfig, or one per layer) or the attention options, not both")
+        configs = [attention] * num_layers if isinstance(attention, AttentionConfig) else list(attention)
+        if len(configs) != num_layers:
+            raise ValueError(f"attention lists {len(configs)} layer configs, but num_layers is {num_layers}")
+        if d_v is not None:
+            configs = [c.replace(d_v=d_v) for c in configs]
+        return configs
 
     def build_mask(self, tokens: Tensor, lengths: Tensor | None = None) -> PreparedMask | None:
-        """The prepared (B or 1, 1, L or 1, L) mask for a batch, shared by all layers.
+        """The prepared (B or 1, 1, L or 1, L) mask of layer 1 for a batch (:meth:`build_masks` gives every
+        layer's)."""
+        return self.build_masks(tokens, lengths)[0]
 
-        The structural mask is prepared once per length and device (position-only masks are cached); per batch only
+    def build_masks(self, tokens: Tensor, lengths: Tensor | None = None) -> list[PreparedMask | None]:
+        """Each layer's prepared mask for a batch, computed once per distinct structural mask.
+
+        A structural mask is prepared once per length and device (position-only masks are cached); per batch only
         the key padding (B, 1, 1, L) is computed, and combined with it when the structural mask is not trivial."""
         L, device = tokens.shape[1], tokens.device
-        structural = self._structural
-        if self.pad_id is None and lengths is None:
-            return prepare_mask(structural, L, L, device, tokens=tokens)
-        allowed = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
-        if not structural.is_trivial:
-            allowed = allowed & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
-        return prepare_mask(allowed, L, L, device)
+        prepared: dict[str, PreparedMask | None] = {}
+        padding = None
+        for key, structural in self._structural.items():
+            if self.pad_id is None and lengths is None:
+                prepared[key] = prepare_mask(structural, L, L, device, tokens=tokens)
+                continue
+            if padding is None:
+                padding = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
+            allowed = padding
+            if not structural.is_trivial:
+                allowed = allowed & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
+            prepared[key] = prepare_mask(allowed, L, L, device)
+        return [prepared[key] for key in self._layer_mask]
 
     def forward(
         self,
@@ -255,9 +286,9 @@ class Encoder(nn.Module):
         if self.pos is not None:
             h = h + self.pos(tokens.shape[1])
         h = _dropout(h, self.dropout if self.training else 0.0)
-        mask = self.build_mask(tokens, lengths)
+        masks = self.build_masks(tokens, lengths)
         records: list[AttentionOutput] = []
-        for layer in self.layers:
+        for layer, mask in zip(self.layers, masks, strict=True):
             h, record = layer(h, mask, need_weights=need_weights)
             if record is not None:
                 records.append(record)

@@ -37,6 +37,7 @@ __all__ = [
     "PreparedMask",
     "SlidingWindow",
     "build_mask",
+    "hides_later_keys",
     "list_masks",
     "prepare_mask",
     "register_mask",
@@ -386,3 +387,13 @@ class AnyOf(_Composite):
     @property
     def is_causal(self) -> bool:
         return all(m.is_causal for m in self.masks)
+
+
+def hides_later_keys(mask: Mask) -> bool:
+    """Whether every key after the query is hidden: a causal mask, or a position-only one (causal & window) whose
+    64 × 64 tensor has nothing above the diagonal. Decides T5's one-directional buckets."""
+    if mask.is_causal:
+        return True
+    if mask.is_trivial or not mask.position_only:
+        return False
+    return not bool(mask.dense(64, 64)[0, 0].triu(1).any())

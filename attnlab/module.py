@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from attnlab.config import AttentionConfig, pattern_name
 from attnlab.encoder import Encoder
 from attnlab.tasks.base import IGNORE_INDEX
 
@@ -96,18 +97,49 @@ def set_deterministic_flags(flags: tuple[bool, bool, bool]) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
+def layer_attention(
+    attention: Any,
+    num_layers: int,
+    score: str = "scaled_dot",
+    score_params: dict[str, Any] | None = None,
+    mask: Any = None,
+    d_v: int | None = None,
+    pos_encoding: str = "sinusoidal",
+    rope: dict[str, Any] | None = None,
+) -> list[AttentionConfig]:
+    """Each layer's :class:`AttentionConfig` from :class:`EncoderModule`'s arguments: ``attention`` as a config
+    (or its fields as a dict, or one of either per layer), or (the hyperparameters of a run of attnlab 0.2) the
+    score, its parameters, the mask and a dict of the other stages."""
+    if isinstance(attention, list | tuple):
+        configs = [c if isinstance(c, AttentionConfig) else AttentionConfig(**dict(c)) for c in attention]
+        if len(configs) != num_layers:
+            raise ValueError(f"attention lists {len(configs)} layer configs, but num_layers is {num_layers}")
+        return configs
+    if isinstance(attention, AttentionConfig):
+        return [attention] * num_layers
+    options = dict(attention or {})
+    if "score" in options or "mask" in options:  # a config's fields
+        return [AttentionConfig(**options)] * num_layers
+    if pos_encoding == "rope" and options.get("rope") is None:
+        options["rope"] = dict(rope or {})
+    base = AttentionConfig(score=score, score_params=dict(score_params or {}), mask=mask, d_v=d_v, **options)
+    return [base] * num_layers
+
+
 class EncoderModule(L.LightningModule):
     """Encoder + linear head, trained with cross-entropy.
 
     Args:
         vocab_size, num_classes, per_token, pad_id, max_len: from the task.
         d_model, num_heads, num_layers, d_k, d_v, d_ff: sizes (d_k default d_model // num_heads).
-        score, score_params: the attention variant.
-        mask: structural mask spec (name, spec dict or Mask).
+        attention: each layer's attention: an :class:`~attnlab.config.AttentionConfig` (or its fields as a dict)
+            for every layer, or a list of ``num_layers`` of them (per-layer attention). Saved in the hyperparameters
+            as plain dicts, one per layer.
+        pattern: the name of the per-layer pattern (``model.pattern``, e.g. ``LG``), recorded for the run.
+        score, score_params, mask: the attention of every layer as before (an older run's hyperparameters): with
+            ``attention`` as a dict of the other stages (``num_kv_heads``, ``rope``, ``qk_norm`` ...), they make one
+            AttentionConfig.
         pos_encoding, norm_first, dropout: encoder options.
-        attention: the other attention stages, passed to the Encoder (``num_kv_heads``, ``rope``, ``qk_norm``,
-            ``softcap``, ``normalizer``, ``normalizer_params``, ``position_bias``, ``position_bias_params``,
-            ``differential``).
         lr, weight_decay, warmup_steps, max_steps, betas: AdamW with warm-up + cosine decay over ``max_steps``.
         test_lengths: the task's extra test lengths: test dataloader ``k >= 1`` is length ``test_lengths[k - 1]``.
         report_bits: log ``val/bpc`` and ``test/bpc`` (language modelling).
@@ -138,30 +170,30 @@ class EncoderModule(L.LightningModule):
         warmup_steps: int = 50,
         max_steps: int = 1000,
         betas: tuple[float, float] = (0.9, 0.98),
-        attention: dict[str, Any] | None = None,
+        attention: Any = None,
+        pattern: str | None = None,
         test_lengths: tuple[int, ...] | list[int] = (),
         report_bits: bool = False,
         chance_accuracy: float | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        configs = layer_attention(attention, num_layers, score, score_params, mask, d_v, pos_encoding)
+        self.save_hyperparameters(ignore=["attention", "score", "score_params", "mask", "d_v"])
+        self.hparams["attention"] = [c.to_dict() for c in configs]
+        self.pattern = pattern_name(configs, pattern)
         self.encoder = Encoder(
             vocab_size,
             d_model,
             num_heads,
             num_layers,
             d_k=d_k,
-            d_v=d_v,
             d_ff=d_ff,
-            score=score,
-            score_params=dict(score_params or {}),
-            mask=mask,
             pad_id=pad_id,
             pos_encoding=pos_encoding,
             max_len=max_len,
             dropout=dropout,
             norm_first=norm_first,
-            **(attention or {}),
+            attention=configs,
         )
         self.head = nn.Linear(d_model, num_classes)
         self.per_token = per_token
@@ -231,7 +263,7 @@ class EncoderModule(L.LightningModule):
             # whose order, and so the last bits of the sums, varies from run to run with more than one thread
             torch.use_deterministic_algorithms(True, warn_only=True)
             torch.utils.deterministic.fill_uninitialized_memory = False  # every torch.empty is written anyway
-        self.encoder.build_mask = torch.compiler.disable(self.encoder.build_mask)
+        self.encoder.build_masks = torch.compiler.disable(self.encoder.build_masks)
         self.compile(dynamic=False)
         if example is None:
             return None
@@ -240,7 +272,7 @@ class EncoderModule(L.LightningModule):
                 self._loss(example)[0].backward()
         except Exception as exc:  # the run goes on eagerly, and says why
             self._compiled_call_impl = None
-            del self.encoder.build_mask
+            del self.encoder.build_masks
             set_deterministic_flags(flags)
             text = " ".join(str(exc).split())
             return f"{type(exc).__name__}: {text[:240]}" if text else type(exc).__name__

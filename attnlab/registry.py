@@ -86,6 +86,22 @@ def check_params(
             )
 
 
+def build_with_sizes(kind: str, name: str, obj: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The build kwargs for a registered class: d_k and num_heads are required, d_v is passed only when the class
+    takes it, and any other parameter must be one the class takes."""
+    kwargs = dict(kwargs)
+    for required in ("d_k", "num_heads"):
+        if required not in kwargs:
+            raise ValueError(f"build_{kind.replace(' ', '_')}('{name}') needs {required}=")
+    sizes = ("d_k", "num_heads", "d_v")
+    check_params(kind, name, obj, {k: v for k, v in kwargs.items() if k not in sizes}, sizes)
+    sig = inspect.signature(obj)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    if "d_v" not in sig.parameters and not takes_any:
+        kwargs.pop("d_v", None)
+    return kwargs
+
+
 class BoundedCache(dict):
     """A dict of derived tensors (masks, position indices, biases) keyed by shape, device and dtype, that forgets
     everything once it holds more than ``max_size`` entries, so that a model run at many lengths never grows it

@@ -138,6 +138,30 @@ def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 @functools.cache
+def attention_sources() -> dict[str, str]:
+    """Each :class:`~attnlab.config.AttentionConfig` field → the config key it comes from, read from the
+    interpolations of ``conf/config.yaml``'s ``attention:`` node (``score_params`` → ``variant.params``); a field
+    set there as a plain value comes from ``attention.<field>``. Error messages, and the dashboard for a run older
+    than the ``attention`` node, read these keys."""
+    import re
+
+    from omegaconf import OmegaConf
+
+    from attnlab.config import FIELDS
+
+    path = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+    node = OmegaConf.load(path).get("attention") if path.is_file() else None
+    raw = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else {}
+    out = {}
+    for name in FIELDS:
+        value = raw.get(name)
+        match = re.fullmatch(r"\$\{([\w.]+)\}", value) if isinstance(value, str) else None
+        out[name] = match.group(1) if match else f"attention.{name}"
+    out["rope"] = "model.rope"
+    return out
+
+
+@functools.cache
 def config_defaults() -> dict[str, Any]:
     """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...):
     what a run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not
@@ -367,7 +391,11 @@ class Segment:
 class Summary:
     """summary.json. ``status``: running | ok | failed | interrupted (``reason`` says why when not ok).
 
-    The key settings (variant ... differential) come from the config when the run starts; ``metrics`` are the
+    The key settings (variant ... backend) come from the config when the run starts: those that are fields of
+    :class:`~attnlab.config.AttentionConfig` from layer 1's config, ``attention`` the one line that describes it
+    (every field that differs from the defaults), ``pattern`` the per-layer pattern (``LG``; null when every layer
+    is alike), ``layers`` each layer's fields that differ from the defaults (with a pattern), and ``backends`` what
+    computes each layer's training step; ``metrics`` are the
     final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics;
     ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes).
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
@@ -395,6 +423,11 @@ class Summary:
     qk_norm: str | None = None
     softcap: float | None = None
     differential: bool | None = None
+    backend: str | None = None
+    attention: str | None = None
+    pattern: str | None = None
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)
     smoke: bool = False
     chance_accuracy: float | None = None
     params: int | None = None

@@ -1,20 +1,19 @@
-"""Scoring functions and position biases: q (B, H, Lq, d_k), k (B, H, Lk, d_k) → logits (B, H, Lq, Lk).
+"""Scoring functions, the content term of the logits: q (B, H, Lq, d_k), k (B, H, Lk, d_k) → logits (B, H, Lq, Lk).
 
 Every **score** (the content term of the logits) is an ``nn.Module`` registered by name
 (``@register_score("name")``) and built with ``build_score(name, d_k=..., num_heads=..., **params)``. Plain
 functions ``fn(q, k, **params) -> logits`` can be registered too; they are wrapped in a parameter-free module.
 
-Every **position bias** (none, shaw, t5, alibi) is a :class:`PositionBias` registered with
-``@register_position_bias("name")``: ``bias(q, num_keys)`` returns an additive (…, H, Lq, Lk) term that attention
-adds to any score, the additive one included, and an optional value-side term. The score presets
-``relative_position``, ``t5_bias`` and ``alibi`` are scaled (T5: unscaled) dot products with their bias built in.
+Position biases (Shaw, T5, ALiBi), which attention adds to any score, live in :mod:`attnlab.position_bias`; the
+variants ``relative_position``, ``t5_bias`` and ``alibi`` are presets of :mod:`attnlab.config`: a dot product plus
+one of them.
 
 Two optional hooks extend the plain ``forward``:
 
 * **Dot-product family** (:class:`DotProductScore`): logits = ``scale · φ(q) · ψ(k)ᵀ + bias``, where ``φ`` is
   :meth:`DotProductScore.query_map` (identity except Luong's *general* and *cosine*), ``ψ`` is
   :meth:`DotProductScore.key_map` (identity except *cosine*) and ``bias`` is :meth:`DotProductScore.bias`, an
-  additive (…, H, Lq, Lk) term (the presets' position bias). Such scores can run in
+  additive (…, H, Lq, Lk) term (none for the built-in scores). Such scores can run in
   ``torch.nn.functional.scaled_dot_product_attention`` with the bias as a float mask: the fast path.
 * **Value-side term** (:meth:`Score.value_term`): a score or bias whose attention also contributes to the output
   (Shaw's a^V) sets ``has_value_term = True`` and returns (B, H, Lq, d_v), added to ``weights @ v``. Such scores
@@ -25,10 +24,9 @@ Positions are 0-based; for self-attention query i and key j are the same sequenc
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,32 +36,19 @@ from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_choice, check_int, check_number
 from attnlab.kernels import additive as fused_additive
-from attnlab.kernels import relative as relative_kernel
-from attnlab.registry import BoundedCache, Registry, check_params
+from attnlab.registry import Registry, build_with_sizes, check_params
 
 __all__ = [
     "AdditiveScore",
-    "AlibiBias",
-    "AlibiScore",
     "CosineScore",
     "DotProductScore",
     "DotScore",
     "GeneralScore",
-    "PositionBias",
-    "RelativePositionScore",
     "ScaledDotScore",
     "Score",
-    "ShawBias",
-    "T5Bias",
-    "T5BiasScore",
-    "alibi_slopes",
-    "build_position_bias",
     "build_score",
-    "list_position_biases",
     "list_scores",
-    "register_position_bias",
     "register_score",
-    "t5_relative_bucket",
 ]
 
 
@@ -117,9 +102,8 @@ class DotProductScore(Score):
         """ψ(k), (B, H, Lk, d_k) → (B, H, Lk, d_k). Identity unless overridden (applied per key/value head)."""
         return k
 
-    def position_term(self) -> PositionBias | None:
-        """The position bias whose :meth:`PositionBias.bias` is this score's :meth:`bias` (the presets), or None;
-        a score that overrides :meth:`bias` some other way returns ``self`` (an opaque term)."""
+    def position_term(self) -> Any:
+        """None, or ``self`` for a score that overrides :meth:`bias` (an opaque additive term)."""
         return None if type(self).bias is DotProductScore.bias else self
 
     def bias(self, q: Tensor, num_keys: int) -> Tensor | None:
@@ -152,25 +136,9 @@ class FunctionScore(Score):
         return f"{self.name}, {self.params}"
 
 
-def _build_with_sizes(kind: str, name: str, obj: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The build kwargs for a registered class: d_k and num_heads are required, d_v is passed only when the class
-    takes it, and any other parameter must be one the class takes."""
-    kwargs = dict(kwargs)
-    for required in ("d_k", "num_heads"):
-        if required not in kwargs:
-            raise ValueError(f"build_{kind.replace(' ', '_')}('{name}') needs {required}=")
-    sizes = ("d_k", "num_heads", "d_v")
-    check_params(kind, name, obj, {k: v for k, v in kwargs.items() if k not in sizes}, sizes)
-    sig = inspect.signature(obj)
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-    if "d_v" not in sig.parameters and not takes_any:
-        kwargs.pop("d_v", None)
-    return kwargs
-
-
 def _wrap_score(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
     if isinstance(obj, type) and issubclass(obj, nn.Module):
-        return obj(**_build_with_sizes("score", name, obj, kwargs))
+        return obj(**build_with_sizes("score", name, obj, kwargs))
     kwargs = dict(kwargs)
     for required in ("d_k", "num_heads"):
         if required not in kwargs:
@@ -408,370 +376,27 @@ class CosineScore(DotProductScore):
         return F.normalize(k, dim=-1)
 
 
-# --------------------------------------------------------------------------------------------- position biases
-
-
-class PositionBias(nn.Module):
-    """Base class of position biases: ``bias(q, num_keys)`` → an additive (…, H, Lq, Lk) logit term, already
-    scaled, that attention adds to the score's logits. It may read q (Shaw) or only positions (T5, ALiBi).
-
-    ``has_value_term`` / :meth:`value_term`: as for scores (Shaw's a^V). ``static_bias``: the bias depends on
-    positions only and ``bias`` returns the same cached tensor for the same shapes (ALiBi), so that the fast path
-    may cache its combination with a cached mask.
-    """
-
-    has_value_term: bool = False
-    static_bias: bool = False
-
-    def __init__(self, d_k: int, num_heads: int, d_v: int | None = None) -> None:
-        super().__init__()
-        self.d_k = d_k
-        self.num_heads = num_heads
-        self.d_v = d_k if d_v is None else d_v
-        self._tables = BoundedCache()
-
-    def bias(self, q: Tensor, num_keys: int) -> Tensor:  # pragma: no cover - abstract
-        """q (B, H, Lq, d_k) → additive logits broadcastable to (B, H, Lq, Lk)."""
-        raise NotImplementedError
-
-    def table_bias(self, q: Tensor, num_keys: int) -> tuple[Tensor, relative_kernel.Runs] | None:
-        """The bias as a table read through a relative-position index, for the fused kernel of
-        :mod:`attnlab.kernels.relative`: (table, runs of the (Lq, Lk) column index), the table (B, H, Lq, C) (a row
-        per query) or (H, C) (a row per head), such that ``bias[…, i, j] = table[row, c(i, j)]``; None (default)
-        when the bias is not of that form."""
-        return None
-
-    def value_term(self, weights: Tensor) -> Tensor | None:
-        """weights (B, H, Lq, Lk) → extra output (B, H, Lq, d_v) added to ``weights @ v``, or None."""
-        return None
-
-    def forward(self, q: Tensor, num_keys: int) -> Tensor:
-        return self.bias(q, num_keys)
-
-    def relative_positions(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
-        """(Lq, Lk) long tensor of key − query positions, cached."""
-
-        def make() -> Tensor:
-            i = torch.arange(num_queries, device=device)
-            j = torch.arange(num_keys, device=device)
-            return j[None, :] - i[:, None]
-
-        return self._tables.get_or_make(("rel", num_queries, num_keys, device), make)
-
-    def extra_repr(self) -> str:
-        return f"d_k={self.d_k}, num_heads={self.num_heads}"
-
-
-def _wrap_bias(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
-    if not (isinstance(obj, type) and issubclass(obj, PositionBias)):
-        raise TypeError(f"position bias '{name}' must be registered on a PositionBias subclass, got {obj!r}")
-    return obj(**_build_with_sizes("position bias", name, obj, kwargs))
-
-
-_POSITION_BIASES: Registry[nn.Module] = Registry("position bias", _wrap_bias)
-
-
-def register_position_bias(name: str) -> Callable[[Any], Any]:
-    """Decorator registering a :class:`PositionBias` subclass (``__init__(d_k, num_heads, [d_v], **params)``)."""
-    return _POSITION_BIASES.register(name)
-
-
-def build_position_bias(name: str | None, **kwargs: Any) -> nn.Module | None:
-    """Build the position bias ``name``: ``build_position_bias("alibi", d_k=16, num_heads=4)``; ``"none"`` or
-    None gives None (no bias)."""
-    if name is None or name == "none":
-        return None
-    return _POSITION_BIASES.build(name, **kwargs)
-
-
-def list_position_biases() -> list[str]:
-    """Names of the registered position biases, and ``none``."""
-    return sorted([*_POSITION_BIASES.names(), "none"])
-
-
-@register_position_bias("shaw")
-class ShawBias(PositionBias):
-    """Shaw et al. 2018: the bias q_i · a^K_{ij} / √d_k with a^K_{ij} = w^K_{clip(j − i, k)}.
-
-    ``rel_k`` (2·clip + 1, d_k) holds w^K_{−k..k}, shared across heads as in the paper. The bias is computed as
-    q · w^Kᵀ over the 2k + 1 distances, then gathered: no (Lq, Lk, d_k) tensor is built.
-
-    ``value_term=True`` adds Shaw's value-side a^V: z_i = Σ_j α_ij (v_j + w^V_{clip(j − i, k)}), with
-    ``rel_v`` (2·clip + 1, d_v). Off by default: the paper's ablation found a^K alone sufficient.
-    """
-
-    def __init__(
-        self, d_k: int, num_heads: int, d_v: int | None = None, clip: int = 16, value_term: bool = False
-    ) -> None:
-        super().__init__(d_k, num_heads, d_v)
-        self.clip = check_int("clip", clip, minimum=0)
-        self.scale = d_k**-0.5
-        self.has_value_term = bool(value_term)
-        self.rel_k = nn.Parameter(torch.randn(2 * clip + 1, d_k) * d_k**-0.5)
-        self.rel_v = nn.Parameter(torch.randn(2 * clip + 1, self.d_v) * self.d_v**-0.5) if value_term else None
-
-    def distance_index(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
-        """(Lq, Lk) long tensor clip(j − i, k) + k ∈ [0, 2k], cached."""
-        return self._tables.get_or_make(
-            ("idx", num_queries, num_keys, device),
-            lambda: self.relative_positions(num_queries, num_keys, device).clamp(-self.clip, self.clip) + self.clip,
-        )
-
-    def bias(self, q: Tensor, num_keys: int) -> Tensor:
-        Lq = q.shape[-2]
-        idx = self.distance_index(Lq, num_keys, q.device)  # (Lq, Lk)
-        qa = torch.matmul(q, self.rel_k.t() * self.scale)  # (B, H, Lq, 2k+1)
-        # gather along the last dimension (its backward is one scatter-add; advanced indexing's is 3x slower)
-        return torch.gather(qa, -1, idx.expand(*qa.shape[:-1], num_keys))  # (B, H, Lq, Lk)
-
-    def table_bias(self, q: Tensor, num_keys: int) -> tuple[Tensor, relative_kernel.Runs]:
-        Lq = q.shape[-2]
-        runs = self._tables.get_or_make(
-            ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.distance_index(Lq, num_keys, torch.device("cpu")))
-        )
-        return torch.matmul(q, self.rel_k.t() * self.scale), runs  # (B, H, Lq, 2k+1)
-
-    def value_term(self, weights: Tensor) -> Tensor | None:
-        if self.rel_v is None:
-            return None
-        Lq, Lk = weights.shape[-2:]
-        idx = self.distance_index(Lq, Lk, weights.device).expand_as(weights)
-        per_distance = weights.new_zeros(*weights.shape[:-1], 2 * self.clip + 1)
-        per_distance.scatter_add_(-1, idx, weights)  # (B, H, Lq, 2k+1): Σ of weights at each clipped distance
-        return torch.matmul(per_distance, self.rel_v)  # (B, H, Lq, d_v)
-
-    def extra_repr(self) -> str:
-        return f"d_k={self.d_k}, clip={self.clip}, value_term={self.has_value_term}"
-
-
-def t5_relative_bucket(
-    relative_position: Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
-) -> Tensor:
-    """T5's bucket of each relative position (key − query), Raffel et al. 2020, as in Mesh TensorFlow.
-
-    Half the buckets (per direction when bidirectional) are exact for small distances; the rest grow
-    logarithmically up to ``max_distance``, beyond which everything shares the last bucket. With
-    ``bidirectional=False`` (causal), keys after the query all fall in bucket 0.
-    """
-    n = -relative_position
-    ret = torch.zeros_like(n)
-    if bidirectional:
-        num_buckets //= 2
-        ret = ret + (n < 0).long() * num_buckets
-        n = n.abs()
-    else:
-        n = n.clamp(min=0)
-    max_exact = num_buckets // 2
-    is_small = n < max_exact
-    large = (
-        max_exact
-        + (
-            torch.log(n.float().clamp(min=1) / max_exact)
-            / math.log(max_distance / max_exact)
-            * (num_buckets - max_exact)
-        ).long()
-    )
-    large = large.clamp(max=num_buckets - 1)
-    return ret + torch.where(is_small, n, large)
-
-
-@register_position_bias("t5")
-class T5Bias(PositionBias):
-    """Raffel et al. 2020 (T5): the bias b_h[bucket(j − i)], a learned scalar per bucket and head.
-
-    ``rel_bias`` (num_buckets, H). ``bidirectional``: separate buckets for keys before and after the query (T5's
-    encoder); False puts every later key in bucket 0 and spends all buckets on the past (T5's decoder). None
-    (default) is True here; the encoder resolves it to False under a causal mask.
-    """
-
-    def __init__(
-        self,
-        d_k: int,
-        num_heads: int,
-        num_buckets: int = 32,
-        max_distance: int = 128,
-        bidirectional: bool | None = None,
-    ) -> None:
-        super().__init__(d_k, num_heads)
-        self.num_buckets = check_int("num_buckets", num_buckets, minimum=2)
-        self.max_distance = check_int("max_distance", max_distance, minimum=2)
-        self.bidirectional = True if bidirectional is None else bool(bidirectional)
-        self.rel_bias = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.1)
-
-    def buckets(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
-        """(Lq, Lk) long bucket index, cached."""
-        return self._tables.get_or_make(
-            ("bucket", num_queries, num_keys, device),
-            lambda: t5_relative_bucket(
-                self.relative_positions(num_queries, num_keys, device),
-                self.bidirectional,
-                self.num_buckets,
-                self.max_distance,
-            ),
-        )
-
-    def bias(self, q: Tensor, num_keys: int) -> Tensor:
-        Lq = q.shape[-2]
-        idx = self.buckets(Lq, num_keys, q.device).view(1, Lq * num_keys)
-        # a gather per head row of rel_bias (H, buckets) gives a contiguous (H, Lq·Lk); its backward is one
-        # scatter-add (indexing rel_bias[idx] gives (Lq, Lk, H), read strided, and a slower backward)
-        table = self.rel_bias.t().to(q.dtype)  # (H, num_buckets)
-        return torch.gather(table, 1, idx.expand(self.num_heads, -1)).view(1, self.num_heads, Lq, num_keys)
-
-    def table_bias(self, q: Tensor, num_keys: int) -> tuple[Tensor, relative_kernel.Runs]:
-        Lq = q.shape[-2]
-        runs = self._tables.get_or_make(
-            ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.buckets(Lq, num_keys, torch.device("cpu")))
-        )
-        return self.rel_bias.t().to(q.dtype), runs  # (H, num_buckets)
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
-            f"bidirectional={self.bidirectional}"
-        )
-
-
-def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi head slopes (Press et al. 2022): the geometric sequence 2^(−8/n · h), h = 1..n, for n a power of two.
-
-    Otherwise, the slopes of the closest lower power of two, then every other slope of the next power of two.
-    """
-    check_int("num_heads", num_heads, minimum=1)
-
-    def power_of_two(n: int) -> list[float]:
-        start = 2 ** (-8 / n)
-        return [start ** (h + 1) for h in range(n)]
-
-    closest = 2 ** math.floor(math.log2(num_heads))
-    slopes = power_of_two(closest)
-    if closest != num_heads:
-        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float64)
-
-
-@register_position_bias("alibi")
-class AlibiBias(PositionBias):
-    """Press et al. 2022 (ALiBi): the bias −m_h · |j − i| with fixed slopes m_h (:func:`alibi_slopes`).
-
-    The paper's causal bias m_h · (j − i) for j ≤ i is extended symmetrically to the bidirectional encoder; under a
-    causal mask the two agree.
-    """
-
-    static_bias = True
-
-    def __init__(self, d_k: int, num_heads: int) -> None:
-        super().__init__(d_k, num_heads)
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)  # float64: exact slopes
-
-    def bias(self, q: Tensor, num_keys: int) -> Tensor:
-        Lq = q.shape[-2]
-
-        def make() -> Tensor:
-            distance = self.relative_positions(Lq, num_keys, q.device).abs().to(q.dtype)
-            return (-self.slopes.to(q.dtype)[:, None, None] * distance).unsqueeze(0)  # (1, H, Lq, Lk)
-
-        return self._tables.get_or_make(("alibi", Lq, num_keys, q.device, q.dtype), make)
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}"
-
-
-# --------------------------------------------------------------------------------------------- presets
-
-
-class PresetScore(DotProductScore):
-    """A dot product with a position bias built in: ``relative_position``, ``t5_bias`` and ``alibi``.
-
-    The bias is the child module ``position_bias``; its attributes read through (``score.rel_k``,
-    ``score.buckets(...)``, ``score.slopes``). A checkpoint made before the bias was its own module (parameters at
-    the score's level) still loads.
-    """
-
-    def __init__(self, d_k: int, num_heads: int, d_v: int | None, scale: float, position_bias: PositionBias) -> None:
-        super().__init__(d_k, num_heads, d_v, scale=scale)
-        self.position_bias = position_bias
-        self.has_value_term = position_bias.has_value_term
-        self.static_bias = position_bias.static_bias
-        self._register_load_state_dict_pre_hook(self._upgrade_state_dict)
-
-    def position_term(self) -> PositionBias:
-        return self.position_bias
-
-    def bias(self, q: Tensor, num_keys: int) -> Tensor:
-        return self.position_bias.bias(q, num_keys)
-
-    def value_term(self, weights: Tensor) -> Tensor | None:
-        return self.position_bias.value_term(weights)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            bias = self.__dict__.get("_modules", {}).get("position_bias")
-            if bias is None:
-                raise
-            return getattr(bias, name)
-
-    def _upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        for name, _ in self.position_bias.named_parameters(recurse=False):
-            old, new = prefix + name, f"{prefix}position_bias.{name}"
-            if old in state_dict and new not in state_dict:
-                state_dict[new] = state_dict.pop(old)
-
-    def extra_repr(self) -> str:
-        return f"d_k={self.d_k}, num_heads={self.num_heads}, scale={self.scale:.4g}"
-
-
-@register_score("relative_position")
-class RelativePositionScore(PresetScore):
-    """Shaw et al. 2018: e_ij = q_i · (k_j + a^K_{ij}) / √d_k, with a^K_{ij} = w^K_{clip(j − i, k)}: scaled dot plus
-    :class:`ShawBias` (``clip``, ``value_term``)."""
-
-    def __init__(
-        self, d_k: int, num_heads: int, d_v: int | None = None, clip: int = 16, value_term: bool = False
-    ) -> None:
-        super().__init__(d_k, num_heads, d_v, d_k**-0.5, ShawBias(d_k, num_heads, d_v, clip, value_term))
-
-
-@register_score("t5_bias")
-class T5BiasScore(PresetScore):
-    """Raffel et al. 2020 (T5): logits = q · kᵀ (· 1/√d_k when ``scale``) + b_h[bucket(j − i)]: plus :class:`T5Bias`.
-
-    T5 itself does not scale by √d_k (it folds the scale into W_q's initialisation), so ``scale`` defaults to False.
-    """
-
-    def __init__(
-        self,
-        d_k: int,
-        num_heads: int,
-        num_buckets: int = 32,
-        max_distance: int = 128,
-        bidirectional: bool | None = None,
-        scale: bool = False,
-    ) -> None:
-        bias = T5Bias(d_k, num_heads, num_buckets, max_distance, bidirectional)
-        super().__init__(d_k, num_heads, None, d_k**-0.5 if scale else 1.0, bias)
-
-
-@register_score("alibi")
-class AlibiScore(PresetScore):
-    """Press et al. 2022 (ALiBi): logits = q · kᵀ / √d_k − m_h · |j − i|: scaled dot plus :class:`AlibiBias`."""
-
-    def __init__(self, d_k: int, num_heads: int) -> None:
-        super().__init__(d_k, num_heads, None, d_k**-0.5, AlibiBias(d_k, num_heads))
-
-
-def resolve_direction(
-    kind: str, name: str | nn.Module | None, params: Mapping[str, Any] | None, causal: bool
-) -> dict[str, Any]:
-    """``params`` with ``bidirectional`` set to ``not causal`` when the registered score or position bias ``name``
-    (``kind``: ``"score"`` or ``"position bias"``) takes that parameter and it is unset or None: T5's buckets under
-    a causal mask are T5's decoder buckets."""
-    params = dict(params or {})
-    registry = _SCORES if kind == "score" else _POSITION_BIASES
-    if not isinstance(name, str) or name not in registry or params.get("bidirectional") is not None:
-        return params
-    if "bidirectional" in inspect.signature(registry.get(name)).parameters:
-        params["bidirectional"] = not causal
-    return params
+# Position biases moved to attnlab.position_bias (0.3); these names stay importable from here.
+from attnlab.position_bias import (  # noqa: E402
+    AlibiBias,
+    PositionBias,
+    ShawBias,
+    T5Bias,
+    alibi_slopes,
+    build_position_bias,
+    list_position_biases,
+    register_position_bias,
+    t5_relative_bucket,
+)
+
+__all__ += [
+    "AlibiBias",
+    "PositionBias",
+    "ShawBias",
+    "T5Bias",
+    "alibi_slopes",
+    "build_position_bias",
+    "list_position_biases",
+    "register_position_bias",
+    "t5_relative_bucket",
+]

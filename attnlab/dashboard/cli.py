@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attnlab.config import SETTING_FIELDS
 from attnlab.console import plain_console, printable
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run, load_runs
 from attnlab.dashboard.metrics import spec_for
 from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
-from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open
+from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sources
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
 
@@ -39,7 +40,7 @@ CSV_METRICS = (
     "train/plateau_steps",
     "train/steps_to_99",
 )
-CSV_SETTINGS = ("normalizer", "position_bias", "num_kv_heads", "qk_norm", "softcap", "differential")
+CSV_SETTINGS = (*SETTING_FIELDS, "pattern", "backends")  # each layer's attention, from AttentionConfig's fields
 LENGTH_METRICS = ("test/acc", "test/loss", "test/bpc")  # reported as ``<metric>@<L>`` for each test length L
 
 
@@ -139,15 +140,12 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     return path
 
 
-_CONFIG_KEYS = {  # where a run older than its summary field keeps a setting in config.yaml
-    "normalizer": "normalizer.name",
-    "position_bias": "position_bias.name",
-    "differential": "model.differential",
-}
-
-
 def _setting(run: Run, key: str) -> Any:
-    return run.setting(key, _CONFIG_KEYS.get(key))
+    """A setting from the summary, else (a run older than its summary field) from the config key it comes from."""
+    value = run.setting(key, attention_sources().get(key, f"model.{key}"))
+    if isinstance(value, list):  # one per layer: the one value, or each layer's
+        return None if not value else value[0] if len(set(map(str, value))) == 1 else "/".join(map(str, value))
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from attnlab.runs import (
     ATTENTION_DIR,
     RunFileError,
     RunFolder,
+    attention_sources,
     config_defaults,
     find_runs,
     flatten_config,
@@ -257,7 +258,10 @@ class Run:
     def flat(self) -> dict[str, Any]:
         """The config's leaves by dotted key (``{"variant.name": "dot", "d_k": 64, ...}``); lists as tuples (they
         are compared and grouped), an empty mapping as :data:`MISSING`."""
-        leaves = flatten_config(self.config) if self.config else {}
+        config = self.config
+        if config and "attention" not in config:  # a run older than the attention node: its fields as they were
+            config = {**config, "attention": _attention_node(config)}
+        leaves = flatten_config(config) if config else {}
         return {k: MISSING if v == {} else tuple(v) if isinstance(v, list) else v for k, v in leaves.items()}
 
     def value(self, key: str) -> Any:
@@ -474,3 +478,17 @@ def load_run(path: str | Path, root: str | Path | None = None) -> Run:
 def load_runs(root: str | Path, runs: Sequence[Path] | None = None) -> list[Run]:
     """Every run under ``root`` (see :func:`find_run_dirs`), or the given run folders."""
     return [load_run(p, root) for p in (find_run_dirs(root) if runs is None else runs)]
+
+
+def _attention_node(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``attention`` node of a config written before it existed, from the keys its fields come from."""
+    node: dict[str, Any] = {"_target_": "attnlab.config.AttentionConfig", "backend": "auto"}
+    for name, key in attention_sources().items():
+        if key.startswith("attention."):
+            continue
+        value = _dig(config, key)
+        if name == "rope":
+            value = value if _dig(config, "model.pos_encoding") == "rope" else None
+        if value is not None or name not in node:
+            node[name] = value
+    return node

@@ -9,6 +9,7 @@ and what is allowed. ``train.py`` prints it as ``error: ...`` and exits with cod
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import secrets
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.checks import check_choice, check_int, check_number, default_d_k
 from attnlab.registry import unknown_name_message
-from attnlab.runs import config_defaults, flatten_config, is_neutral
+from attnlab.runs import attention_sources, config_defaults, flatten_config, is_neutral
 
 __all__ = [
     "CONF_DIR",
@@ -93,6 +94,15 @@ def job_dir_name(overrides: str, limit: int = 200) -> str:
 
 
 OmegaConf.register_new_resolver("attnlab_job_dir", job_dir_name, replace=True)
+
+
+def rope_setting(pos_encoding: Any, rope: Any) -> Any:
+    """``attention.rope`` from ``model.pos_encoding`` and ``model.rope``: the rotary parameters when the encoding is
+    ``rope``, else None (off)."""
+    return rope if pos_encoding == "rope" else None
+
+
+OmegaConf.register_new_resolver("attnlab_rope", rope_setting, replace=True)
 
 
 class ConfigError(ValueError):
@@ -224,12 +234,11 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_diagnostics(cfg)
     _check_logger(cfg.logger)
     _check_trainer(cfg.trainer, cfg.eval_every)
-    score = _on_meta(lambda: _check_variant(cfg))
-    _check_mask(cfg)
-    attention = _on_meta(lambda: _check_attention(cfg, score))
+    configs = attention_configs(cfg)
+    layers = _on_meta(lambda: _check_attention(cfg, configs))
     datamodule = _check_task(cfg)
-    _check_causal(cfg, datamodule)
-    _check_memory(cfg, datamodule, attention)
+    _check_causal(cfg, datamodule, configs)
+    _check_memory(cfg, datamodule, layers)
     return datamodule
 
 
@@ -261,23 +270,28 @@ def check_resolves(cfg: DictConfig) -> None:
         raise ConfigError(f"{key}: {message}" if key else message) from None
 
 
-def _check_causal(cfg: DictConfig, datamodule: Any) -> None:
-    """A task whose labels are later input tokens (``requires_causal``) refuses a mask that shows a later key."""
+def _check_causal(cfg: DictConfig, datamodule: Any, configs: list[Any]) -> None:
+    """A task whose labels are later input tokens (``requires_causal``) refuses a mask, in any layer, that shows a
+    later key."""
     if not getattr(datamodule, "requires_causal", False):
         return
     import torch
 
+    from attnlab.config import _mask_text
     from attnlab.masks import build_mask
 
-    mask = build_mask(plain(cfg.mask))
-    for length in sorted({datamodule.seq_len, datamodule.max_len}):
-        allowed = mask.materialize(length, length, tokens=torch.ones(1, length, dtype=torch.long))[0, 0]
-        if torch.triu(allowed, diagonal=1).any():
-            raise ConfigError(
-                f"mask={cfg.mask.name} lets a position attend to later tokens, but task={cfg.task.name} is a causal "
-                "language model (the label at position t is the token at t+1, which it would read): use mask=causal "
-                "or mask=causal_window"
-            )
+    for index, config in enumerate(configs):
+        mask = build_mask("none" if config.mask is None else config.mask)
+        for length in sorted({datamodule.seq_len, datamodule.max_len}):
+            allowed = mask.materialize(length, length, tokens=torch.ones(1, length, dtype=torch.long))[0, 0]
+            if torch.triu(allowed, diagonal=1).any():
+                where = _layer_key(cfg, index).rstrip(".")
+                shown = f"mask={cfg.mask.name}" if not where else f"{where} (mask {_mask_text(config.mask)})"
+                raise ConfigError(
+                    f"{shown} lets a position attend to later tokens, but task={cfg.task.name} is a causal language "
+                    "model (the label at position t is the token at t+1, which it would read): use mask=causal or "
+                    "mask=causal_window"
+                )
 
 
 def _check_model(model: DictConfig) -> None:
@@ -436,104 +450,164 @@ def _check_trainer(trainer: DictConfig, eval_every: int) -> None:
         _check(check_int, "trainer.devices", devices, minimum=1)
 
 
-def _check_variant(cfg: DictConfig) -> Any:
-    """Build the score once on the CPU: an unknown name or parameter, or a bad value, is one line."""
+ATTENTION_TARGET = "attnlab.config.AttentionConfig"
+
+
+def _field_error(exc: Exception, prefix: str = "") -> ConfigError:
+    """An :class:`~attnlab.config.AttentionConfig` error (``softcap must be ...``) naming the config key the field
+    comes from (``d_v must be`` → ``model.d_v must be``); ``prefix`` names a layer kind's changes."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    for name, key in attention_sources().items():
+        if message.startswith(f"{name} ") and not prefix:
+            return ConfigError(key + message[len(name) :])
+    return ConfigError(f"{prefix}{message}")
+
+
+def attention_configs(cfg: DictConfig) -> list[Any]:
+    """Each layer's :class:`~attnlab.config.AttentionConfig`: the ``attention`` node built (its ``_target_`` must
+    be :class:`~attnlab.config.AttentionConfig`, and is never imported: a config may come from a folder someone
+    else wrote), then changed per layer by ``model.pattern`` / ``model.layer_kinds`` or ``model.layers``
+    (:func:`~attnlab.config.layer_configs`). One :class:`ConfigError` line for a bad field."""
+    from attnlab.config import layer_configs
+
+    base = base_attention(cfg)
+    m = cfg.model
+    try:
+        return layer_configs(
+            base, cfg.num_layers, m.get("pattern"), plain(m.get("layer_kinds")), plain(m.get("layers"))
+        )
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(" ".join(str(exc).split())) from None
+
+
+def base_attention(cfg: DictConfig) -> Any:
+    """The ``attention`` node, built: every layer's config before per-layer changes."""
+    from attnlab.config import AttentionConfig
+
+    node = plain(cfg.get("attention")) or {}
+    if not isinstance(node, dict):
+        raise ConfigError(f"attention must be a mapping of AttentionConfig fields, got {node!r}")
+    target = node.pop("_target_", ATTENTION_TARGET)
+    if target != ATTENTION_TARGET:
+        raise ConfigError(f"attention._target_ must be {ATTENTION_TARGET}, got {target!r}")
+    unknown = sorted(set(node) - set(attention_sources()))
+    if unknown:
+        raise ConfigError(f"attention has no field '{unknown[0]}'; fields: {', '.join(attention_sources())}")
+    try:
+        return AttentionConfig(**node)
+    except (TypeError, ValueError) as exc:
+        raise _field_error(exc) from None
+
+
+def _layer_key(cfg: DictConfig, index: int) -> str:
+    """Where layer ``index``'s changes come from (``model.layer_kinds.L.``, ``model.layers[1].``), or ``""``."""
+    m = cfg.model
+    if m.get("layers") is not None:
+        return f"model.layers[{index}]."
+    if m.get("pattern"):
+        pattern = str(m.pattern)
+        return f"model.layer_kinds.{pattern[index % len(pattern)]}."
+    return ""
+
+
+def _check_attention(cfg: DictConfig, configs: list[Any]) -> list[Any]:
+    """Build each distinct layer's attention once (on the meta device, see :func:`_on_meta`): the score (or
+    preset), mask, normalizer, position bias, rotary positions and backend. An unknown name or parameter, or a bad
+    value, is one line naming the config key. Returns the built layers."""
+    from attnlab.attention import MultiHeadAttention
+
+    base = base_attention(cfg)
+    _check_stages(cfg, base, "")
+    built: dict[int, Any] = {}
+    layers = []
+    for index, config in enumerate(configs):
+        first = next(i for i, c in enumerate(configs) if c == config)
+        if first not in built:
+            where = "" if config == base else _layer_key(cfg, index)
+            if where:
+                _check_stages(cfg, config, where)
+            try:
+                built[first] = MultiHeadAttention(cfg.d_model, cfg.num_heads, config=config, layer=index + 1)
+            except (TypeError, ValueError) as exc:
+                raise _field_error(exc, f"{where.rstrip('.')}: " if where else "") from None
+        layers.append(built[first])
+    return layers
+
+
+def _check_stages(cfg: DictConfig, config: Any, where: str) -> None:
+    """Each stage of one layer's ``config`` by name and parameters, the message naming the config key (the base
+    config's keys: ``variant.params.clip``; a layer's own: ``model.layer_kinds.L.mask``)."""
+    from attnlab.config import build_preset, is_preset, list_presets
+    from attnlab.masks import build_mask, list_masks
+    from attnlab.normalizers import build_normalizer, list_normalizers
+    from attnlab.position_bias import build_position_bias, list_position_biases
+    from attnlab.positions import RotaryEmbedding
     from attnlab.scores import build_score, list_scores
 
-    name = cfg.variant.name
-    if name not in list_scores():
-        message = unknown_name_message("variant", name, list_scores())
+    src = attention_sources() if not where else {f: f"{where}{f}" for f in attention_sources()}
+    d_k = default_d_k(cfg.d_model, cfg.num_heads, config.d_k)
+    heads = cfg.num_heads * (2 if config.differential else 1)  # differential: two maps per head
+    sizes = {"d_k": d_k, "num_heads": heads, "d_v": config.d_v or d_k}
+
+    name, params = config.score, config.score_params
+    variants = sorted([*list_scores(), *list_presets()])
+    if name not in variants:
+        message = unknown_name_message("variant", name, variants)
         raise ConfigError(f"{message}. A score of your own: variant=custom variant.name=<name> 'imports=[module]'")
-    params = plain(cfg.variant.get("params")) or {}
-    d_k = default_d_k(cfg.d_model, cfg.num_heads, cfg.d_k)
-    heads = cfg.num_heads * (2 if cfg.model.get("differential") else 1)  # differential: two maps per head
+    prefix = src["score_params"] + "."
     try:
-        return build_score(name, d_k=d_k, num_heads=heads, d_v=cfg.model.d_v or d_k, **params)
+        if is_preset(name):
+            changes = build_preset(name, **params)
+            name, params = changes.get("score", "scaled_dot"), changes.get("score_params", {})
+        build_score(name, **sizes, **params)
     except (TypeError, ValueError) as exc:
-        raise _prefixed("variant.params.", exc, params) from None
+        raise _prefixed(prefix, exc, params) from None
 
-
-def _check_mask(cfg: DictConfig) -> None:
-    from attnlab.masks import build_mask, list_masks
-
-    spec = plain(cfg.mask)
+    spec = config.mask
     for sub in _mask_specs(spec):
-        name = sub.get("name") if isinstance(sub, dict) else sub
-        if name not in list_masks():
-            message = unknown_name_message("mask", name, list_masks())
+        mask_name = sub.get("name") if isinstance(sub, dict) else sub
+        if sub is not None and not hasattr(sub, "mask_mod") and mask_name not in list_masks():
+            message = unknown_name_message("mask", mask_name, list_masks())
             raise ConfigError(f"{message}. A mask of your own: mask=custom mask.name=<name> 'imports=[module]'")
-    try:
-        build_mask(spec)
-    except (TypeError, ValueError) as exc:
-        raise _prefixed("mask.", exc, spec if isinstance(spec, dict) else {}) from None
-
-
-def _check_attention(cfg: DictConfig, score: Any) -> Any:
-    """The attention stages beside the score: key/value heads, QK-norm, soft-capping, rotary positions, the
-    normalizer and the position bias, each checked by building it once on the CPU (one line naming the key).
-    Returns one built layer's attention."""
-    from attnlab.attention import MultiHeadAttention
-    from attnlab.normalizers import build_normalizer, list_normalizers
-    from attnlab.positions import RotaryEmbedding
-    from attnlab.scores import build_position_bias, list_position_biases
-
-    d_k = default_d_k(cfg.d_model, cfg.num_heads, cfg.d_k)
-    heads = cfg.num_heads * (2 if cfg.model.differential else 1)
-    kv = cfg.get("num_kv_heads")
-    if kv is not None:
-        _check(check_int, "num_kv_heads", kv, minimum=1)
-        if cfg.num_heads % kv:
-            raise ConfigError(
-                f"num_kv_heads ({kv}) must divide num_heads ({cfg.num_heads}): 1 (multi-query), a divisor (GQA), "
-                "or null (= num_heads)"
-            )
-    if cfg.get("qk_norm") not in (None, "layernorm", "rmsnorm"):
-        raise ConfigError(f"qk_norm must be null, layernorm or rmsnorm, got {cfg.qk_norm!r}")
-    if cfg.get("softcap") is not None:
-        _check(check_number, "softcap", cfg.softcap, low=0.0, low_open=True)
-    rope = plain(cfg.model.get("rope")) or {}
-    if cfg.model.pos_encoding == "rope":
+    if spec is not None:
         try:
-            RotaryEmbedding(d_k, **rope)
+            build_mask(spec)
         except (TypeError, ValueError) as exc:
-            raise _prefixed("model.", exc, [f"rope.{k}" for k in rope]) from None
+            raise _prefixed(src["mask"] + ".", exc, spec if isinstance(spec, dict) else {}) from None
+
+    if config.rope is not None:
+        try:
+            RotaryEmbedding(d_k, **config.rope)
+        except (TypeError, ValueError) as exc:
+            base = src["rope"].rpartition(".")[0] + "." if not where else where
+            raise _prefixed(base, exc, [f"rope.{k}" for k in config.rope]) from None
+
     stages = (
-        ("normalizer", list_normalizers, lambda name, p: build_normalizer(name, num_heads=heads, **p)),
-        (
-            "position_bias",
-            list_position_biases,
-            lambda name, p: build_position_bias(name, d_k=d_k, num_heads=heads, d_v=cfg.model.d_v or d_k, **p),
-        ),
+        ("normalizer", list_normalizers, lambda n, p: build_normalizer(n, num_heads=heads, **p)),
+        ("position_bias", list_position_biases, lambda n, p: build_position_bias(n, **sizes, **p)),
     )
     for group, names, build in stages:
-        name, params = cfg[group].name, plain(cfg[group].get("params")) or {}
-        if name not in names():
-            message = unknown_name_message(group.replace("_", " "), name, names())
+        stage_name = getattr(config, group) or "none"
+        stage_params = getattr(config, f"{group}_params")
+        if stage_name not in names():
+            message = unknown_name_message(group.replace("_", " "), stage_name, names())
             raise ConfigError(f"{message}. Your own: {group}=custom {group}.name=<name> 'imports=[module]'")
         try:
-            build(name, params)
+            build(stage_name, stage_params)
         except (TypeError, ValueError) as exc:
-            raise _prefixed(f"{group}.params.", exc, params) from None
-    return MultiHeadAttention(d_model=cfg.d_model, num_heads=cfg.num_heads, d_k=d_k, **attention_options(cfg, score))
+            raise _prefixed(src[f"{group}_params"] + ".", exc, stage_params) from None
 
+    kv = config.num_kv_heads
+    if kv is not None and cfg.num_heads % kv:
+        raise ConfigError(
+            f"{src['num_kv_heads']} ({kv}) must divide num_heads ({cfg.num_heads}): 1 (multi-query), a divisor "
+            "(GQA), or null (= num_heads)"
+        )
+    from attnlab.backends import list_backends
 
-def attention_options(cfg: DictConfig, score: Any = None) -> dict[str, Any]:
-    """The :class:`~attnlab.attention.MultiHeadAttention` stages a config selects (``score``: a built score to use
-    instead of building ``variant`` again)."""
-    m = cfg.model
-    return {
-        "d_v": m.d_v,
-        "score": score if score is not None else cfg.variant.name,
-        "num_kv_heads": cfg.get("num_kv_heads"),
-        "rope": (plain(m.get("rope")) or {}) if m.pos_encoding == "rope" else None,
-        "qk_norm": cfg.get("qk_norm"),
-        "softcap": cfg.get("softcap"),
-        "normalizer": cfg.normalizer.name,
-        "normalizer_params": plain(cfg.normalizer.get("params")) or {},
-        "position_bias": cfg.position_bias.name,
-        "position_bias_params": plain(cfg.position_bias.get("params")) or {},
-        "differential": bool(m.get("differential", False)),
-    }
+    if config.backend != "auto" and config.backend not in list_backends():
+        message = unknown_name_message("backend", config.backend, list_backends())
+        raise ConfigError(f"{src['backend']}: {message}, or auto")
 
 
 def _mask_specs(spec: Any) -> Iterable[Any]:
@@ -582,7 +656,7 @@ def _memory_bytes(trainer: DictConfig) -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "memory"
 
 
-def _check_memory(cfg: DictConfig, datamodule: Any, attention: Any) -> None:
+def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any]) -> None:
     """Refuse sequences whose data or dense attention tensors cannot fit, before generating anything."""
     from attnlab.scores import DotProductScore
 
@@ -591,12 +665,12 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention: Any) -> None:
     needs = [(sequences * length * 8 * (2 if datamodule.per_token else 1), "the token and label tensors")]
     if cfg.diagnostics.enabled:  # the probe runs the eager path: weights and logits of every layer, float32
         needs.append((cfg.diagnostics.probe_size * heads * length**2 * 4 * 2 * layers, "the diagnostics probe"))
-    score = attention.score
-    fused = (
+    fused = all(
         attention.uses_fast_path
-        and type(score).bias is DotProductScore.bias
+        and type(attention.score).bias is DotProductScore.bias
         and attention.position_bias is None
         and not attention.differential
+        for attention in attention_layers
     )
     if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
         needs.append((cfg.batch_size * heads * length**2 * 4 * 3 * layers, "a training batch's attention"))
@@ -682,6 +756,7 @@ def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = 
 
     m = cfg.model
     steps = schedule_steps or cfg.max_steps
+    configs = attention_configs(cfg)
     return EncoderModule(
         vocab_size=datamodule.vocab_size,
         num_classes=datamodule.num_classes,
@@ -692,13 +767,10 @@ def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = 
         num_heads=cfg.num_heads,
         num_layers=cfg.num_layers,
         d_k=resolve_d_k(cfg),
-        d_v=m.d_v,
         d_ff=m.d_ff,
-        score=cfg.variant.name,
-        score_params=plain(cfg.variant.get("params")) or {},
-        mask=plain(cfg.mask),
+        attention=[c.to_dict() for c in configs],
+        pattern=m.get("pattern"),
         pos_encoding=m.pos_encoding,
-        attention={k: v for k, v in attention_options(cfg).items() if k not in ("d_v", "score")},
         norm_first=m.norm_first,
         dropout=m.dropout,
         lr=cfg.lr,
@@ -722,10 +794,30 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     a, b = flatten_config(old), flatten_config(new)
     absent = "<absent>"
     defaults = config_defaults()
+    added = _added_defaults() if "attention" not in old else {}
     return [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
         if a.get(key, absent) != b.get(key, absent)
         and not is_neutral(key)
         and not (key not in a and "." not in key and key in defaults and defaults[key] == b.get(key))
+        and not (key not in a and key in added and added[key] in (b.get(key), _DERIVED))
     ]
+
+
+_DERIVED = object()
+
+
+@functools.cache
+def _added_defaults() -> dict[str, Any]:
+    """The keys that a run of attnlab 0.2 (before the ``attention`` node and per-layer attention) lacks, with the
+    value it ran with: the ``attention`` node's fields derive from keys such a run has (compared there), its
+    ``backend`` was ``auto``, and every layer was alike."""
+    model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "default.yaml"), resolve=False)
+    added: dict[str, Any] = {f"attention.{k}": _DERIVED for k in attention_sources()}
+    added |= {"attention._target_": _DERIVED, "attention.backend": "auto"}
+    for key in ("pattern", "local_window", "layers"):
+        added[f"model.{key}"] = model.get(key)
+    for key in flatten_config({"layer_kinds": model.get("layer_kinds")}):
+        added[f"model.{key}"] = _DERIVED
+    return added

@@ -122,10 +122,11 @@ def results_table(summary: Summary) -> Table:
         caption=caption if summary.smoke else None,
         caption_justify="left",
     )
-    for col in ("variant", "d_k", "heads", "params", "steps", "best val acc", "test acc", "time"):
-        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=col == "variant")
+    for col in ("attention", "d_k", "heads", "params", "steps", "best val acc", "test acc", "time"):
+        table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=col != "attention")
+    pattern = f" · pattern {summary.pattern}" if summary.pattern else ""
     table.add_row(
-        str(summary.variant),
+        f"{summary.attention or summary.variant}{pattern}",
         str(summary.d_k),
         str(summary.num_heads),
         f"{summary.params or 0:,}",

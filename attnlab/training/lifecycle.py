@@ -34,6 +34,8 @@ from attnlab.runs import RunFileError, RunFolder, RunFolderBusy, Segment, Summar
 from attnlab.training.config import (
     EXTENSION_KEYS,
     ConfigError,
+    attention_configs,
+    base_attention,
     check_resolves,
     config_changes,
     import_user_modules,
@@ -616,9 +618,7 @@ class Run:
         s.num_heads, s.d_model, s.num_layers, s.seed = get("num_heads"), get("d_model"), get("num_layers"), get("seed")
         s.lr, s.batch_size, s.max_steps = get("lr"), get("batch_size"), get("max_steps")
         s.pos_encoding, s.variant_params = get("model.pos_encoding"), get("variant.params") or {}
-        s.normalizer, s.position_bias = get("normalizer.name"), get("position_bias.name")
-        s.num_kv_heads, s.qk_norm, s.softcap = get("num_kv_heads") or s.num_heads, get("qk_norm"), get("softcap")
-        s.differential = bool(get("model.differential"))
+        self._attention_settings()
         try:
             s.d_k = resolve_d_k(self.cfg)
         except Exception:
@@ -626,6 +626,25 @@ class Run:
         s.smoke = bool(get("smoke"))
         s.launch_id = os.environ.get("ATTNLAB_UID")
         s.clear_mistyped()
+
+    def _attention_settings(self) -> None:
+        """The layers' attention into the summary, from their :class:`~attnlab.config.AttentionConfig`: layer 1's
+        fields that the summary has a field for, its one-line description, the pattern and each layer's changes."""
+        from attnlab.config import FIELDS, pattern_name
+
+        s = self.summary
+        try:
+            configs = attention_configs(self.cfg)
+        except Exception:  # a config that failed validation: its summary keeps what could be read
+            return
+        first = configs[0].resolved() if configs else None
+        for name in FIELDS:
+            if first is not None and hasattr(s, name) and name not in ("d_k", "mask"):
+                setattr(s, name, getattr(first, name))
+        s.num_kv_heads = s.num_kv_heads or s.num_heads
+        s.attention = base_attention(self.cfg).describe()
+        s.pattern = pattern_name(configs, self.cfg.model.get("pattern"))
+        s.layers = [c.changes() for c in configs] if s.pattern else []
 
     def _begin_summary(self, step: int) -> None:
         import torch
@@ -643,6 +662,7 @@ class Run:
         s.chance_accuracy = getattr(self.module, "chance_accuracy", None)
         s.threads, s.torch = self.threads, torch.__version__
         s.device, s.world_size = str(self.trainer.strategy.root_device), self.trainer.world_size
+        s.backends = self._backends()
         s.wandb_id = self.wandb_id if self.cfg.logger.name == "wandb" else None
         if self.ckpt_path is not None:
             s.resumed_from, s.resumed_at_step = self.folder.relative(self.ckpt_path), step
@@ -667,14 +687,37 @@ class Run:
             return {}
         return {k: float(v) for k, v in self.trainer.callback_metrics.items() if v.numel() == 1}
 
+    def _backends(self) -> list[str]:
+        """The backend of each layer's training step on the trainer's device and precision."""
+        import torch
+
+        precision = str(self.trainer.precision)
+        dtype = (
+            torch.float64
+            if precision.startswith("64")
+            else torch.bfloat16
+            if precision.startswith("bf16")
+            else torch.float16
+            if precision.startswith("16")
+            else torch.float32
+        )
+        device = self.trainer.strategy.root_device
+        try:
+            return [layer.self_attn.backend_for(device, dtype) for layer in self.module.encoder.layers]
+        except RuntimeError as exc:  # a forced backend that cannot run here: the first step says so too
+            raise ConfigError(" ".join(str(exc).split())) from None
+
     def _start_line(self, step: int) -> str:
         cfg, s = self.cfg, self.summary
         what = {"new": "new run", "resume": f"resumed at step {step}", "extend": f"extended from step {step}"}
+        backends = sorted(set(s.backends))
+        backend = backends[0] if len(backends) == 1 else "/".join(s.backends)
+        layers = f"pattern {s.pattern} · " if s.pattern else ""
         parts = [
             f"run {shown(self.folder.path)} ({what[self.kind]})",
-            f"{s.variant} · mask {s.mask} · {s.task}",
+            f"{s.attention or s.variant} · {layers}{s.task}",
             f"d_model {s.d_model}, {_n(s.num_heads, 'head')} × d_k {s.d_k}, {_n(s.num_layers, 'layer')}, "
-            f"{s.params:,} params",
+            f"{s.params:,} params, backend {backend}",
             f"{cfg.max_steps} steps of batch {cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}",
             f"{s.device}" + (f", {_n(s.threads, 'thread')}" if s.device == "cpu" else ""),
         ]

@@ -1,0 +1,165 @@
+"""Backends: what computes a layer's attention, chosen in one place.
+
+Each backend is a registered :class:`Backend` that says whether it can compute a layer
+(:meth:`Backend.supports` → None, or the reason it cannot, one line) and computes it
+(:meth:`Backend.attend`: the layer's input → its output). :func:`choose_backend` picks, for a layer and the
+conditions of a call (device, dtype, weights asked for, training, gradients), the layer's forced backend
+(``AttentionConfig.backend``), or else the first of :data:`ORDER` that supports it:
+
+==================  =====================================================================  ======================
+backend             computes                                                               when
+==================  =====================================================================  ======================
+``relative``        attnlab's fused C kernel for one learned relative-position table       CPU, training, f32/64
+                    (Shaw, T5) beside a dot-product score (:mod:`attnlab.kernels.relative`)
+``biased_softmax``  softmax(scale·q kᵀ + bias) v with a learned bias, in fewer passes than  CPU, gradients on
+                    SDPA's math kernel (:class:`~attnlab.backends.sdpa.BiasedSoftmaxAttention`)
+``sdpa``            ``torch.nn.functional.scaled_dot_product_attention``: dot-product       no weights asked for
+                    scores, position bias and mask as one float mask, softmax (a sink as
+                    one more key), grouped heads through ``enable_gqa``
+``eager``           every stage in turn, materialising (B, H, Lq, Lk): the reference, and   always
+                    what the diagnostics read (it returns the weights)
+==================  =====================================================================  ======================
+
+The additive score's fused C kernel is the score's own choice inside any backend (``variant.params.kernel``).
+A call that asks for the weights (``need_weights=True``, the diagnostics) always runs ``eager``, whatever the
+layer's backend. A forced backend that cannot compute the layer's configuration is refused when the layer is built
+(one line); one that cannot run under a call's conditions (a CPU kernel on a GPU) raises at that call.
+
+Register a backend with ``@register_backend("name")`` on a :class:`Backend` subclass; ``position=`` puts it into
+the automatic order (before ``eager``, by default), so that ``auto`` chooses it where it applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from attnlab.registry import Registry
+
+if TYPE_CHECKING:
+    from attnlab.attention import MultiHeadAttention
+
+__all__ = [
+    "ORDER",
+    "Backend",
+    "Conditions",
+    "build_backend",
+    "choose_backend",
+    "list_backends",
+    "register_backend",
+]
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """The conditions of one call that decide which backend may compute it."""
+
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    need_weights: bool = False
+    training: bool = True
+    grad: bool = True
+
+    @classmethod
+    def of(cls, attn: MultiHeadAttention, x: Tensor, need_weights: bool) -> Conditions:
+        """The conditions of calling ``attn`` on ``x`` now."""
+        return cls(x.device.type, x.dtype, need_weights, attn.training, torch.is_grad_enabled())
+
+
+class Backend:
+    """A way to compute :class:`~attnlab.attention.MultiHeadAttention`'s forward pass.
+
+    Subclasses set ``name`` (by :func:`register_backend`) and implement :meth:`config_reason` (what the layer's
+    configuration allows), :meth:`call_reason` (what a call's conditions allow) and :meth:`attend`."""
+
+    name: str = ""
+
+    def config_reason(self, attn: MultiHeadAttention) -> str | None:
+        """None when this backend can compute ``attn``'s configuration, else why not (one line)."""
+        return None
+
+    def call_reason(self, attn: MultiHeadAttention, when: Conditions) -> str | None:
+        """None when this backend can compute ``attn`` under ``when``, else why not (one line)."""
+        return None
+
+    def supports(self, attn: MultiHeadAttention, when: Conditions | None = None) -> str | None:
+        """None when this backend can compute ``attn`` (under ``when``, default: a CPU float32 training step
+        without weights), else the reason."""
+        return self.config_reason(attn) or self.call_reason(attn, when or Conditions())
+
+    def attend(
+        self, attn: MultiHeadAttention, x: Tensor, key_value: Tensor | None, mask: Any
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, Lq, d_model) → (out (B, Lq, d_model), weights (B, H, Lq, Lk) or None)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+def _wrap(name: str, obj: Any, kwargs: dict[str, Any]) -> Backend:
+    backend = obj(**kwargs) if isinstance(obj, type) else obj
+    backend.name = name
+    return backend
+
+
+_BACKENDS: Registry[Backend] = Registry("backend", _wrap)
+_INSTANCES: dict[str, Backend] = {}
+ORDER: list[str] = []
+"""The automatic order: ``auto`` takes the first backend here that supports a layer and a call."""
+
+
+def register_backend(name: str, position: int | None = None) -> Callable[[Any], Any]:
+    """Decorator registering a :class:`Backend` subclass as ``name``, at ``position`` of :data:`ORDER` (default:
+    just before ``eager``, the one that always applies)."""
+    register = _BACKENDS.register(name)
+
+    def decorator(cls: Any) -> Any:
+        register(cls)
+        if name not in ORDER:
+            at = position if position is not None else (ORDER.index("eager") if "eager" in ORDER else len(ORDER))
+            ORDER.insert(at, name)
+        return cls
+
+    return decorator
+
+
+def build_backend(name: str) -> Backend:
+    """The backend registered as ``name`` (one shared instance)."""
+    if name not in _INSTANCES:
+        _INSTANCES[name] = _BACKENDS.build(name)
+    return _INSTANCES[name]
+
+
+def list_backends() -> list[str]:
+    """The registered backends, in the automatic order."""
+    return list(ORDER)
+
+
+def choose_backend(attn: MultiHeadAttention, when: Conditions) -> Backend:
+    """The backend that computes ``attn`` under ``when``: ``eager`` when the weights are asked for, the layer's
+    forced backend (:class:`RuntimeError` in one line when it cannot run under ``when``), or the first of
+    :data:`ORDER` that supports it."""
+    if when.need_weights:
+        return build_backend("eager")
+    forced = attn.config.backend
+    if forced != "auto":
+        backend = build_backend(forced)
+        reason = backend.supports(attn, when)
+        if reason is not None:
+            raise RuntimeError(f"attention.backend={forced} cannot run here: {reason}")
+        return backend
+    for name in ORDER:
+        backend = build_backend(name)
+        if backend.supports(attn, when) is None:
+            return backend
+    raise RuntimeError("no attention backend supports this layer")  # pragma: no cover - eager always does
+
+
+from attnlab.backends import eager, relative, sdpa  # noqa: E402, F401  (registration)
+
+ORDER[:] = ["relative", "biased_softmax", "sdpa", "eager"]  # the built-ins' order: the most specific first

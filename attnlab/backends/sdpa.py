@@ -1,0 +1,217 @@
+"""The ``sdpa`` and ``biased_softmax`` backends: dot-product attention through one fused call.
+
+Both compute a layer whose stages SDPA computes exactly: a dot-product score (:class:`~attnlab.scores.DotProductScore`,
+scale · φ(q) · ψ(k)ᵀ) without value term, a position bias without value term, the softmax (or a softmax with a sink
+logit: one more key), no soft-capping. q and k go through their transforms (QK-norm, rotary), then the position bias
+and the mask are folded into one additive float mask (or ``is_causal=True``, or a bool mask when there is no bias),
+grouped heads go through ``enable_gqa``, and differential attention runs both maps in one call:
+(w₁ − λ w₂) v = w₁ v − λ w₂ v.
+
+``sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention``. ``biased_softmax`` is for a learned bias on
+the CPU, whose gradient SDPA can only compute with its math kernel (which keeps more for the backward pass than it
+needs and scans every row for −inf): :class:`BiasedSoftmaxAttention` computes the same values in fewer passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from attnlab.backends import Backend, Conditions, register_backend
+from attnlab.masks import PreparedMask
+from attnlab.scores import DotProductScore
+
+__all__ = ["BiasedSoftmaxAttention", "dot_product_reason", "finish", "scaled_dot_product_attention"]
+
+
+def dot_product_reason(attn: Any) -> str | None:
+    """None when every stage of ``attn`` is one SDPA computes exactly, else the first that is not."""
+    if not isinstance(attn.score, DotProductScore):
+        return f"it computes dot-product scores only, not {attn.config.score}"
+    if attn.score.has_value_term or (attn.position_bias is not None and attn.position_bias.has_value_term):
+        return "it has no value-side term (Shaw's value_term)"
+    if attn.softcap is not None:
+        return "it has no soft-capping"
+    if not getattr(attn.normalizer, "is_softmax", False) and attn.extra_logit() is None:
+        return f"it computes the softmax only, not normalizer={attn.config.normalizer}"
+    return None
+
+
+def _learned_bias(attn: Any) -> bool:
+    """Whether the additive logit terms are learned (they need their gradient): any term but a static one (ALiBi)."""
+    terms = [(attn.score, attn.score.static_bias)] if attn.score.position_term() is not None else []
+    if attn.position_bias is not None:
+        terms.append((attn.position_bias, attn.position_bias.static_bias))
+    return any(not static for _, static in terms)
+
+
+def finish(attn: Any, z: Tensor, pm: PreparedMask | None) -> Tensor:
+    """z (B, Hq, Lq, d_v) of a fused call → the layer's output (B, Lq, d_model): rows that see no key zeroed, the
+    two maps of differential attention combined, heads merged."""
+    if pm is not None and not pm.all_visible:
+        z = z * pm.visible  # rows with no visible key: zero output
+    return attn.merge(attn.combine_maps(z))
+
+
+def _fused(attn: Any, x: Tensor, key_value: Tensor | None, mask: Any, biased: bool) -> Tensor:
+    """The layer through one SDPA call (``biased``: :class:`BiasedSoftmaxAttention` for the learned bias)."""
+    q, k, v = attn.project(x, key_value)
+    pm = attn.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
+    if attn.differential:
+        v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
+    score: DotProductScore = attn.score
+    bias, static = attn.position_logits(q, k.shape[2])
+    causal = bias is None and pm is not None and pm.is_causal
+    if bias is None:
+        attn_mask = None if pm is None or causal else pm.safe
+    else:
+        attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
+    q, k = score.query_map(q), score.key_map(k)
+    extra = attn.extra_logit()
+    if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
+        if causal:
+            attn_mask, causal = pm.safe, False
+        q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
+    dropout = attn.dropout if attn.training else 0.0
+    if biased:
+        heads = q.shape[1]
+        k, v = attn.expand_heads(k, heads), attn.expand_heads(v, heads)
+        z = BiasedSoftmaxAttention.apply(q, k, v, attn_mask, score.scale)
+    else:
+        z = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=dropout,
+            is_causal=causal,
+            scale=score.scale,
+            enable_gqa=attn.key_heads != attn.query_heads,
+        )
+    return finish(attn, z[..., : attn.d_v], pm)  # (the sink key's padding cut off)
+
+
+@register_backend("biased_softmax")
+class BiasedSoftmax(Backend):
+    def config_reason(self, attn: Any) -> str | None:
+        reason = dot_product_reason(attn)
+        if reason is not None:
+            return reason
+        if not _learned_bias(attn):
+            return "it is for a learned position bias (position_bias=shaw or t5, or their presets); there is none"
+        return None
+
+    def call_reason(self, attn: Any, when: Conditions) -> str | None:
+        if when.device != "cpu":
+            return f"it is for the CPU (on {when.device} SDPA computes a bias gradient itself)"
+        if not when.grad:
+            return "it is for training (gradients on)"
+        if when.training and attn.dropout > 0:
+            return "it applies no dropout to the weights"
+        return None
+
+    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
+        return _fused(attn, x, key_value, mask, biased=True), None
+
+
+@register_backend("sdpa")
+class Sdpa(Backend):
+    def config_reason(self, attn: Any) -> str | None:
+        return dot_product_reason(attn)
+
+    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
+        return _fused(attn, x, key_value, mask, biased=False), None
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention``: the ``sdpa`` backend's one call (a module-level name,
+    so that tests can watch it). q (B, Hq, Lq, d), k (B, Gk, Lk, d), v (B, G, Lk, d_v) → (B, Hq, Lq, d_v)."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+
+
+class BiasedSoftmaxAttention(torch.autograd.Function):
+    """z = softmax(scale · q kᵀ + bias) v for a bias that needs its gradient (a learned position bias).
+
+    q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, d_v), bias broadcastable to (B, H, Lq, Lk) (hidden keys at −inf;
+    no row entirely hidden) → z (B, H, Lq, d_v). Equal to SDPA's math kernel, with less memory traffic: the logits
+    are built in place, and the backward pass keeps only the weights P and the output, using
+    dS = P ⊙ (dP − rowsum(dO ⊙ z)) (dP = dO vᵀ) for the logits' gradient, which is the bias's gradient (summed
+    over the dimensions the bias broadcasts along).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+        logits = torch.matmul(q * scale, k.transpose(-1, -2)).add_(bias)  # (B, H, Lq, Lk)
+        weights = torch.softmax(logits, dim=-1)
+        del logits
+        z = torch.matmul(weights, v)
+        ctx.save_for_backward(q, k, v, weights, z)
+        ctx.scale, ctx.bias_shape = scale, bias.shape
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, weights, z = ctx.saved_tensors
+        dv = torch.matmul(weights.transpose(-1, -2), dz)
+        d_logits = torch.matmul(dz, v.transpose(-1, -2))  # dP, then in place dS
+        d_logits.sub_((dz * z).sum(-1, keepdim=True)).mul_(weights)
+        dq = torch.matmul(d_logits, k).mul_(ctx.scale)
+        dk = torch.matmul(d_logits.transpose(-1, -2), q).mul_(ctx.scale)
+        shape = ctx.bias_shape
+        lead = d_logits.dim() - len(shape)
+        dims = [d for d in range(d_logits.dim()) if d < lead or (shape[d - lead] == 1 and d_logits.shape[d] != 1)]
+        d_bias = d_logits.sum(dims, keepdim=True).view(shape) if dims else d_logits
+        return dq, dk, dv, d_bias, None
+
+
+def _with_sink_key(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, sink: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """SDPA inputs for a softmax with a sink logit b_h, exactly: q gains a last dimension b_h / scale, every key a
+    0 there, and one more key (0, …, 0, 1) with value 0 is appended, so its logit is b_h and its weight is dropped
+    from the output. ``sink`` (Hq,) or a scalar, already divided by the score's scale; the mask gets a visible
+    column (a row that sees no key then gives 0 / e^b = 0, as the eager path). q, k and v are zero-padded to one
+    size (the output's extra columns are cut off by the caller)."""
+    B, Hq, Lq, _ = q.shape
+    Gk = k.shape[1]
+    column = sink.to(q.dtype).expand(Hq).view(1, Hq, 1, 1).expand(B, Hq, Lq, 1)
+    q = torch.cat((q, column), dim=-1)  # (B, Hq, Lq, d_k + 1)
+    k = F.pad(k, (0, 1))  # (B, Gk, Lk, d_k + 1), 0 in the last dimension
+    sink_key = torch.zeros(B, Gk, 1, k.shape[-1], dtype=k.dtype, device=k.device)
+    sink_key[..., -1] = 1.0
+    k = torch.cat((k, sink_key), dim=2)  # (B, Gk, Lk + 1, d_k + 1)
+    v = F.pad(v, (0, 0, 0, 1))  # (B, G, Lk + 1, d_v), value 0 for the sink
+    size = max(q.shape[-1], v.shape[-1])  # equal q/k and v sizes let SDPA use its fused kernel: pad with zeros
+    q, k, v = (F.pad(t, (0, size - t.shape[-1])) for t in (q, k, v))
+    if attn_mask is not None:
+        attn_mask = F.pad(attn_mask, (0, 1), value=True if attn_mask.dtype == torch.bool else 0.0)
+    return q, k, v, attn_mask
+
+
+def _masked_bias(bias: Tensor, pm: PreparedMask, static: bool) -> Tensor:
+    """The additive float mask: ``bias`` (…, Lq, Lk) with the hidden positions at −inf. A static bias (a cached
+    constant, e.g. ALiBi) is combined with a cached mask once and the result cached with the mask."""
+    if not static or bias.requires_grad:
+        return bias.masked_fill(pm.hidden, float("-inf"))
+    key = ("masked_bias", id(bias))
+    entry = pm.derived.get(key)
+    if entry is None or entry[0] is not bias:  # a new tensor that reuses a freed one's id
+        pm.derived.pop(key, None)
+        entry = pm.derived.get_or_make(key, lambda: (bias, bias.masked_fill(pm.hidden, float("-inf"))))
+    return entry[1]

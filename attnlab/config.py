@@ -1,0 +1,434 @@
+"""One layer's attention, described once: :class:`AttentionConfig`, its presets, and per-layer patterns (hybrids).
+
+Everything that decides what one attention layer computes is a field of :class:`AttentionConfig`: the score and
+its parameters, the position bias, rotary positions, QK-norm, soft-capping, the structural mask, the normalizer,
+the key/value heads, the per-head sizes, differential attention and the backend that computes it. The Hydra config
+builds it (``conf/config.yaml``'s ``attention:`` node, a ``_target_`` whose fields are the familiar knobs:
+``variant=``, ``normalizer=``, ``qk_norm=`` ...), :class:`~attnlab.attention.MultiHeadAttention`, the encoder and
+the Lightning module take it, and the run's summary, start line, results table and dashboard record the fields
+that differ from the defaults (:meth:`AttentionConfig.changes`). A new stage option is one field here and its use
+in the stage.
+
+**Presets** (``alibi``, ``t5_bias``, ``relative_position``) are names a score field may take that stand for a score
+plus a position bias (:func:`register_preset`); :meth:`AttentionConfig.resolved` expands them, so that the layer
+that is built, and what a run records, say what the preset is (``alibi`` = ``scaled_dot`` + ``position_bias=alibi``).
+
+**Per-layer attention.** :func:`layer_configs` gives each of ``num_layers`` layers its own config: from a
+``pattern`` of layer kinds that repeats (``"LG"``: a local layer then a global one; ``"LLLLLG"``: Gemma 3's 5:1), each
+kind a set of field changes (:data:`DEFAULT_LAYER_KINDS`: ``G`` global = the base config, ``L`` local = the base
+mask AND a sliding window), or an explicit list of per-layer changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnlab.registry import Registry, check_params
+
+__all__ = [
+    "DEFAULT_LAYER_KINDS",
+    "FIELDS",
+    "SETTING_FIELDS",
+    "AttentionConfig",
+    "build_preset",
+    "layer_configs",
+    "list_presets",
+    "pattern_name",
+    "register_preset",
+]
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers and tuples → plain dicts and lists (a config's fields are data)."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return OmegaConf.to_container(value, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """What one attention layer computes (Vaswani et al. 2017 §3.2, and every stage since), as plain data.
+
+    Fields (the command-line key each one comes from in ``conf/config.yaml``):
+        score: a registered score (``variant.name``: ``scaled_dot``, ``additive`` ...) or a preset (``alibi``,
+            ``t5_bias``, ``relative_position``: a score plus a position bias, see :func:`register_preset`).
+        score_params: the score's (or preset's) parameters (``variant.params``).
+        position_bias: a registered position bias added to any score (``position_bias.name``: ``shaw``, ``t5``,
+            ``alibi``), or None.
+        position_bias_params: its parameters (``position_bias.params``).
+        rope: rotary positions on q and k, a dict of :class:`~attnlab.positions.RotaryEmbedding` parameters
+            (``{}`` for the defaults), or None (off) (``model.pos_encoding=rope`` and ``model.rope``).
+        qk_norm: ``layernorm`` or ``rmsnorm`` of each head's q and k, or None (``qk_norm``).
+        softcap: c > 0: logits ← c·tanh(logits / c); or None (``softcap``).
+        mask: the structural mask, a registered name or spec dict (``mask``); None = every key visible. The task's
+            padding is always applied besides.
+        normalizer: a registered normalizer (``normalizer.name``), ``normalizer_params`` its parameters.
+        num_kv_heads: G key/value heads, a divisor of the query heads (``num_kv_heads``); None = as many.
+        d_k: per-head query/key size (``d_k``); None = d_model // num_heads. d_v: per-head value size
+            (``model.d_v``); None = d_k.
+        differential: differential attention, two maps per head (``model.differential``).
+        backend: what computes the layer (``attention.backend``): ``auto`` (the first backend of
+            :func:`~attnlab.backends.list_backends` that supports it) or a backend's name, which is then refused
+            in one line where it cannot compute this configuration.
+    """
+
+    score: str = "scaled_dot"
+    score_params: dict[str, Any] = field(default_factory=dict)
+    position_bias: str | None = None
+    position_bias_params: dict[str, Any] = field(default_factory=dict)
+    rope: dict[str, Any] | None = None
+    qk_norm: str | None = None
+    softcap: float | None = None
+    mask: Any = None
+    normalizer: str = "softmax"
+    normalizer_params: dict[str, Any] = field(default_factory=dict)
+    num_kv_heads: int | None = None
+    d_k: int | None = None
+    d_v: int | None = None
+    differential: bool = False
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        from attnlab.checks import check_choice, check_int, check_number
+
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        for name in ("score_params", "position_bias_params", "normalizer_params"):
+            value = _plain(getattr(self, name))
+            if value is None:
+                value = {}
+            if not isinstance(value, dict):
+                raise ValueError(f"{name} must be a mapping of parameters, got {value!r}")
+            put(name, value)
+        for name in ("score", "normalizer", "backend"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise ValueError(f"{name} must be a registered name, got {getattr(self, name)!r}")
+        if self.position_bias in ("none", ""):
+            put("position_bias", None)
+        if self.position_bias is not None and not isinstance(self.position_bias, str):
+            raise ValueError(f"position_bias must be a registered name or null, got {self.position_bias!r}")
+        rope = _plain(self.rope)
+        if rope is True:
+            rope = {}
+        if rope is False:
+            rope = None
+        if rope is not None and not isinstance(rope, dict):
+            raise ValueError(f"rope must be null or a mapping of rotary parameters (base, fraction), got {rope!r}")
+        put("rope", rope)
+        mask = _plain(self.mask)
+        if mask in ("none", {"name": "none"}):
+            mask = None  # every key visible
+        put("mask", mask)
+        if self.qk_norm is not None:
+            check_choice("qk_norm", self.qk_norm, ["layernorm", "rmsnorm", None])
+        if self.softcap is not None:
+            put("softcap", check_number("softcap", self.softcap, low=0.0, low_open=True))
+        for name in ("num_kv_heads", "d_k", "d_v"):
+            if getattr(self, name) is not None:
+                put(name, check_int(name, getattr(self, name), minimum=1))
+        if not isinstance(self.differential, bool):
+            raise ValueError(f"differential must be true or false, got {self.differential!r}")
+
+    # ------------------------------------------------------------------------------------------ views
+
+    def replace(self, **changes: Any) -> AttentionConfig:
+        """A copy with ``changes`` (field → value); an unknown field is one line naming the fields."""
+        unknown = sorted(set(changes) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"attention has no field '{unknown[0]}'; fields: {', '.join(FIELDS)}")
+        return dataclasses.replace(self, **changes)
+
+    def resolved(self) -> AttentionConfig:
+        """The config with a preset score expanded into what it stands for (``alibi`` → ``scaled_dot`` plus
+        ``position_bias=alibi``); a config without a preset is returned as it is."""
+        if self.score not in _PRESETS:
+            return self
+        changes = build_preset(self.score, **self.score_params)
+        bias = changes.get("position_bias")
+        if bias is not None and self.position_bias is not None:
+            raise ValueError(
+                f"variant {self.score} is {changes.get('score', 'a score')} with position_bias={bias} built in, so it "
+                f"cannot take position_bias={self.position_bias} as well: use variant={changes.get('score')} "
+                f"position_bias=... for a bias on a plain score"
+            )
+        changes.setdefault("score_params", {})
+        return self.replace(**changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, as plain data."""
+        return {name: _plain(getattr(self, name)) for name in FIELDS}
+
+    def changes(self, base: AttentionConfig | None = None) -> dict[str, Any]:
+        """The fields that differ from ``base`` (default: the defaults), in field order."""
+        reference = (base or AttentionConfig()).to_dict()
+        return {k: v for k, v in self.to_dict().items() if v != reference[k]}
+
+    def describe(self, base: AttentionConfig | None = None) -> str:
+        """One short line: the score, then every other field that differs from ``base`` (default: the defaults):
+        ``additive · position_bias=alibi · qk_norm=rmsnorm · softcap=50``."""
+        parts = [self.score]
+        for key, value in self.changes(base).items():
+            if key in ("score", "d_k"):
+                continue
+            if key.endswith("_params"):
+                owner = key.removesuffix("_params")
+                value = _non_default(value, _builder(owner, getattr(self, owner)))
+                if value:
+                    parts.append(f"{owner}({_short(value)})")
+                continue
+            if key == "rope":
+                from attnlab.positions import RotaryEmbedding
+
+                value = _non_default(value, RotaryEmbedding)
+                parts.append("rope" if not value else f"rope({_short(value)})")
+            elif key == "mask":
+                parts.append(f"mask={_mask_text(value)}")
+            elif value is True:
+                parts.append(key)
+            else:
+                parts.append(f"{key}={_short(value)}")
+        return " · ".join(parts)
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig))
+"""The fields of :class:`AttentionConfig`, in order."""
+
+SETTING_FIELDS: tuple[str, ...] = tuple(
+    f for f in FIELDS if not f.endswith("_params") and f not in ("score", "mask", "rope", "d_k")
+)
+"""The fields that are one plain value each (the settings columns of a results CSV): the score, the mask, the
+rotary parameters and d_k have columns of their own."""
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_short(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
+def _builder(stage: str, name: Any) -> Any:
+    """The registered class or function behind a stage's name (None when unknown)."""
+    try:
+        if stage == "score":
+            from attnlab.scores import _SCORES
+
+            return _PRESETS.get(name) if name in _PRESETS else _SCORES.get(name)
+        if stage == "position_bias":
+            from attnlab.position_bias import _POSITION_BIASES
+
+            return _POSITION_BIASES.get(name)
+        from attnlab.normalizers import _NORMALIZERS
+
+        return _NORMALIZERS.get(name)
+    except Exception:
+        return None
+
+
+def _non_default(params: dict[str, Any], target: Any) -> dict[str, Any]:
+    """``params`` without those equal to ``target``'s own defaults (all of them when it cannot be inspected)."""
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return dict(params)
+    defaults = {k: p.default for k, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
+    return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
+
+
+def _mask_text(spec: Any) -> str:
+    """``causal``, ``sliding_window(window=8)``, ``causal & sliding_window(window=8)``."""
+    if spec is None:
+        return "none"
+    if isinstance(spec, str):
+        return spec
+    if isinstance(spec, dict):
+        name = spec.get("name")
+        if name in ("and", "or") and isinstance(spec.get("masks"), list):
+            return f" {'&' if name == 'and' else '|'} ".join(_mask_text(m) for m in spec["masks"])
+        params = {k: v for k, v in spec.items() if k != "name"}
+        return f"{name}({_short(params)})" if params else str(name)
+    return str(spec)
+
+
+# ---------------------------------------------------------------------------------------------------- presets
+
+
+def _wrap_preset(name: str, fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    check_params("variant", name, fn, kwargs, ())
+    changes = fn(**kwargs)
+    unknown = sorted(set(changes) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"preset '{name}' returned unknown attention field '{unknown[0]}'")
+    return changes
+
+
+_PRESETS: Registry[dict[str, Any]] = Registry("preset", _wrap_preset)
+
+
+def register_preset(name: str) -> Callable[[Any], Any]:
+    """Decorator registering a preset: a function of the preset's parameters returning the
+    :class:`AttentionConfig` fields it stands for (``{"score": "scaled_dot", "position_bias": "alibi"}``). The
+    name is then accepted wherever a score is (``variant=name``, ``MultiHeadAttention(score=name)``)."""
+    return _PRESETS.register(name)
+
+
+def build_preset(name: str, **params: Any) -> dict[str, Any]:
+    """The field changes the preset ``name`` stands for, with its ``params``."""
+    return _PRESETS.build(name, **params)
+
+
+def list_presets() -> list[str]:
+    """Names of the registered presets."""
+    return _PRESETS.names()
+
+
+def is_preset(name: object) -> bool:
+    """Whether ``name`` is a registered preset."""
+    return name in _PRESETS
+
+
+@register_preset("alibi")
+def alibi() -> dict[str, Any]:
+    """Press et al. 2022 (ALiBi): q·k/√d_k − m_h·|j − i|: ``scaled_dot`` + ``position_bias=alibi``."""
+    return {"score": "scaled_dot", "position_bias": "alibi"}
+
+
+@register_preset("t5_bias")
+def t5_bias(
+    num_buckets: int = 32, max_distance: int = 128, bidirectional: bool | None = None, scale: bool = False
+) -> dict[str, Any]:
+    """Raffel et al. 2020 (T5): q·k (unscaled: T5 folds the scale into W_q's initialisation; ``scale=True``
+    divides by √d_k) + b_h[bucket(j − i)]: ``dot`` (or ``scaled_dot``) + ``position_bias=t5``."""
+    if not isinstance(scale, bool):
+        raise ValueError(f"scale must be true or false, got {scale!r}")
+    params = {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
+    return {"score": "scaled_dot" if scale else "dot", "position_bias": "t5", "position_bias_params": params}
+
+
+@register_preset("relative_position")
+def relative_position(clip: int = 16, value_term: bool = False) -> dict[str, Any]:
+    """Shaw et al. 2018: q_i·(k_j + a^K_{ij})/√d_k with a^K_{ij} = w^K_{clip(j − i, k)} (and a^V with
+    ``value_term``): ``scaled_dot`` + ``position_bias=shaw``."""
+    return {
+        "score": "scaled_dot",
+        "position_bias": "shaw",
+        "position_bias_params": {"clip": clip, "value_term": value_term},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- per layer
+
+DEFAULT_LAYER_KINDS: dict[str, dict[str, Any]] = {
+    "G": {},
+    "L": {"mask": {"name": "and", "masks": ["base", {"name": "sliding_window", "window": 16}]}},
+}
+"""The layer kinds a ``pattern`` names, when the config does not define its own: ``G`` global (the base config)
+and ``L`` local (the base mask AND a sliding window of 16: causal stays causal). ``base`` in a kind's mask
+stands for the base config's mask."""
+
+
+def _with_base_mask(spec: Any, base_mask: Any) -> Any:
+    """``spec`` with every ``"base"`` replaced by ``base_mask`` (dropped from an ``and`` when it is None)."""
+    if spec == "base":
+        return base_mask
+    if isinstance(spec, dict):
+        out = {k: _with_base_mask(v, base_mask) for k, v in spec.items()}
+        if out.get("name") in ("and", "or") and isinstance(out.get("masks"), list):
+            out["masks"] = [m for m in out["masks"] if m is not None]
+            if len(out["masks"]) == 1:
+                return out["masks"][0]
+        return out
+    if isinstance(spec, list):
+        return [_with_base_mask(v, base_mask) for v in spec]
+    return spec
+
+
+def layer_configs(
+    base: AttentionConfig,
+    num_layers: int,
+    pattern: str | None = None,
+    layer_kinds: Mapping[str, Mapping[str, Any]] | None = None,
+    layers: Sequence[Mapping[str, Any] | None] | None = None,
+) -> list[AttentionConfig]:
+    """One :class:`AttentionConfig` per layer: ``base`` for every layer, or changed per layer by
+
+    * ``pattern``: a string of layer-kind letters, repeated and cut to ``num_layers`` (``"LG"`` over 4 layers:
+      L, G, L, G); each letter a kind of ``layer_kinds`` (default :data:`DEFAULT_LAYER_KINDS`), a mapping of the
+      fields it changes (``{"mask": "causal", "softcap": 50}``). A pattern longer than ``num_layers`` is refused.
+    * ``layers``: an explicit list of ``num_layers`` such mappings (``{}`` or None: the base config).
+
+    Each layer's changes replace the base's fields; a mask may name ``base``, the base config's mask."""
+    if pattern is not None and layers is not None:
+        raise ValueError("give model.pattern or model.layers, not both")
+    if pattern is None and layers is None:
+        return [base] * num_layers
+    if layers is not None:
+        layers = list(layers)
+        if len(layers) != num_layers:
+            raise ValueError(f"model.layers lists {len(layers)} layers, but num_layers is {num_layers}")
+        changes = [dict(c or {}) for c in layers]
+        keys = [f"model.layers[{i}]" for i in range(num_layers)]
+    else:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"model.pattern must be a string of layer kinds like LG, got {pattern!r}")
+        kinds = {**DEFAULT_LAYER_KINDS, **{str(k): dict(v or {}) for k, v in _plain(layer_kinds or {}).items()}}
+        unknown = sorted(set(pattern) - set(kinds))
+        if unknown:
+            raise ValueError(
+                f"model.pattern={pattern} names layer kind '{unknown[0]}', which model.layer_kinds does not define; "
+                f"defined: {', '.join(sorted(kinds))}"
+            )
+        if len(pattern) > num_layers:
+            raise ValueError(
+                f"model.pattern={pattern} has {len(pattern)} layers, more than num_layers={num_layers}: set "
+                f"num_layers={len(pattern)} (or a multiple)"
+            )
+        letters = (pattern * num_layers)[:num_layers]
+        changes = [dict(kinds[c]) for c in letters]
+        keys = [f"model.layer_kinds.{c}" for c in letters]
+    out = []
+    for key, change in zip(keys, changes, strict=True):
+        change = _plain(change)
+        if "mask" in change:
+            change["mask"] = _with_base_mask(change["mask"], base.mask)
+        try:
+            out.append(base.replace(**change) if change else base)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{key}: {' '.join(str(exc).split())}") from None
+    return out
+
+
+def pattern_name(configs: Sequence[AttentionConfig], pattern: str | None = None) -> str | None:
+    """A name for a model's layers: ``pattern`` when given (``LG``); else None when every layer is alike, and
+    otherwise one letter per distinct layer config in order of first appearance (``AAB``)."""
+    if pattern:
+        return pattern
+    distinct: list[AttentionConfig] = []
+    letters = []
+    for c in configs:
+        if c not in distinct:
+            distinct.append(c)
+        letters.append(chr(ord("A") + distinct.index(c)))
+    return None if len(distinct) <= 1 else "".join(letters)
+
+
+def config_signature() -> inspect.Signature:
+    """The signature of :class:`AttentionConfig` (what its ``_target_`` node may set)."""
+    return inspect.signature(AttentionConfig)
