@@ -46,6 +46,7 @@ __all__ = [
     "GeneralScore",
     "ScaledDotScore",
     "Score",
+    "ScoreWithBias",
     "build_score",
     "list_scores",
     "register_score",
@@ -159,13 +160,44 @@ def register_score(name: str) -> Callable[[Any], Any]:
 
 
 def build_score(name: str, **kwargs: Any) -> nn.Module:
-    """Build the score ``name``: ``build_score("alibi", d_k=16, num_heads=4)``."""
-    return _SCORES.build(name, **kwargs)
+    """Build the score ``name``: ``build_score("additive", d_k=16, num_heads=4)``. A preset (``alibi``,
+    ``t5_bias``, ``relative_position``: :mod:`attnlab.config`) builds a :class:`ScoreWithBias`, its score plus its
+    position bias, as one logits module."""
+    from attnlab.config import build_preset, is_preset
+
+    if not is_preset(name):
+        return _SCORES.build(name, **kwargs)
+    sizes = {k: kwargs.pop(k) for k in ("d_k", "num_heads", "d_v") if k in kwargs}
+    changes = build_preset(name, **kwargs)
+    from attnlab.position_bias import build_position_bias
+
+    score = _SCORES.build(changes.get("score", "scaled_dot"), **sizes, **changes.get("score_params", {}))
+    bias = build_position_bias(changes.get("position_bias"), **sizes, **changes.get("position_bias_params", {}))
+    return score if bias is None else ScoreWithBias(score, bias)
+
+
+class ScoreWithBias(Score):
+    """A score plus a position bias as one logits module (what :func:`build_score` gives for a preset):
+    logits = score(q, k) + position_bias(q, Lk). ``score`` and ``position_bias`` are its two children.
+    :class:`~attnlab.attention.MultiHeadAttention` builds the two as separate stages instead."""
+
+    def __init__(self, score: nn.Module, position_bias: nn.Module) -> None:
+        super().__init__(score.d_k, score.num_heads, getattr(position_bias, "d_v", None))
+        self.score, self.position_bias = score, position_bias
+        self.has_value_term = bool(getattr(position_bias, "has_value_term", False))
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        return self.score(q, k) + self.position_bias(q, k.shape[-2])
+
+    def value_term(self, weights: Tensor) -> Tensor | None:
+        return self.position_bias.value_term(weights)
 
 
 def list_scores() -> list[str]:
-    """Names of the registered scores."""
-    return _SCORES.names()
+    """Names of the registered scores and presets (what ``variant=`` and ``MultiHeadAttention(score=)`` take)."""
+    from attnlab.config import list_presets
+
+    return sorted([*_SCORES.names(), *list_presets()])
 
 
 @register_score("dot")

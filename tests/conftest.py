@@ -50,7 +50,7 @@ def assert_same(a, b, inputs, atol=1e-10):
 
 class SDPACalls:
     """Records the keyword arguments of every call of the fast path's attention: SDPA
-    (:func:`attnlab.attention.scaled_dot_product_attention`, which for a learned dense bias is its own equivalent),
+    (:func:`attnlab.backends.sdpa.scaled_dot_product_attention`),
     or the fused relative-position kernel, recorded as ``{"kernel": "relative", "attn_mask": table,
     "is_causal": False}``; use as a context manager."""
 
@@ -58,7 +58,7 @@ class SDPACalls:
         self.kwargs = []
 
     def __enter__(self):
-        sdpa = attnlab.attention.scaled_dot_product_attention
+        sdpa = attnlab.backends.sdpa.scaled_dot_product_attention
         relative = attnlab.kernels.relative.relative_attention
 
         def spy_sdpa(*args, **kwargs):
@@ -70,7 +70,7 @@ class SDPACalls:
             return relative(q, k, v, table, runs, hidden, scale)
 
         self._patches = [
-            mock.patch.object(attnlab.attention, "scaled_dot_product_attention", spy_sdpa),
+            mock.patch.object(attnlab.backends.sdpa, "scaled_dot_product_attention", spy_sdpa),
             mock.patch.object(attnlab.kernels.relative, "relative_attention", spy_relative),
         ]
         for p in self._patches:

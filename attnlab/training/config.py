@@ -550,7 +550,7 @@ def _check_stages(cfg: DictConfig, config: Any, where: str) -> None:
     sizes = {"d_k": d_k, "num_heads": heads, "d_v": config.d_v or d_k}
 
     name, params = config.score, config.score_params
-    variants = sorted([*list_scores(), *list_presets()])
+    variants = sorted({*list_scores(), *list_presets()})
     if name not in variants:
         message = unknown_name_message("variant", name, variants)
         raise ConfigError(f"{message}. A score of your own: variant=custom variant.name=<name> 'imports=[module]'")
