@@ -62,12 +62,19 @@ class RotaryEmbedding(nn.Module):
     Args:
         dim: the size d of the vectors (d_k).
         base: the wavelength base (10000 in RoFormer and most LLMs).
-        fraction: rotate only the first ``2·⌊fraction·d/2⌋`` dimensions, the highest frequencies θ_0, θ_1, …, and
-            leave the rest untouched: partial rotary (GPT-NeoX's ``rotary_pct``; Barbero et al. 2024's p-RoPE,
-            which keeps the frequencies of the full-d spectrum and drops the lowest). At least one pair rotates.
+        fraction: rotate only the first r = ``2·⌊fraction·d/2⌋`` dimensions and leave the rest untouched (partial
+            rotary). At least one pair rotates.
+        spectrum: which frequencies the r rotated dimensions get, two different published choices:
+            ``full`` (default): θ_i = base^(−2i/d), the first r/2 frequencies of the full-d spectrum, i.e. the
+            lowest are dropped (Barbero et al. 2024's p-RoPE); ``rotated``: θ_i = base^(−2i/r), the whole spectrum
+            spread over the r rotated dimensions (GPT-NeoX's ``rotary_pct``). With ``fraction=1`` they agree.
+            (Pairs are RoFormer's interleaved ones in both; NeoX pairs dimension i with i + r/2, a fixed
+            permutation of q and k's dimensions that learned projections absorb.)
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, fraction: float = 1.0) -> None:
+    SPECTRA = ("full", "rotated")
+
+    def __init__(self, dim: int, base: float = 10000.0, fraction: float = 1.0, spectrum: str = "full") -> None:
         super().__init__()
         self.dim = check_int("rope dim (d_k)", dim, minimum=2)
         self.base = check_number("rope.base", base, low=1.0, low_open=True)
@@ -77,9 +84,12 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(
                 f"rope.fraction={fraction} rotates no pair of the d_k={dim} dimensions; use a fraction >= {2 / dim:g}"
             )
+        if spectrum not in self.SPECTRA:
+            raise ValueError(f"rope.spectrum must be full (p-RoPE) or rotated (GPT-NeoX rotary_pct), got {spectrum!r}")
+        self.spectrum = spectrum
         i = torch.arange(self.rotated // 2, dtype=torch.float64)
         # θ_i in float64, deliberately not a buffer: casting the model (.bfloat16()) must not round the angles
-        self.inv_freq = self.base ** (-2 * i / dim)
+        self.inv_freq = self.base ** (-2 * i / (dim if spectrum == "full" else self.rotated))
         self._tables = BoundedCache()
 
     def cos_sin(self, length: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -103,4 +113,5 @@ class RotaryEmbedding(nn.Module):
         return rotated if r == self.dim else torch.cat((rotated, x[..., r:]), dim=-1)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, base={self.base:g}, fraction={self.fraction:g} ({self.rotated} rotated)"
+        spectrum = "" if self.rotated == self.dim else f", spectrum={self.spectrum}"
+        return f"dim={self.dim}, base={self.base:g}, fraction={self.fraction:g} ({self.rotated} rotated){spectrum}"

@@ -815,7 +815,7 @@ def _added_defaults() -> dict[str, Any]:
     ``backend`` was ``auto``, and every layer was alike."""
     model = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / "default.yaml"), resolve=False)
     added: dict[str, Any] = {f"attention.{k}": _DERIVED for k in attention_sources()}
-    added |= {"attention._target_": _DERIVED, "attention.backend": "auto"}
+    added |= {"attention._target_": _DERIVED, "attention.backend": "auto", "model.rope.spectrum": "full"}
     for key in ("pattern", "local_window", "layers"):
         added[f"model.{key}"] = model.get(key)
     for key in flatten_config({"layer_kinds": model.get("layer_kinds")}):
