@@ -102,7 +102,7 @@ class AttentionConfig:
     backend: str = "auto"
 
     def __post_init__(self) -> None:
-        from attnlab.checks import check_choice, check_int, check_number
+        from attnlab.checks import check_int, check_number
 
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
@@ -133,8 +133,8 @@ class AttentionConfig:
         if mask in ("none", {"name": "none"}):
             mask = None  # every key visible
         put("mask", mask)
-        if self.qk_norm is not None:
-            check_choice("qk_norm", self.qk_norm, ["layernorm", "rmsnorm", None])
+        if self.qk_norm not in (None, "layernorm", "rmsnorm"):
+            raise ValueError(f"qk_norm must be null, layernorm or rmsnorm, got {self.qk_norm!r}")
         if self.softcap is not None:
             put("softcap", check_number("softcap", self.softcap, low=0.0, low_open=True))
         for name in ("num_kv_heads", "d_k", "d_v"):
