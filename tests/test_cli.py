@@ -1,6 +1,6 @@
 """The command line as users type it: one-line errors for bad input that leave nothing behind, a run folder that a
 second command cannot damage, a diverging job that fails cleanly while the sweep goes on (and the sweep's exit code
-says so), quiet output, and the README's Python examples."""
+says so), quiet output, and the Python examples of the README and the docs pages."""
 
 from __future__ import annotations
 
@@ -147,13 +147,28 @@ def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path)
         assert exits and exits[-1].get("exit_code", 0) == code
 
 
-def test_readme_python_examples_run(tmp_path):
-    """Every ```python block of the README runs as written (in a fresh interpreter, in order)."""
-    readme = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    assert len(blocks) >= 2
-    script = tmp_path / "readme_examples.py"
-    script.write_text("\n\n".join(blocks))
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+
+
+# the README and every docs page with Python in it; the docs pages' runs are slow (one more interpreter each)
+EXAMPLE_PAGES = [
+    pytest.param(page, id=page.relative_to(REPO).as_posix(), marks=() if page.name == "README.md" else pytest.mark.slow)
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+    if _python_blocks(page)
+]
+
+
+def test_the_pages_with_python_examples_are_found():
+    assert {p.values[0].name for p in EXAMPLE_PAGES} >= {"README.md", "library.md", "add-your-own.md"}
+
+
+@pytest.mark.parametrize("page", EXAMPLE_PAGES)
+def test_python_examples_run(tmp_path, page):
+    """Every ```python block of the README, and of each docs page, runs as written (a fresh interpreter per page,
+    its blocks in order)."""
+    script = tmp_path / "examples.py"
+    script.write_text("\n\n".join(_python_blocks(page)))
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
     )
