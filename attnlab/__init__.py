@@ -1,10 +1,13 @@
 """attnlab: a lab bench for comparing attention mechanisms.
 
-The public API: the registries of scores, position biases, masks and normalizers (three verbs each: register,
+The public API: one description of a layer's attention (:class:`AttentionConfig`, its presets and per-layer
+patterns), the registries of scores, position biases, masks, normalizers and backends (three verbs each: register,
 build, list), multi-head attention with a free per-head key size and pluggable stages, and the encoder.
 """
 
 from attnlab.attention import AttentionOutput, MultiHeadAttention
+from attnlab.backends import Backend, build_backend, list_backends, register_backend
+from attnlab.config import AttentionConfig, build_preset, layer_configs, list_presets, register_preset
 from attnlab.encoder import (
     Encoder,
     EncoderLayer,
@@ -30,7 +33,9 @@ from attnlab.scores import (
 __version__ = "0.2.0"
 
 __all__ = [
+    "AttentionConfig",
     "AttentionOutput",
+    "Backend",
     "DotProductScore",
     "Encoder",
     "EncoderLayer",
@@ -44,17 +49,24 @@ __all__ = [
     "Score",
     "SinusoidalPositionalEncoding",
     "UnknownNameError",
+    "build_backend",
     "build_mask",
     "build_normalizer",
     "build_position_bias",
+    "build_preset",
     "build_score",
+    "layer_configs",
+    "list_backends",
     "list_masks",
     "list_normalizers",
     "list_position_biases",
+    "list_presets",
     "list_scores",
     "prepare_mask",
+    "register_backend",
     "register_mask",
     "register_normalizer",
     "register_position_bias",
+    "register_preset",
     "register_score",
 ]
