@@ -145,9 +145,13 @@ def additive_naive_5d(q, k, w_q, w_k, v):
     return torch.einsum("bhija,ha->bhij", torch.tanh(qa[:, :, :, None, :] + ka[:, :, None, :, :]), v)
 
 
-def score_logits(name, params, score, q, k):
-    """Reference logits for built-in score ``name`` built with ``params``, using the module's parameters."""
+def score_logits(name, params, score, q, k, bias=None):
+    """Reference logits for built-in score or preset ``name`` built with ``params``, using the module's parameters:
+    ``score``'s own (general, additive) and, for a preset, its position bias's (``rel_k``, ``rel_bias``): ``bias``,
+    by default ``score.position_bias`` (what ``build_score`` gives for a preset)."""
     d_k = q.shape[-1]
+    if bias is None and name in ("relative_position", "t5_bias"):
+        bias = score.position_bias
     Lq, Lk = q.shape[2], k.shape[2]
     if name == "dot":
         return qk(q, k)
@@ -159,7 +163,7 @@ def score_logits(name, params, score, q, k):
         return additive_loop(q, k, score.w_q, score.w_k, score.v)
     if name == "relative_position":
         clip = params.get("clip", 16)
-        rel = score.rel_k[rel_index(Lq, Lk, clip)]  # (Lq, Lk, d_k)
+        rel = bias.rel_k[rel_index(Lq, Lk, clip)]  # (Lq, Lk, d_k)
         return (qk(q, k) + torch.einsum("bhid,ijd->bhij", q, rel)) / math.sqrt(d_k)
     if name == "t5_bias":
         nb = params.get("num_buckets", 32)
@@ -167,8 +171,8 @@ def score_logits(name, params, score, q, k):
         bidir = params.get("bidirectional", True)
         scale = 1 / math.sqrt(d_k) if params.get("scale", False) else 1.0
         buckets = torch.tensor([[t5_bucket(j - i, bidir, nb, md) for j in range(Lk)] for i in range(Lq)])
-        bias = score.rel_bias[buckets].permute(2, 0, 1)  # (H, Lq, Lk)
-        return qk(q, k) * scale + bias[None]
+        table = bias.rel_bias[buckets].permute(2, 0, 1)  # (H, Lq, Lk)
+        return qk(q, k) * scale + table[None]
     if name == "alibi":
         H = q.shape[1]
         slopes = torch.tensor(alibi_slopes(H), dtype=q.dtype)

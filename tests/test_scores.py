@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.scores import alibi_slopes, t5_relative_bucket
+from attnlab.position_bias import AlibiBias, ShawBias, T5Bias
+from attnlab.scores import DotScore, ScaledDotScore, ScoreWithBias, alibi_slopes, t5_relative_bucket
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -111,18 +112,44 @@ def test_additive_naive_5d_reference_agrees_with_loop_reference(ref):
     torch.testing.assert_close(ref.additive_naive_5d(q, k, w_q, w_k, v), ref.additive_loop(q, k, w_q, w_k, v))
 
 
+@pytest.mark.parametrize(
+    "name,score_cls,bias_cls",
+    [
+        ("relative_position", ScaledDotScore, ShawBias),
+        ("t5_bias", DotScore, T5Bias),
+        ("alibi", ScaledDotScore, AlibiBias),
+    ],
+)
+def test_a_preset_builds_its_score_plus_its_position_bias(name, score_cls, bias_cls):
+    """build_score of a preset: one logits module whose two children are the score and the position bias."""
+    built = attnlab.build_score(name, d_k=D_K, num_heads=H)
+    assert isinstance(built, ScoreWithBias)
+    assert type(built.score) is score_cls
+    assert type(built.position_bias) is bias_cls
+    assert (built.d_k, built.num_heads) == (D_K, H)
+    assert name in attnlab.list_scores()
+
+
+def test_t5_bias_scale_true_is_scaled_dot_plus_the_bias():
+    built = attnlab.build_score("t5_bias", d_k=D_K, num_heads=H, scale=True)
+    assert type(built.score) is ScaledDotScore
+    assert type(built.position_bias) is T5Bias
+
+
 def test_relative_position_table_shape_and_defaults():
     score = attnlab.build_score("relative_position", d_k=D_K, num_heads=H)
-    assert score.rel_k.shape == (33, D_K)  # default clip = 16, shared across heads
+    assert score.position_bias.rel_k.shape == (33, D_K)  # default clip = 16, shared across heads
     assert score.has_value_term is False
-    assert attnlab.build_score("relative_position", d_k=D_K, num_heads=H, clip=3).rel_k.shape == (7, D_K)
-    assert attnlab.build_score("relative_position", d_k=D_K, num_heads=H, clip=0).rel_k.shape == (1, D_K)
+    shaw = attnlab.build_score("relative_position", d_k=D_K, num_heads=H, clip=3).position_bias
+    assert shaw.rel_k.shape == (7, D_K)
+    shaw = attnlab.build_score("relative_position", d_k=D_K, num_heads=H, clip=0).position_bias
+    assert shaw.rel_k.shape == (1, D_K)
 
 
 def test_relative_position_clip0_adds_one_shared_vector(ref):
     score = build("relative_position", {"clip": 0}, ref=ref)
     q, k = ref.randn(B, H, 3, D_K, seed=1), ref.randn(B, H, 4, D_K, seed=2)
-    r = score.rel_k[0]
+    r = score.position_bias.rel_k[0]
     expected = (ref.qk(q, k) + (q @ r)[..., None]) / math.sqrt(D_K)
     torch.testing.assert_close(score(q, k), expected, rtol=1e-12, atol=1e-12)
 
@@ -137,8 +164,8 @@ def test_relative_position_distances_beyond_clip_share_an_embedding(ref):
     torch.testing.assert_close(rel[:, 0, 2], rel[:, 0, 3], rtol=0, atol=0)
     torch.testing.assert_close(rel[:, 6, 4], rel[:, 6, 3], rtol=0, atol=0)
     assert not torch.allclose(rel[:, 3, 4], rel[:, 3, 3])
-    torch.testing.assert_close(rel[:, 3, 4], q[0, :, 3] @ score.rel_k[2] / math.sqrt(D_K))
-    torch.testing.assert_close(rel[:, 3, 2], q[0, :, 3] @ score.rel_k[0] / math.sqrt(D_K))
+    torch.testing.assert_close(rel[:, 3, 4], q[0, :, 3] @ score.position_bias.rel_k[2] / math.sqrt(D_K))
+    torch.testing.assert_close(rel[:, 3, 2], q[0, :, 3] @ score.position_bias.rel_k[0] / math.sqrt(D_K))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -148,20 +175,22 @@ def test_shaw_value_term_matches_loop_reference(clip, seed, ref):
     score = attnlab.build_score("relative_position", d_k=D_K, num_heads=H, clip=clip, value_term=True, d_v=d_v)
     score = ref.randomize_(score.double(), seed=seed)
     assert score.has_value_term is True
-    assert score.rel_v.shape == (2 * clip + 1, d_v)
+    rel_v = score.position_bias.rel_v
+    assert rel_v.shape == (2 * clip + 1, d_v)
     w = torch.softmax(ref.randn(B, H, 4, 6, seed=seed), dim=-1).requires_grad_(True)
     out = score.value_term(w)
-    expected = ref.shaw_value_term(w, score.rel_v, clip)
+    expected = ref.shaw_value_term(w, rel_v, clip)
     assert out.shape == (B, H, 4, d_v)
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
-    inputs = [w, score.rel_v]
+    inputs = [w, rel_v]
     for got, want in zip(ref.grads(out, inputs), ref.grads(expected, inputs), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_t5_bias_table_shape_and_defaults():
-    assert attnlab.build_score("t5_bias", d_k=D_K, num_heads=H).rel_bias.shape == (32, H)
-    assert attnlab.build_score("t5_bias", d_k=D_K, num_heads=H, num_buckets=8).rel_bias.shape == (8, H)
+    assert attnlab.build_score("t5_bias", d_k=D_K, num_heads=H).position_bias.rel_bias.shape == (32, H)
+    t5 = attnlab.build_score("t5_bias", d_k=D_K, num_heads=H, num_buckets=8).position_bias
+    assert t5.rel_bias.shape == (8, H)
 
 
 # rel (key - query) -> bucket, worked by hand from the Mesh TF algorithm (32 buckets, max distance 128).
@@ -210,10 +239,11 @@ def test_t5_bias_uses_key_minus_query_direction(ref):
     score = build("t5_bias", {}, ref=ref)
     zeros = torch.zeros(1, H, 4, D_K, dtype=torch.float64)
     logits = score(zeros, zeros)[0]
+    table = score.position_bias.rel_bias
     for h in range(H):
-        assert logits[h, 0, 1] == score.rel_bias[17, h]
-        assert logits[h, 1, 0] == score.rel_bias[1, h]
-        assert logits[h, 2, 2] == score.rel_bias[0, h]
+        assert logits[h, 0, 1] == table[17, h]
+        assert logits[h, 1, 0] == table[1, h]
+        assert logits[h, 2, 2] == table[0, h]
 
 
 def test_alibi_slopes_pinned_for_8_and_12_heads():
@@ -247,7 +277,7 @@ def test_alibi_logits_match_reference_in_float64_for_any_head_count(num_heads, r
 def test_alibi_slopes_buffer_is_not_a_parameter():
     score = attnlab.build_score("alibi", d_k=D_K, num_heads=12)
     assert dict(score.named_buffers())["position_bias.slopes"].shape == (12,)
-    torch.testing.assert_close(score.slopes.double(), alibi_slopes(12).double())
+    torch.testing.assert_close(score.position_bias.slopes.double(), alibi_slopes(12).double())
     assert not any("slopes" in name for name, _ in score.named_parameters())
 
 
