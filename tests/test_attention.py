@@ -96,13 +96,13 @@ def reference(mha, case, x, ref, key_value=None, mask=None, num_heads=H):
     _, name, params = case
 
     def logits_fn(q, k):
-        return ref.score_logits(name, params, mha.score, q, k)
+        return ref.score_logits(name, params, mha.score, q, k, bias=mha.position_bias)
 
     value_fn = None
     if params.get("value_term"):
 
         def value_fn(w):
-            return ref.shaw_value_term(w, mha.score.rel_v, params["clip"])
+            return ref.shaw_value_term(w, mha.position_bias.rel_v, params["clip"])
 
     return ref.mha_reference(mha, x, num_heads, logits_fn, key_value=key_value, mask=mask, value_fn=value_fn)
 
@@ -123,7 +123,7 @@ def test_attend_logits_match_reference_from_projected_q_k(case, cross, ref):
     assert res.out is out and res.weights is weights and res.logits is logits
     lq, lk = x.shape[1], (kv if cross else x).shape[1]
     q, k = ref.project_qk(mha, x, H, key_value=kv)
-    expected = ref.score_logits(case[1], case[2], mha.score, q, k)
+    expected = ref.score_logits(case[1], case[2], mha.score, q, k, bias=mha.position_bias)
     assert logits.shape == (B, H, lq, lk)
     torch.testing.assert_close(logits, expected, rtol=ATOL, atol=ATOL)
     exp_out, exp_w, _ = reference(mha, case, x, ref, key_value=kv)
@@ -230,14 +230,14 @@ def test_shaw_value_term_output_matches_loop_reference(ref):
         D_MODEL, H, D_K, d_v=D_V, score="relative_position", clip=clip, value_term=True
     ).double()
     ref.randomize_(mha, seed=11, scale=0.5)
-    assert mha.score.has_value_term is True
-    assert mha.score.rel_v.shape == (2 * clip + 1, D_V)
+    assert mha.position_bias.has_value_term is True
+    assert mha.position_bias.rel_v.shape == (2 * clip + 1, D_V)
     x = ref.randn(1, 4, D_MODEL, seed=12)
     causal = attnlab.build_mask("causal")
     with torch.no_grad():
         q, k = ref.project_qk(mha, x, H)
         v = ref.split_heads(ref.linear(mha.v_proj, x), H)
-        rel_k, rel_v = mha.score.rel_k.detach(), mha.score.rel_v.detach()
+        rel_k, rel_v = mha.position_bias.rel_k.detach(), mha.position_bias.rel_v.detach()
     heads = torch.zeros(1, H, 4, D_V, dtype=torch.float64)
     for h in range(H):
         for i in range(4):
