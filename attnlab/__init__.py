@@ -26,6 +26,7 @@ from attnlab.scores import (
     register_position_bias,
     register_score,
 )
+from attnlab.tasks import build_task, list_tasks, register_task
 
 __version__ = "0.2.0"
 
@@ -48,13 +49,16 @@ __all__ = [
     "build_normalizer",
     "build_position_bias",
     "build_score",
+    "build_task",
     "list_masks",
     "list_normalizers",
     "list_position_biases",
     "list_scores",
+    "list_tasks",
     "prepare_mask",
     "register_mask",
     "register_normalizer",
     "register_position_bias",
     "register_score",
+    "register_task",
 ]
