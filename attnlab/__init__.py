@@ -29,6 +29,7 @@ from attnlab.scores import (
     register_position_bias,
     register_score,
 )
+from attnlab.tasks import build_task, list_tasks, register_task
 
 __version__ = "0.2.0"
 
@@ -55,6 +56,7 @@ __all__ = [
     "build_position_bias",
     "build_preset",
     "build_score",
+    "build_task",
     "layer_configs",
     "list_backends",
     "list_masks",
@@ -62,6 +64,7 @@ __all__ = [
     "list_position_biases",
     "list_presets",
     "list_scores",
+    "list_tasks",
     "prepare_mask",
     "register_backend",
     "register_mask",
@@ -69,4 +72,5 @@ __all__ = [
     "register_position_bias",
     "register_preset",
     "register_score",
+    "register_task",
 ]

@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from attnlab import dashboard
 from attnlab.dashboard import Sweep, aggregate, build_html, find_run_dirs, load_runs, main, mean_ci, t_critical
+from attnlab.dashboard import metrics as metrics_module
+from attnlab.dashboard.metrics import VIEWS, metrics_in, register_metric, show_metric
 from attnlab.dashboard.stats import aggregate_lengths
 
 EVIL = "<script>alert(1)</script>"
@@ -792,3 +795,77 @@ def test_a_panel_without_lines_gets_no_offsets() -> None:
     assert only(3.0) == 3.0
     shifts = figures._offsets(2, None, [1.0, 2.0], False)
     assert [round(f(1.0), 6) for f in shifts] == [0.875, 1.125]  # half the gap split between two lines
+
+
+# ---------------------------------------------------------------------------------------------------- the views
+
+
+@pytest.fixture
+def my_stat() -> Iterator[str]:
+    """A diagnostic the page and the CLI have never heard of, registered for every view; unregistered afterwards."""
+    name = "attn/my_stat"
+    made = register_metric(name, "my statistic", low=0.0, high=1.0, views=tuple(VIEWS))
+    show_metric(name, *VIEWS, short="mine")  # (again: its title in the terminal table)
+    yield name
+    metrics_module._FAMILIES[:] = [f for f in metrics_module._FAMILIES if f[1] is not made]
+    metrics_module._LISTED.pop(name)
+
+
+def _add_metric(folder: Path, name: str, value: float) -> None:
+    """Give a synthetic run ``name`` per head and overall at steps 0 and 100 (metrics.jsonl), finally and at step 0
+    (summary.json)."""
+    stat = name.removeprefix("attn/")
+    per_head = {f"attn/L{layer}H{head}/{stat}": value for layer in range(LAYERS) for head in range(HEADS)}
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if "attn/entropy_norm" in row:
+            row.update(per_head, **{name: value})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["metrics"][name] = summary["attn_init"][name] = value
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_registered_metric_appears_in_every_view_it_is_listed_in(tmp_path: Path, my_stat: str, capsys) -> None:
+    """The page and the CLI hold no list of metrics: one registration puts a new diagnostic in the final-metrics
+    and step-0 charts, the training curves, the per-head heatmaps, the runs tables and the CSV."""
+    for i, (variant, d_k) in enumerate([("dot", 8), ("dot", 64), ("scaled_dot", 8), ("scaled_dot", 64)]):
+        _add_metric(write_run(tmp_path / "runs" / str(i), variant, d_k, 0), my_stat, 0.25 * i)
+    assert my_stat in metrics_in("final") and my_stat in metrics_in("csv")
+    runs = load_runs(tmp_path / "runs")
+    html = build_html(runs)
+
+    def figure_of(section: str) -> dict:
+        body = html[html.index(f'<section id="{section}">') :]
+        return _figure_json(html, re.search(r'data-figure="([\w-]+)-json"', body).group(1))
+
+    for section in ("final", "init", "curves"):
+        titles = [a["text"] for a in figure_of(section)["layout"]["annotations"]]
+        assert any(title.startswith(my_stat) for title in titles), (section, titles)
+    heads = html[html.index('<section id="heads">') :]
+    choices = re.search(r'<script type="application/json" id="(heads-\d+)-choices">(.*?)</script>', html, re.S)
+    assert choices is not None and "heads-" in heads
+    figure = json.loads(choices.group(2))["0"]
+    assert [a["text"] for a in figure["layout"]["annotations"]][-1] == "final my_stat"
+    table = html[html.index('<table class="runs sortable"') :]
+    assert re.findall(r'data-key="([^"]+)"', table)[-3:] == ["attn/entropy_norm", "attn/saturation", my_stat]
+    out = dashboard.write_csv(runs, tmp_path / "runs.csv")
+    header = next(csv.reader(out.open()))
+    assert my_stat in header and f"init/{my_stat}" in header
+    rows = list(csv.DictReader(out.open()))
+    assert [float(r[my_stat]) for r in rows] == [0.0, 0.25, 0.5, 0.75]
+    dashboard.print_table(runs)
+    assert " mine " in capsys.readouterr().out
+
+
+def test_views_and_their_registration_errors() -> None:
+    assert metrics_in("curve") == ["train/loss", "val/acc", "attn/entropy_norm", "attn/saturation"]
+    assert metrics_in("length") == ["test/acc", "test/loss", "test/bpc"]
+    assert metrics_in("head") == metrics_in("table") == ["attn/entropy_norm", "attn/saturation"]
+    with pytest.raises(ValueError, match=r"^unknown dashboard view 'curves'; did you mean 'curve'\?"):
+        show_metric("attn/x", "curves")
+    with pytest.raises(ValueError, match=r"^unknown dashboard view 'heads'; did you mean 'head'\?"):
+        metrics_in("heads")
+    with pytest.raises(ValueError, match=r"views=\.\.\. lists one metric by name; '\.\*/acc' is a pattern"):
+        register_metric(r".*/acc", "accuracy", views=("final",))
+    assert "attn/x" not in metrics_module.listed_metrics()

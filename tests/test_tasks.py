@@ -1,33 +1,64 @@
-"""Tests of attnlab.tasks: determinism, label correctness (checked by independent code), shapes, errors."""
+"""Tests of attnlab.tasks: determinism, label correctness (checked by independent code), shapes, errors; the task
+registry (a user's task through ``imports``) and the data options every task shares."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hydra import compose
+from omegaconf import OmegaConf
 from sklearn.datasets import load_digits
 
-from attnlab.tasks import IGNORE_INDEX, TASKS, AssociativeRecall, Digits, ListOps, SequenceTask, make_task
+import attnlab
+from attnlab.registry import UnknownNameError
+from attnlab.tasks import (
+    _TASKS,
+    IGNORE_INDEX,
+    AssociativeRecall,
+    DataOptions,
+    Digits,
+    ListOps,
+    SequenceTask,
+    build_task,
+    list_tasks,
+    make_task,
+    task_class,
+)
+from attnlab.tasks.base import DATA_KEYS, task_options
 from attnlab.tasks.listops import detokenize, evaluate, to_tokens
+from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
 
 SPLITS = ("train", "val", "test")
+BUILTIN = list_tasks()  # every registered task (the built-ins: the tests register theirs only for a while)
 
-# small, fast configurations of every task
+# small, fast configurations of every task: these sizes, except where a task needs others
+SMALL_SIZES: dict[str, Any] = dict(num_train=300, num_val=100, num_test=100, batch_size=32)
 SMALL: dict[str, dict[str, Any]] = {
-    "associative_recall": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
-    "listops": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
-    "digits": dict(num_val=100, num_test=100, batch_size=32),
-    "shift": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
-    "reverse": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
-    "sort": dict(num_train=300, num_val=100, num_test=100, batch_size=32),
-    "text": dict(seq_len=32, num_train=300, num_val=100, num_test=100, batch_size=32),
+    "digits": dict(num_val=100, num_test=100, batch_size=32),  # (num_train: all the rest)
+    "text": dict(SMALL_SIZES, seq_len=32),
 }
 
 
+def small_kwargs(name: str) -> dict[str, Any]:
+    return SMALL.get(name, SMALL_SIZES)
+
+
 def small(name: str, **kwargs: Any) -> SequenceTask:
-    task = TASKS[name](**{**SMALL[name], **kwargs})
+    task = build_task(name, **{**small_kwargs(name), **kwargs})
     task.setup()
     return task
 
@@ -39,21 +70,21 @@ def all_tensors(task: SequenceTask) -> list[torch.Tensor]:
 # ---------------------------------------------------------------- determinism
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_same_seed_gives_identical_splits(name: str) -> None:
     a, b = small(name, seed=3), small(name, seed=3)
     for x, y in zip(all_tensors(a), all_tensors(b), strict=True):
         assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_different_seeds_differ(name: str) -> None:
     a, b = small(name, seed=0), small(name, seed=1)
     for split in SPLITS:
         assert not torch.equal(a.tensors(split)[0], b.tensors(split)[0]), split
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_num_train_leaves_val_and_test_unchanged(name: str) -> None:
     a, b = small(name, num_train=200), small(name, num_train=150)
     assert len(a.tensors("train")[0]) == 200 and len(b.tensors("train")[0]) == 150
@@ -62,7 +93,7 @@ def test_num_train_leaves_val_and_test_unchanged(name: str) -> None:
             assert torch.equal(x, y)
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_train_loader_order_is_seeded(name: str) -> None:
     def first_batches(seed: int) -> list[torch.Tensor]:
         loader = small(name, seed=seed).train_dataloader()
@@ -75,7 +106,7 @@ def test_train_loader_order_is_seeded(name: str) -> None:
 # ---------------------------------------------------------------- shapes, dtypes, padding
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_shapes_dtypes_and_padding(name: str) -> None:
     task = small(name)
     assert task.pad_id == 0
@@ -104,7 +135,7 @@ def test_shapes_dtypes_and_padding(name: str) -> None:
             assert labels.min() >= 0 and labels.max() < task.num_classes
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_dataloaders_yield_token_label_batches(name: str) -> None:
     task = small(name)
     for split, loader in [
@@ -122,7 +153,7 @@ def test_dataloaders_yield_token_label_batches(name: str) -> None:
 # ---------------------------------------------------------------- probe batch, describe, registry
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_probe_batch_is_first_validation_examples_and_fixed(name: str) -> None:
     task = small(name)
     tokens, labels = task.probe_batch(5)
@@ -135,9 +166,9 @@ def test_probe_batch_is_first_validation_examples_and_fixed(name: str) -> None:
     assert task.probe_batch()[0].shape[0] == 8
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", BUILTIN)
 def test_describe_is_one_line(name: str) -> None:
-    text = TASKS[name](**SMALL[name]).describe()
+    text = build_task(name, **small_kwargs(name)).describe()
     assert name in text and "\n" not in text
 
 
@@ -145,6 +176,218 @@ def test_make_task() -> None:
     assert isinstance(make_task("listops", max_depth=2), ListOps)
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         make_task("nope")
+
+
+# ---------------------------------------------------------------- the registry and the shared data options
+
+
+USER_TASK = """
+import numpy as np
+
+from attnlab import register_task
+from attnlab.tasks import DataOptions, SequenceTask
+
+
+@register_task("{name}")
+class Parity(SequenceTask):
+    per_token = False
+    data_defaults = DataOptions(num_train=2000)
+
+    def __init__(self, length: int = 16, **data):
+        super().__init__(**data)
+        self.vocab_size, self.num_classes = 3, 2
+        self.seq_len = self.max_len = length
+
+    def generate(self, split, num, rng):
+        bits = rng.integers(0, 2, size=(num, self.seq_len))
+        return bits + 1, bits.sum(axis=1) % 2
+"""
+
+
+@pytest.fixture
+def user_task() -> Iterator[str]:
+    """A task registered from a module of the test's own, as a user's: its name; unregistered afterwards."""
+    name = f"test_parity_{uuid.uuid4().hex[:8]}"
+    namespace: dict[str, Any] = {}
+    exec(compile(USER_TASK.format(name=name), f"<{name}>", "exec"), namespace)
+    yield name
+    _TASKS._entries.pop(name, None)
+
+
+def test_every_builtin_task_has_its_config_and_every_config_a_task() -> None:
+    builtin = [n for n in list_tasks() if task_class(n).__module__.startswith("attnlab.tasks.")]
+    assert builtin == BUILTIN
+    configs = {path.stem: OmegaConf.load(path) for path in (CONF_DIR / "task").glob("*.yaml")}
+    assert set(configs) == {*builtin, "custom"}
+    for name in builtin:
+        cls, datamodule = task_class(name), configs[name].datamodule
+        assert configs[name].name == name == cls.name
+        assert datamodule._target_.rpartition(".")[2] == cls.__name__
+        # the config states the class's own defaults of the shared options (batch_size and seed come from the root)
+        for key in DATA_KEYS:
+            if key in datamodule and key not in ("batch_size", "seed"):
+                assert datamodule[key] == getattr(cls.data_defaults, key), f"conf/task/{name}.yaml: {key}"
+    custom = configs["custom"]
+    assert OmegaConf.is_missing(custom, "name") and "_target_" not in custom.datamodule
+
+
+def test_a_registered_task_is_listed_and_built_by_name(user_task: str) -> None:
+    assert user_task in list_tasks() and user_task in attnlab.list_tasks()
+    task = attnlab.build_task(user_task, length=6, num_train=40, batch_size=8)
+    assert task.name == user_task == type(task).name and task.seq_len == 6
+    tokens, labels = task.tensors("train")
+    assert tokens.shape == (40, 6) and torch.equal(labels, (tokens - 1).sum(dim=1) % 2)
+    with pytest.raises(ValueError, match=f"task '{user_task}' is already registered"):
+        attnlab.register_task(user_task)(type("Other", (SequenceTask,), {}))
+
+
+def test_registering_refuses_a_builtin_name_and_a_class_that_is_no_task() -> None:
+    with pytest.raises(ValueError, match="task 'digits' is already registered"):
+        attnlab.register_task("digits")(type("MyDigits", (SequenceTask,), {"__module__": "my_pkg.tasks"}))
+    with pytest.raises(TypeError, match=r"needs a subclass of attnlab\.tasks\.SequenceTask"):
+        attnlab.register_task(f"test_{uuid.uuid4().hex[:8]}")(dict)
+    assert "MyDigits" not in {task_class(n).__name__ for n in list_tasks()}
+
+
+def test_an_unknown_task_name_is_one_line_with_the_closest_name() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        build_task("shfit")
+    assert str(info.value).startswith("unknown task 'shfit'; did you mean 'shift'? Registered: ")
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_and_missing_task_names_in_a_config(hydra_ctx: None) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate_config(compose("config", overrides=["task=custom", "task.name=shfit"]))
+    assert re.fullmatch(
+        r"unknown task 'shfit'; did you mean 'shift'\? Registered: .*\. A task of your own: task=custom "
+        r"task.name=<name> 'imports=\[module\]'",
+        str(info.value),
+    )
+    with pytest.raises(ConfigError, match=r"^task.name is not set \(\?\?\?\): task=custom needs task.name=<your"):
+        validate_config(compose("config", overrides=["task=custom"]))
+    with pytest.raises(ConfigError, match=r"^unknown task 'parity'\. .*Your own task: task=custom task.name=parity"):
+        check_group_choices(["task=parity"])
+
+
+def test_the_shared_data_options_and_each_task_s_defaults() -> None:
+    assert DataOptions() == DataOptions(64, 1000, 200, 200, 0, 0, False, None)
+    assert DATA_KEYS == (
+        "batch_size",
+        "num_train",
+        "num_val",
+        "num_test",
+        "seed",
+        "num_workers",
+        "resample",
+        "test_lengths",
+    )
+    for name in BUILTIN:
+        cls = task_class(name)
+        assert "batch_size" not in inspect.signature(cls.__init__).parameters, f"{name} re-declares batch_size"
+        assert task_options(cls)[-len(DATA_KEYS) :] == list(DATA_KEYS)
+    recall, text, digits = AssociativeRecall(), build_task("text"), Digits(num_val=100)
+    assert (recall.batch_size, recall.num_train, recall.num_val, recall.num_test) == (64, 10_000, 1_000, 1_000)
+    assert (text.batch_size, text.num_train, text.resample, text.test_lengths) == (16, 3000, True, ())
+    assert digits.num_train == 1797 - 100 - 270  # None: all that is left
+    assert digits.data_options == DataOptions(64, 1427, 100, 270, 0, 0, False, ())
+    shift = build_task("shift", offset=2, num_train=50, seed=3, test_lengths=[8, 16])
+    assert shift.data_options == DataOptions(64, 50, 1_000, 1_000, 3, 0, False, (8, 16))
+    assert (shift.num_train, shift.seed, shift.test_lengths) == (50, 3, (8, 16))
+    with pytest.raises(AttributeError, match="num_train is read-only"):
+        shift.num_train = 10
+
+
+def test_a_parameter_no_task_takes_is_named_with_what_it_takes() -> None:
+    with pytest.raises(ValueError) as info:
+        build_task("shift", offest=2)
+    assert str(info.value) == (
+        "task 'shift' does not take parameter 'offest'; allowed: offset, vocab, seq_len, min_length, batch_size, "
+        "num_train, num_val, num_test, seed, num_workers, resample, test_lengths"
+    )
+
+
+def test_the_command_line_keeps_flat_keys_and_errors_name_them(hydra_ctx: None) -> None:
+    cfg = compose("config", overrides=["task=shift", "task.datamodule.num_train=500", "task.datamodule.offset=2"])
+    task = validate_config(cfg)
+    assert (task.num_train, task.offset, task.batch_size, task.seed) == (500, 2, cfg.batch_size, cfg.seed)
+    for override, message in [
+        ("task.datamodule.num_train=0", "task.datamodule.num_train must be an integer >= 1, got 0"),
+        ("task.datamodule.seed=-1", "task.datamodule.seed must be an integer >= 0, got -1"),
+        ("+task.datamodule.num_workers=-1", "task.datamodule.num_workers must be an integer >= 0, got -1"),
+        ("task.datamodule.test_lengths=[8,8]", "task.datamodule.test_lengths has a length twice: [8, 8]"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            validate_config(compose("config", overrides=["task=shift", override]))
+        assert str(info.value) == message
+
+
+def test_an_old_run_folder_s_flat_config_still_validates(hydra_ctx: None) -> None:
+    """A config.yaml written before the shared options (every key flat under task.datamodule, with _target_)."""
+    cfg = compose("config", overrides=["task=associative_recall"])
+    old = OmegaConf.create(
+        {
+            "_target_": "attnlab.tasks.AssociativeRecall",
+            **dict(num_pairs=4, num_queries=None, vocab_keys=8, vocab_values=8, seq_len=None, fused_pairs=False),
+            **dict(resample=False, test_lengths=[16], num_train=256, num_val=64, num_test=64, batch_size=16, seed=2),
+        }
+    )
+    cfg.task.datamodule = old
+    task = validate_config(cfg)
+    assert isinstance(task, AssociativeRecall)
+    assert task.data_options == DataOptions(16, 256, 64, 64, 2, 0, False, (16,))
+
+
+def test_a_user_task_is_built_from_the_config_and_a_target_naming_another_class_is_refused(
+    hydra_ctx: None, user_task: str
+) -> None:
+    base = ["task=custom", f"task.name={user_task}", "+task.datamodule.length=8", "debug=fast"]
+    task = validate_config(compose("config", overrides=base))
+    assert task.name == user_task and task.seq_len == 8 and (task.num_train, task.num_val) == (64, 32)
+    own = validate_config(compose("config", overrides=[*base, "+task.datamodule._target_=my_pkg.tasks.Parity"]))
+    assert type(own).__name__ == "Parity"  # (the _target_ is compared by class name, and never imported)
+    for target in ("attnlab.tasks.Digits", "subprocess.Popen"):
+        with pytest.raises(ConfigError, match=rf"^task.datamodule._target_={target} is not the class of task="):
+            validate_config(compose("config", overrides=[*base, f"+task.datamodule._target_={target}"]))
+    with pytest.raises(ConfigError, match=r"^task.datamodule: task '.*' does not take parameter 'lenght'"):
+        validate_config(compose("config", overrides=[*base[:2], "+task.datamodule.lenght=8"]))
+
+
+@pytest.mark.slow
+def test_a_user_task_trains_through_imports_in_a_sweep_and_resumes(tmp_path: Path) -> None:
+    """The README's route: a module that registers a task, ``task=custom task.name=... 'imports=[module]'`` with
+    its own argument as ``+task.datamodule...``, in a multirun sweep (-m) of two seeds; then a resume of one job
+    with the same imports, past its end."""
+    name = f"test_parity_{uuid.uuid4().hex[:8]}"
+    module = f"attnlab_test_tasks_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(USER_TASK.format(name=name))
+    env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_UID", "HYDRA_FULL_ERROR")}
+    env.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
+    common = ["debug=fast", "d_model=16", "num_heads=2", "num_layers=1", "logger=none", "threads=1"]
+
+    def train(*args: str) -> None:
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "train.py"), *args, *common, f"imports=[{module}]"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+    sweep = tmp_path / "sweep"
+    train("-m", "task=custom", f"task.name={name}", "+task.datamodule.length=8", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").is_file())
+    assert len(jobs) == 2
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        assert (summary["status"], summary["task"], summary["steps"]) == ("ok", name, 5)
+        saved = OmegaConf.load(job / "config.yaml")
+        assert saved.task.name == name and saved.task.datamodule.length == 8 and saved.imports == [module]
+    train("resume=true", f"hydra.run.dir='{jobs[0]}'", "max_steps=10")
+    summary = json.loads((jobs[0] / "summary.json").read_text())
+    assert (summary["status"], summary["task"], summary["steps"]) == ("ok", name, 10)
 
 
 # ---------------------------------------------------------------- associative recall

@@ -25,12 +25,21 @@ Modules: ``load`` (run folders), ``dims`` (what varies), ``metrics`` (how each m
 from attnlab.dashboard.cli import DEFAULT_OUTPUT, main, print_table, write_csv, write_dashboard
 from attnlab.dashboard.dims import Dimension, Sweep
 from attnlab.dashboard.load import Run, find_run_dirs, load_run, load_runs
-from attnlab.dashboard.metrics import MetricSpec, parse_metric, register_metric, spec_for
+from attnlab.dashboard.metrics import (
+    VIEWS,
+    MetricSpec,
+    metrics_in,
+    parse_metric,
+    register_metric,
+    show_metric,
+    spec_for,
+)
 from attnlab.dashboard.page import Options, build_html
 from attnlab.dashboard.stats import Headline, Point, Series, aggregate, headline, mean_ci, t_critical
 
 __all__ = [
     "DEFAULT_OUTPUT",
+    "VIEWS",
     "Dimension",
     "Headline",
     "MetricSpec",
@@ -47,9 +56,11 @@ __all__ = [
     "load_runs",
     "main",
     "mean_ci",
+    "metrics_in",
     "parse_metric",
     "print_table",
     "register_metric",
+    "show_metric",
     "spec_for",
     "t_critical",
     "write_csv",

@@ -14,34 +14,14 @@ from attnlab.config import SETTING_FIELDS
 from attnlab.console import plain_console, printable
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run, load_runs
-from attnlab.dashboard.metrics import spec_for
+from attnlab.dashboard.metrics import metrics_in, short_name, spec_for
 from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
 from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sources
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
 
 DEFAULT_OUTPUT = "dashboard.html"
-CSV_METRICS = (
-    "val/acc_best",
-    "val/loss",
-    "test/acc",
-    "test/loss",
-    "test/bpc",
-    "attn/entropy_norm",
-    "attn/saturation",
-    "attn/max_prob",
-    "attn/logit_std",
-    "attn/attn_distance",
-    "attn/row_mass",
-    "attn/support",
-    "attn/negative_mass",
-    "attn/first_mass",
-    "attn/logit_max",
-    "train/plateau_steps",
-    "train/steps_to_99",
-)
 CSV_SETTINGS = (*SETTING_FIELDS, "pattern", "backends")  # each layer's attention, from AttentionConfig's fields
-LENGTH_METRICS = ("test/acc", "test/loss", "test/bpc")  # reported as ``<metric>@<L>`` for each test length L
 
 
 def write_dashboard(
@@ -75,8 +55,9 @@ def _fmt(value: float | int | None, kind: str) -> str:
 
 
 def print_table(runs: Sequence[Run], console: Any = None) -> None:
-    """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, entropy and saturation,
-    status and time; 120 columns wide when the output is not a terminal (CI logs)."""
+    """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, the metrics of the
+    ``table`` view (entropy and saturation), status and time; 120 columns wide when the output is not a terminal
+    (CI logs)."""
     from rich import box
     from rich.table import Table
     from rich.text import Text
@@ -86,10 +67,11 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
     sweep = Sweep(runs)
     dims = sweep.dims or []
     metrics = headline_metrics(runs)[:2]
+    extra = [m for m in metrics_in("table") if m not in metrics]
     table = Table(title=f"attnlab · {len(runs)} runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for d in dims:
         table.add_column(d.name, justify="left" if not d.numeric else "right", no_wrap=d.numeric)
-    for col in ["seed", *metrics, "ent_n", "sat", "status", "time"]:
+    for col in ["seed", *metrics, *map(short_name, extra), "status", "time"]:
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for run in runs:
         style = "" if run.ok else ("yellow" if run.status == "running" else "red")
@@ -97,8 +79,7 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
             *[Text(printable(d.format(run.value(d.key))), overflow="ellipsis") for d in dims],
             _fmt(run.seed, "int"),
             *[spec_for(m).format(run.final(m)) for m in metrics],
-            _fmt(run.final("attn/entropy_norm"), "f"),
-            _fmt(run.final("attn/saturation"), "f"),
+            *[_fmt(run.final(m), "f") for m in extra],
             Text(printable(run.status)),
             format_time(run.wall_time_s),
             style=style,
@@ -108,18 +89,21 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
 
 def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     """One row per run: identity, key config values, every key that varies across the runs (by its dotted config
-    key: ``lr``, ``variant.params.d_attn``), final metrics, step-0 (``init/...``) diagnostics, settings, and
-    ``test/acc@L`` (``test/loss@L``, ``test/bpc@L``) for every test length any run reports."""
+    key: ``lr``, ``variant.params.d_attn``), the final metrics of the ``csv`` view and the step-0 (``init/...``)
+    values of its diagnostics, settings, and ``test/acc@L`` (the ``length`` view: ``test/loss@L``, ``test/bpc@L``)
+    for every test length any run reports."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(runs)
     fixed = ["variant", "variant_params", "mask", "task", "pos_encoding", "d_k", "num_heads", "d_model"]
     known = {"variant.name", "mask.name", "task.name", "model.pos_encoding", "d_k", "num_heads", "d_model"}
     swept = [d.key for d in sweep.dims if d.key not in known]
-    columns = ["run", *fixed, *swept, "seed", "params", "status", "reason", "wall_time_s", *CSV_METRICS]
-    columns += [f"init/{m}" for m in CSV_METRICS if m.startswith("attn/")]
+    final = metrics_in("csv")
+    init = [m for m in final if m.startswith("attn/")]  # the diagnostics, also logged at step 0
+    columns = ["run", *fixed, *swept, "seed", "params", "status", "reason", "wall_time_s", *final]
+    columns += [f"init/{m}" for m in init]
     columns += list(CSV_SETTINGS)
-    lengths = [f"{m}@{n}" for m in LENGTH_METRICS for n in sorted({n for r in runs for n in r.by_length(m)})]
+    lengths = [f"{m}@{n}" for m in metrics_in("length") for n in sorted({n for r in runs for n in r.by_length(m)})]
     columns += lengths
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
@@ -132,8 +116,8 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
             row += [None if run.value(k) == MISSING else run.value(k) for k in swept]
             row += [run.seed, run.params, run.status, run.reason or ""]
             row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
-            row += [run.final(m) for m in CSV_METRICS]
-            row += [run.init(m) for m in CSV_METRICS if m.startswith("attn/")]
+            row += [run.final(m) for m in final]
+            row += [run.init(m) for m in init]
             row += [_setting(run, k) for k in CSV_SETTINGS]
             row += [run.final(m) for m in lengths]
             writer.writerow(["" if v is None else v for v in row])

@@ -12,15 +12,33 @@ The base name picks a :class:`MetricSpec` from the first family whose pattern ma
 unit, the range that intervals are clipped to, which direction is better, whether the task's chance accuracy is
 drawn, and whether the value is shown as a percentage. A metric that no family names still gets drawn, with a
 plain spec; a new family is one :func:`register_metric` call, and every chart, table and CSV column picks it up.
-"""
+
+Where a metric is listed by name (the page's views, the terminal table, the CSV columns) is registered here too:
+:func:`show_metric` puts a logged name in some of the :data:`VIEWS`, in the order of the calls, and
+:func:`metrics_in` lists a view's metrics; the page and the CLI hold no list of their own. A logged metric that
+no :func:`show_metric` call names still appears in the final-metrics charts (a ``test/``, ``val/`` or ``attn/``
+name, after the listed ones), as it did before it was registered."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MetricSpec", "parse_metric", "register_metric", "spec_for"]
+from attnlab.registry import unknown_name_message
+
+__all__ = [
+    "VIEWS",
+    "MetricSpec",
+    "listed_metrics",
+    "metrics_in",
+    "parse_metric",
+    "register_metric",
+    "short_name",
+    "show_metric",
+    "spec_for",
+]
 
 
 @dataclass(frozen=True)
@@ -70,13 +88,68 @@ class MetricSpec:
 
 _FAMILIES: list[tuple[re.Pattern[str], MetricSpec]] = []
 
+VIEWS: dict[str, str] = {
+    "final": "the final-metrics charts, after the headline's metrics",
+    "init": "the step-0 diagnostics ('At initialisation')",
+    "curve": "the training curves",
+    "head": "the per layer x head heatmaps (from the logged attn/L<l>H<h>/<stat>)",
+    "table": "a column of the page's runs table and of the terminal table",
+    "csv": "a column of the CSV export (a diagnostic, attn/..., also as init/<name>)",
+    "length": "a CSV column <name>@<L> for every test length L a run reports",
+}
+"""The places the dashboard lists metrics by name: ``view → what it is``."""
 
-def register_metric(pattern: str, title: str, **spec: Any) -> MetricSpec:
+
+@dataclass(frozen=True)
+class _Listing:
+    views: tuple[str, ...]
+    short: str
+
+
+_LISTED: dict[str, _Listing] = {}
+
+
+def register_metric(pattern: str, title: str, *, views: Sequence[str] | None = None, **spec: Any) -> MetricSpec:
     """Register how to draw the metrics whose base name fully matches the regular expression ``pattern``
-    (families registered later take precedence). Returns the spec."""
+    (families registered later take precedence). Returns the spec.
+
+    ``views``: for a family that is one metric (``pattern`` a plain name such as ``attn/my_stat``), also list it
+    in these :data:`VIEWS` (:func:`show_metric`)."""
+    if views is not None and re.escape(pattern) != pattern:
+        raise ValueError(f"views=... lists one metric by name; {pattern!r} is a pattern (use show_metric per name)")
     made = MetricSpec(title=title, **spec)
     _FAMILIES.insert(0, (re.compile(pattern), made))
+    if views is not None:
+        show_metric(pattern, *views)
     return made
+
+
+def show_metric(name: str, *views: str, short: str | None = None) -> None:
+    """List the logged metric ``name`` in ``views`` (keys of :data:`VIEWS`; none: known, but listed nowhere, so the
+    final-metrics charts leave it out too). Views list their metrics in the order of the calls; a second call for a
+    name replaces its views and keeps its place. ``short``: its column title in the terminal table."""
+    for view in views:
+        if view not in VIEWS:
+            raise ValueError(unknown_name_message("dashboard view", view, list(VIEWS)))
+    _LISTED[name] = _Listing(tuple(dict.fromkeys(views)), short or name)
+
+
+def metrics_in(view: str) -> list[str]:
+    """The metrics listed in ``view``, in the order they were registered."""
+    if view not in VIEWS:
+        raise ValueError(unknown_name_message("dashboard view", view, list(VIEWS)))
+    return [name for name, listing in _LISTED.items() if view in listing.views]
+
+
+def listed_metrics() -> list[str]:
+    """Every metric registered with :func:`show_metric` (whatever its views)."""
+    return list(_LISTED)
+
+
+def short_name(name: str) -> str:
+    """The metric's column title in the terminal table (``ent_n`` for ``attn/entropy_norm``), else its name."""
+    listing = _LISTED.get(name)
+    return listing.short if listing else name
 
 
 _FRACTION = {"low": 0.0, "high": 1.0}
@@ -97,6 +170,30 @@ register_metric(r"attn/first_mass", "weight on the first key")
 register_metric(r"attn/logit_std", "std of a row's logits", low=0.0)
 register_metric(r"attn/logit_max", "largest logit")
 register_metric(r"attn/attn_distance", "mean |i − j| attended", unit="tokens", low=0.0)
+
+# where each metric the runs log is listed, in this order (a view lists its metrics in the order of these calls)
+show_metric("val/acc_best", "final", "csv")
+show_metric("val/loss", "csv")
+show_metric("test/acc", "final", "csv", "length")
+show_metric("test/loss", "final", "csv", "length")
+show_metric("test/bpc", "final", "csv", "length")
+show_metric("val/bpc", "final")
+show_metric("train/loss", "curve")
+show_metric("train/acc")
+show_metric("val/acc", "curve")
+show_metric("attn/entropy_norm", "final", "init", "curve", "head", "table", "csv", short="ent_n")
+show_metric("attn/saturation", "final", "init", "curve", "head", "table", "csv", short="sat")
+show_metric("attn/max_prob", "final", "init", "csv")
+show_metric("attn/logit_std", "final", "init", "csv")
+show_metric("attn/attn_distance", "final", "csv")
+show_metric("attn/first_mass", "final", "csv")
+show_metric("attn/negative_mass", "final", "csv")
+show_metric("attn/row_mass", "final", "csv")
+show_metric("attn/support", "final", "csv")
+show_metric("attn/logit_max", "init", "csv")
+show_metric("attn/entropy")
+show_metric("train/plateau_steps", "final", "csv")
+show_metric("train/steps_to_99", "final", "csv")
 
 _LENGTH = re.compile(r"^(?P<base>.+)@(?P<length>\d+)$")
 _HEAD = re.compile(r"^attn/L(?P<layer>\d+)H(?P<head>\d+)/(?P<stat>\w+)$")

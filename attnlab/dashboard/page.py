@@ -26,7 +26,7 @@ from typing import Any
 from attnlab.dashboard import figures
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import Run, natural_key
-from attnlab.dashboard.metrics import parse_metric, spec_for
+from attnlab.dashboard.metrics import listed_metrics, metrics_in, parse_metric, spec_for
 from attnlab.dashboard.stats import Headline, best_run, best_runs, grouped, headline
 from attnlab.runs import RunFileError, read_bytes
 
@@ -36,9 +36,6 @@ CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
     "font-src data:; connect-src 'none'"
 )
-DIAGNOSTICS = ("attn/entropy_norm", "attn/saturation", "attn/max_prob", "attn/logit_std")
-CURVE_METRICS = ("train/loss", "val/acc", "attn/entropy_norm", "attn/saturation")
-HEAD_METRICS = ("entropy_norm", "saturation")
 MAX_SELECTOR_RUNS = 12  # runs per variant offered in the per-head selector (best first)
 MAX_MAP_RUNS = 4  # runs per variant offered in the attention-map selector (images are most of a page's size)
 MAX_IMAGE_BYTES = 2_000_000
@@ -114,24 +111,21 @@ def headline_metrics(runs: Sequence[Run], chosen: str | None = None) -> list[str
 
 
 def page_metrics(runs: Sequence[Run], first: Sequence[str]) -> list[str]:
-    """The final metrics to chart: ``first`` (the headline's), then the other test / val metrics and the attention
-    diagnostics that some finished run reports, in a fixed order (by the naming convention of
-    :mod:`attnlab.dashboard.metrics`: scalar names only; ``@L`` and per-head names have their own views)."""
+    """The final metrics to chart: ``first`` (the headline's), then those of the ``final`` view
+    (:func:`~attnlab.dashboard.metrics.metrics_in`) that some finished run reports, in their registered order, then
+    any other test / val / attention metric some finished run reports that no
+    :func:`~attnlab.dashboard.metrics.show_metric` names (attention first, by name). Scalar names only: ``@L`` and
+    per-head names have their own views."""
     names = set()
     for run in runs:
         if run.ok:
             names.update(n for n in run.metric_names if parse_metric(n)[0] == "scalar")
     present = {n for n in names if any(r.final(n) is not None for r in runs if r.ok)}
-
-    def rank(name: str) -> tuple[int, str]:
-        order = ("val/acc_best", "test/acc", "test/loss", "test/bpc", "val/bpc", *DIAGNOSTICS)
-        if name in order:
-            return (order.index(name), name)
-        return (len(order) + (0 if name.startswith("attn/") else 1), name)
-
-    skip = {"attn/entropy", "attn/logit_max", "val/acc", "val/loss", "train/loss", "train/acc", "epoch", "step"}
-    rest = sorted((n for n in present if n not in first and n not in skip and "/" in n), key=rank)
-    return [*first, *[n for n in rest if n.startswith(("test/", "val/", "attn/", "train/steps", "train/plateau"))]]
+    listed = [n for n in metrics_in("final") if n in present]
+    known = set(listed_metrics())
+    unlisted = (n for n in present if n not in known and n.startswith(("test/", "val/", "attn/")))
+    rest = [*listed, *sorted(unlisted, key=lambda n: (not n.startswith("attn/"), n))]
+    return [*first, *[n for n in rest if n not in first]]
 
 
 # ---------------------------------------------------------------------------------------------------- sections
@@ -279,7 +273,7 @@ def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) 
         figs: dict[str, Any] = {}
         labels = []
         for run in members:
-            fig = figures.head_figure(run, HEAD_METRICS)
+            fig = figures.head_figure(run, [m.removeprefix("attn/") for m in metrics_in("head")])
             if fig is not None:
                 figs[str(len(figs))] = fig
                 labels.append(_selector_label(run, sweep, metric))
@@ -417,13 +411,13 @@ def build_html(
         )
         sections.append(("lengths", "Length generalisation", note + page.figure(length_fig, "fig-lengths")))
 
-    init = [m for m in (*DIAGNOSTICS, "attn/logit_max") if any(r.init(m) is not None for r in ok)]
+    init = [m for m in metrics_in("init") if any(r.init(m) is not None for r in ok)]
     if init:
         fig = figures.comparison_figure(runs, sweep, init, x, facet, init=True)
         note = '<p class="note">The attention diagnostics before the first step (step 0), by the same keys.</p>'
         sections.append(("init", "At initialisation", note + page.figure(fig)))
 
-    curve_metrics = [m for m in CURVE_METRICS if any(run.curve(m)[0].size for run in runs)]
+    curve_metrics = [m for m in metrics_in("curve") if any(run.curve(m)[0].size for run in runs)]
     curve_facet = x if x is not None and len(x.values) <= 2 * figures.MAX_COLS else None
     fig = figures.curves_figure(runs, sweep, curve_metrics, curve_facet) if curve_metrics else None
     if fig is not None:
@@ -439,7 +433,7 @@ def build_html(
     rank_metric = top[0] if top else "val/acc_best"
     sections.append(("heads", "Per layer × head", _heads_section(page, runs, sweep, rank_metric)))
     sections.append(("maps", "Attention maps", _maps_section(page, runs, sweep, rank_metric)))
-    table_metrics = list(dict.fromkeys([*top, "attn/entropy_norm", "attn/saturation"]))
+    table_metrics = list(dict.fromkeys([*top, *metrics_in("table")]))
     table_metrics = [m for m in table_metrics if any(r.final(m) is not None for r in runs)]
     sections.append(
         (

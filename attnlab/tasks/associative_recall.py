@@ -7,12 +7,16 @@ value is the token right *after* it, the task is order-sensitive: a bag-of-token
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from attnlab.checks import check_int
-from attnlab.tasks.base import IGNORE_INDEX, SequenceTask
+from attnlab.tasks import register_task
+from attnlab.tasks.base import IGNORE_INDEX, DataOptions, SequenceTask
 
 
+@register_task("associative_recall")
 class AssociativeRecall(SequenceTask):
     """MQAR data module (per-token labels).
 
@@ -58,7 +62,8 @@ class AssociativeRecall(SequenceTask):
         resample: a fresh training set every epoch (see :class:`SequenceTask`); ``experiment=mqar`` sets it.
         test_lengths: extra test sets whose ``seq_len`` is each given length (same pairs and queries, more or less
             filler: the recall distance grows with the length); each must be at least the minimum length.
-        batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
+        **data: batch_size, num_train (default 10,000), num_val, num_test (1,000 each), seed, num_workers:
+            see :class:`~attnlab.tasks.base.DataOptions`.
 
     ``chance_accuracy`` is ``1 / num_pairs``: a model that has learnt which values the context holds, but not which
     key each belongs to, guesses among ``num_pairs`` values. The plateau (``train/plateau_steps``) is measured
@@ -73,8 +78,8 @@ class AssociativeRecall(SequenceTask):
     Batches: ``tokens LongTensor (B, seq_len)``, ``labels LongTensor (B, seq_len)``.
     """
 
-    name = "associative_recall"
     per_token = True
+    data_defaults = DataOptions(num_train=10_000, num_val=1_000, num_test=1_000)
     length_keys = ("seq_len", "num_pairs")
 
     def __init__(
@@ -85,16 +90,9 @@ class AssociativeRecall(SequenceTask):
         vocab_values: int = 32,
         seq_len: int | None = None,
         fused_pairs: bool = False,
-        batch_size: int = 64,
-        num_train: int = 10_000,
-        num_val: int = 1_000,
-        num_test: int = 1_000,
-        seed: int = 0,
-        num_workers: int = 0,
-        resample: bool = False,
-        test_lengths: list[int] | None = None,
+        **data: Any,
     ) -> None:
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers, resample=resample)
+        super().__init__(**data)
         self.num_pairs = check_int("num_pairs", num_pairs, minimum=1)
         if num_queries is None:
             num_queries = self.num_pairs
@@ -121,9 +119,7 @@ class AssociativeRecall(SequenceTask):
         self.seq_len = seq_len
         self.max_len = seq_len
         self.chance_accuracy = 1.0 / self.num_pairs
-        self.test_lengths = self._check_test_lengths(test_lengths)
-        for length in self.test_lengths:
-            self.check_length(length)
+        self.check_test_lengths()
 
     def check_length(self, length: int, name: str = "test_lengths") -> None:
         """Sequences must hold the context and the queries: ``length >= min_len``."""

@@ -10,6 +10,11 @@ of ``(tokens, labels)``:
   ``LongTensor (N, L_split)`` when ``per_token`` is True, holding :data:`IGNORE_INDEX` (-100) at every
   position without a target (the default ``ignore_index`` of :func:`torch.nn.functional.cross_entropy`).
 
+The eight options every task takes (sizes, seed, loader workers, ``resample``, ``test_lengths``) are one
+:class:`DataOptions`: a task's ``__init__`` names only its own arguments and passes the rest on with ``**data``;
+its class attribute ``data_defaults`` holds the defaults it differs in. On the command line they stay flat keys of
+``task.datamodule`` (``task.datamodule.num_train=500``).
+
 Random numbers come from ``numpy.random.Generator(PCG64(SeedSequence([seed, split_index])))``: one
 independent stream per split (train=0, val=1, test=2), so the validation and test sets do not change
 when ``num_train`` changes.
@@ -30,7 +35,10 @@ Two options are shared by the generated tasks:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar, Generic, TypeVar
 
 import lightning as L
 import numpy as np
@@ -47,6 +55,73 @@ PAD_ID: int = 0
 
 SPLITS: tuple[str, str, str] = ("train", "val", "test")
 """Split names, in the order of their seed-stream index."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """The data options every task takes, besides its own: flat keys of ``task.datamodule`` in a config.
+
+    A task's defaults are its class attribute ``data_defaults`` (a ``DataOptions``); what its constructor gets
+    replaces them, and :meth:`SequenceTask.check_data` checks the result. A built task keeps it as
+    ``task.data_options`` and shows each field as a read-only attribute (``task.num_train``).
+
+    Attributes:
+        batch_size: examples per batch, >= 1 (and not more than ``num_train``; checked in ``setup``).
+        num_train: training examples, >= 1 (``None``: the task decides, if it can, e.g. all that is left).
+        num_val: validation examples, >= 1.
+        num_test: test examples, >= 1.
+        seed: non-negative integer; fixes every split and the training shuffle order.
+        num_workers: DataLoader worker processes, >= 0.
+        resample: a fresh training set every epoch (see the module docstring).
+        test_lengths: extra test sets, one per length (see the module docstring); a tuple once checked.
+    """
+
+    batch_size: int = 64
+    num_train: int | None = 1000
+    num_val: int = 200
+    num_test: int = 200
+    seed: int = 0
+    num_workers: int = 0
+    resample: bool = False
+    test_lengths: Sequence[int] | None = None
+
+
+DATA_KEYS: tuple[str, ...] = tuple(f.name for f in fields(DataOptions))
+"""The names of the :class:`DataOptions` fields, in order."""
+
+
+class _Option(Generic[T]):
+    """A read-only task attribute that shows one field of ``task.data_options``."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, task: Any, owner: type | None = None) -> T:
+        if task is None:
+            return self  # type: ignore[return-value]
+        return getattr(task.data_options, self.name)
+
+    def __set__(self, task: Any, value: T) -> None:
+        raise AttributeError(f"{self.name} is read-only: it is task.data_options.{self.name} (a DataOptions)")
+
+
+def task_options(cls: type) -> list[str]:
+    """Every keyword a task class takes: its own ``__init__`` arguments (through each ``**kwargs`` up to
+    :class:`SequenceTask`), then the :class:`DataOptions` fields."""
+    own: list[str] = []
+    for klass in cls.__mro__:
+        if klass is SequenceTask or not issubclass(klass, SequenceTask):
+            break
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        own += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):  # passes nothing on
+            return list(dict.fromkeys(own))
+    return list(dict.fromkeys([*own, *DATA_KEYS]))
 
 
 def split_rng(seed: int, split_index: int, *more: int) -> np.random.Generator:
@@ -84,11 +159,14 @@ class EpochSampler(RandomSampler):
 class SequenceTask(L.LightningDataModule):
     """Base class of the tasks: a data module whose splits are generated in memory from ``seed``.
 
-    Subclasses set the attributes below in ``__init__`` (after calling ``super().__init__``) and
-    implement :meth:`generate` (or override :meth:`build_splits` for a fixed data set).
+    Subclasses take their own arguments in ``__init__`` and pass the others (the :class:`DataOptions`) on:
+    ``def __init__(self, vocab: int = 16, **data: Any)`` calling ``super().__init__(**data)`` first; then they set
+    the attributes below and implement :meth:`generate` (or override :meth:`build_splits` for a fixed data set).
+    A task whose :meth:`check_length` needs its own attributes calls :meth:`check_test_lengths` at the end of its
+    ``__init__``. :func:`attnlab.register_task` makes a task selectable by name (``task=<name>``).
 
     Attributes:
-        name: short task name (the key in :data:`attnlab.tasks.TASKS`).
+        name: short task name, set by :func:`attnlab.register_task` (the key in :func:`attnlab.list_tasks`).
         vocab_size: number of token ids, PAD included; tokens lie in ``[0, vocab_size)``.
         num_classes: number of target classes; labels lie in ``[0, num_classes)`` (or are -100).
         pad_id: padding token, always 0.
@@ -96,14 +174,12 @@ class SequenceTask(L.LightningDataModule):
         seq_len: length ``L`` of the training sequences (tensors are padded to it).
         max_len: largest ``L`` over all splits (size positional tables with it).
         length_keys: the constructor arguments that set the sequence length (named in config errors).
+        data_defaults: the :class:`DataOptions` this task defaults to (class attribute).
+        data_options: the checked :class:`DataOptions` of this task; ``batch_size``, ``num_train``, ``num_val``,
+            ``num_test``, ``seed``, ``num_workers``, ``resample`` and ``test_lengths`` read its fields.
 
     Args:
-        batch_size: examples per batch, >= 1 (and not more than ``num_train``; checked in ``setup``).
-        num_train: training examples, >= 1.
-        num_val: validation examples, >= 1.
-        num_test: test examples, >= 1.
-        seed: non-negative integer; fixes every split and the training shuffle order.
-        num_workers: DataLoader worker processes, >= 0.
+        **data: fields of :class:`DataOptions` (``batch_size``, ``num_train``, ...), over ``data_defaults``.
     """
 
     name: str = "sequence_task"
@@ -124,30 +200,45 @@ class SequenceTask(L.LightningDataModule):
     """The label at a position is a later input token (language modelling): a run with a mask that lets a position
     see a later key is refused before it starts."""
 
-    def __init__(
-        self,
-        batch_size: int = 64,
-        num_train: int = 1000,
-        num_val: int = 200,
-        num_test: int = 200,
-        seed: int = 0,
-        num_workers: int = 0,
-        *,
-        resample: bool = False,
-        test_lengths: Sequence[int] | None = None,
-    ) -> None:
+    data_defaults: ClassVar[DataOptions] = DataOptions()
+
+    batch_size: _Option[int] = _Option()
+    num_train: _Option[int] = _Option()
+    num_val: _Option[int] = _Option()
+    num_test: _Option[int] = _Option()
+    seed: _Option[int] = _Option()
+    num_workers: _Option[int] = _Option()
+    resample: _Option[bool] = _Option()
+    test_lengths: _Option[tuple[int, ...]] = _Option()
+
+    def __init__(self, **data: Any) -> None:
         super().__init__()
-        self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.num_train = check_int("num_train", num_train, minimum=1)
-        self.num_val = check_int("num_val", num_val, minimum=1)
-        self.num_test = check_int("num_test", num_test, minimum=1)
-        self.seed = check_int("seed", seed, minimum=0)
-        self.num_workers = check_int("num_workers", num_workers, minimum=0)
-        self.resample = bool(resample)
-        self.test_lengths: tuple[int, ...] = self._check_test_lengths(test_lengths)
+        for key in data:
+            if key not in DATA_KEYS:
+                allowed = ", ".join(task_options(type(self)))
+                raise ValueError(f"task '{self.name}' does not take parameter '{key}'; allowed: {allowed}")
+        self.data_options: DataOptions = self.check_data(replace(self.data_defaults, **data))
         self._data: dict[str, TensorDataset] = {}
         self._length_data: dict[int, TensorDataset] = {}
         self._train_epoch: int | None = None
+
+    def check_data(self, options: DataOptions) -> DataOptions:
+        """``options`` checked (one-line ``ValueError`` naming the field) and normalised (``test_lengths`` a
+        tuple). Runs in :meth:`__init__` before the subclass sets anything; a task that needs other rules (a
+        fixed data set's sizes) overrides it and calls ``super().check_data``."""
+        minimum = {"seed": 0, "num_workers": 0}
+        checked: dict[str, Any] = {
+            key: check_int(key, getattr(options, key), minimum=minimum.get(key, 1))
+            for key in ("batch_size", "num_train", "num_val", "num_test", "seed", "num_workers")
+        }
+        resample, test_lengths = bool(options.resample), self._check_test_lengths(options.test_lengths)
+        return replace(options, **checked, resample=resample, test_lengths=test_lengths)
+
+    def check_test_lengths(self) -> None:
+        """:meth:`check_length` on every one of ``test_lengths``; a task whose length rule needs its own attributes
+        calls it at the end of its ``__init__``, so that a bad length is refused before training."""
+        for length in self.test_lengths:
+            self.check_length(length)
 
     def _check_test_lengths(self, test_lengths: Sequence[int] | None) -> tuple[int, ...]:
         if isinstance(test_lengths, (str, int, float)):

@@ -8,12 +8,16 @@ convolution-like bias could use.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from attnlab.checks import check_int
-from attnlab.tasks.base import SequenceTask, split_rng
+from attnlab.tasks import register_task
+from attnlab.tasks.base import DataOptions, SequenceTask, split_rng
 
 NUM_IMAGES: int = 1797
 NUM_PIXELS: int = 64
@@ -21,6 +25,7 @@ MAX_INTENSITY: int = 16
 _MIN_SPLIT: int = 10  # a stratified split needs at least one example of each class on each side
 
 
+@register_task("digits")
 class Digits(SequenceTask):
     """sklearn digits, one pixel per token (per-sequence labels, 10 classes).
 
@@ -37,39 +42,17 @@ class Digits(SequenceTask):
             ``(64,)``: token position ``j`` holds pixel ``permutation[j]`` of the row-major image).
         num_train: training images, ``None`` → all the rest (``1797 - num_val - num_test``).
         num_val, num_test: >= 10 each (stratification), with at least 10 images left for training.
-        batch_size, seed, num_workers: see :class:`SequenceTask`.
+        **data: batch_size, seed, num_workers and the sizes above: see :class:`~attnlab.tasks.base.DataOptions`
+            (no ``resample`` or ``test_lengths``: a fixed data set).
 
     Batches: ``tokens LongTensor (B, 64)``, ``labels LongTensor (B,)`` in 0..9.
     """
 
-    name = "digits"
     per_token = False
+    data_defaults = DataOptions(num_train=None, num_val=270, num_test=270)
 
-    def __init__(
-        self,
-        permute: bool = False,
-        batch_size: int = 64,
-        num_train: int | None = None,
-        num_val: int = 270,
-        num_test: int = 270,
-        seed: int = 0,
-        num_workers: int = 0,
-        resample: bool = False,
-    ) -> None:
-        if resample:
-            raise ValueError("resample=true needs a generated task; digits is a fixed data set (1,797 images)")
-        num_val = check_int("num_val", num_val, minimum=_MIN_SPLIT)
-        num_test = check_int("num_test", num_test, minimum=_MIN_SPLIT)
-        available = NUM_IMAGES - num_val - num_test
-        if available < _MIN_SPLIT:
-            raise ValueError(
-                f"num_val + num_test must be <= {NUM_IMAGES - _MIN_SPLIT} to leave {_MIN_SPLIT} training "
-                f"images, got {num_val} + {num_test} = {num_val + num_test}"
-            )
-        if num_train is None:
-            num_train = available
-        num_train = check_int("num_train", num_train, minimum=1, maximum=available)
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers)
+    def __init__(self, permute: bool = False, **data: Any) -> None:
+        super().__init__(**data)
         if not isinstance(permute, (bool, np.bool_)):
             raise ValueError(f"permute must be True or False, got {permute!r}")
         self.permute = bool(permute)
@@ -80,6 +63,23 @@ class Digits(SequenceTask):
         self.num_classes = 10
         self.seq_len = NUM_PIXELS
         self.max_len = NUM_PIXELS
+
+    def check_data(self, options: DataOptions) -> DataOptions:
+        """A fixed data set: no ``resample``; ``num_val`` and ``num_test`` at least 10 each (stratification), with
+        10 images left for training; ``num_train`` at most what is left (``None``: all of it)."""
+        if options.resample:
+            raise ValueError("resample=true needs a generated task; digits is a fixed data set (1,797 images)")
+        num_val = check_int("num_val", options.num_val, minimum=_MIN_SPLIT)
+        num_test = check_int("num_test", options.num_test, minimum=_MIN_SPLIT)
+        available = NUM_IMAGES - num_val - num_test
+        if available < _MIN_SPLIT:
+            raise ValueError(
+                f"num_val + num_test must be <= {NUM_IMAGES - _MIN_SPLIT} to leave {_MIN_SPLIT} training "
+                f"images, got {num_val} + {num_test} = {num_val + num_test}"
+            )
+        num_train = available if options.num_train is None else options.num_train
+        num_train = check_int("num_train", num_train, minimum=1, maximum=available)
+        return super().check_data(replace(options, num_train=num_train, num_val=num_val, num_test=num_test))
 
     def split_indices(self) -> dict[str, np.ndarray]:
         """Indices into ``load_digits()`` of each split, ``{split: array (N_split,)}``."""

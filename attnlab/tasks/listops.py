@@ -15,13 +15,15 @@ order-sensitive: moving a digit into another bracket changes the value.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Union
+from dataclasses import replace
+from typing import Any, Union
 
 import numpy as np
 import torch
 
 from attnlab.checks import check_int, check_prob
-from attnlab.tasks.base import PAD_ID, SequenceTask, pad_sequences
+from attnlab.tasks import register_task
+from attnlab.tasks.base import PAD_ID, DataOptions, SequenceTask, pad_sequences
 
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
 OPERATORS: tuple[str, ...] = (MIN, MAX, MED, SUM_MOD)
@@ -140,6 +142,7 @@ def sample_tree(
     return node(0)
 
 
+@register_task("listops")
 class ListOps(SequenceTask):
     """ListOps data module (per-sequence labels, 10 classes).
 
@@ -167,14 +170,15 @@ class ListOps(SequenceTask):
         min_length: shortest train/val sequence in tokens, >= 1 (default 1: no lower bound).
         test_max_depth, test_max_args, test_max_length, test_min_length: the same for the test split;
             ``None`` → the train value. ``max_len = max(max_length, test_max_length)``.
-        batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
+        **data: batch_size, num_train (default 5,000), num_val, num_test (1,000 each), seed, num_workers, resample:
+            see :class:`~attnlab.tasks.base.DataOptions` (no ``test_lengths``: use the test_* settings).
 
     Batches: ``tokens LongTensor (B, L)`` right-padded with 0 (``L = max_length``, or ``test_max_length``
     for the test split), ``labels LongTensor (B,)`` in 0..9.
     """
 
-    name = "listops"
     per_token = False
+    data_defaults = DataOptions(num_train=5_000, num_val=1_000, num_test=1_000)
     length_keys = ("max_length", "test_max_length")
     evaluate = staticmethod(evaluate)
     to_tokens = staticmethod(to_tokens)
@@ -191,21 +195,9 @@ class ListOps(SequenceTask):
         test_max_args: int | None = None,
         test_max_length: int | None = None,
         test_min_length: int | None = None,
-        batch_size: int = 64,
-        num_train: int = 5_000,
-        num_val: int = 1_000,
-        num_test: int = 1_000,
-        seed: int = 0,
-        num_workers: int = 0,
-        resample: bool = False,
-        test_lengths: list[int] | None = None,
+        **data: Any,
     ) -> None:
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers, resample=resample)
-        if test_lengths:
-            raise ValueError(
-                "task listops does not support test_lengths; set test_min_length and test_max_length for a longer "
-                "test split"
-            )
+        super().__init__(**data)
         self.leaf_prob = check_prob("leaf_prob", leaf_prob)
         self.max_depth, self.max_args, self.min_length, self.max_length = self._check_shape_args(
             "", max_depth, max_args, min_length, max_length
@@ -221,6 +213,16 @@ class ListOps(SequenceTask):
         self.num_classes = 10
         self.seq_len = self.max_length
         self.max_len = max(self.max_length, self.test_max_length)
+
+    def check_data(self, options: DataOptions) -> DataOptions:
+        """Refuse ``test_lengths`` with a pointer to the test split's own length settings."""
+        checked = super().check_data(replace(options, test_lengths=None))
+        if options.test_lengths:
+            raise ValueError(
+                "task listops does not support test_lengths; set test_min_length and test_max_length for a longer "
+                "test split"
+            )
+        return checked
 
     @staticmethod
     def _check_shape_args(

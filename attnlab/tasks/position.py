@@ -55,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from attnlab.checks import check_int
-from attnlab.tasks.base import IGNORE_INDEX, PAD_ID, SequenceTask
+from attnlab.tasks import register_task
+from attnlab.tasks.base import IGNORE_INDEX, PAD_ID, DataOptions, SequenceTask
 
 __all__ = ["PositionTask", "Reverse", "Shift", "Sort", "bag_of_tokens_accuracy"]
 
@@ -129,15 +130,16 @@ class PositionTask(SequenceTask):
         min_length: shortest training sequence; ``None`` → the shortest with a target (1; Shift: ``offset + 1``), as
             Delétang et al. 2023 train on all lengths up to a maximum. Each sequence's true length is uniform in
             ``[min_length, seq_len]``; ``min_length = seq_len`` gives fixed-length sequences without padding.
-        resample: a fresh training set every epoch (see :class:`SequenceTask`).
-        test_lengths: extra test sets, each of sequences of exactly that length (no padding); see :meth:`check_length`.
-        batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
+        **data: batch_size, num_train (default 10,000), num_val, num_test (1,000 each), seed, num_workers,
+            resample, test_lengths (each a test set of sequences of exactly that length, no padding; see
+            :meth:`check_length`): see :class:`~attnlab.tasks.base.DataOptions`.
 
     Batches: ``tokens LongTensor (B, L)``, ``labels LongTensor (B, L)``.
     """
 
     name = "position_task"
     per_token = True
+    data_defaults = DataOptions(num_train=10_000, num_val=1_000, num_test=1_000)
     length_keys = ("seq_len", "min_length")
     shortest: int = 1
     """Shortest sequence that has a target (Shift: ``offset + 1``)."""
@@ -147,16 +149,9 @@ class PositionTask(SequenceTask):
         vocab: int = 16,
         seq_len: int = 32,
         min_length: int | None = None,
-        batch_size: int = 64,
-        num_train: int = 10_000,
-        num_val: int = 1_000,
-        num_test: int = 1_000,
-        seed: int = 0,
-        num_workers: int = 0,
-        resample: bool = False,
-        test_lengths: list[int] | None = None,
+        **data: Any,
     ) -> None:
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers, resample=resample)
+        super().__init__(**data)
         self.vocab = check_int("vocab", vocab, minimum=2)
         self.seq_len = self.check_length(seq_len, "seq_len")
         if min_length is None:
@@ -168,9 +163,7 @@ class PositionTask(SequenceTask):
         self.num_classes = self.vocab
         self.max_len = self.seq_len
         self.chance_accuracy = self.bag_of_tokens_accuracy(self.min_length, self.seq_len)
-        self.test_lengths = self._check_test_lengths(test_lengths)
-        for length in self.test_lengths:
-            self.check_length(length)
+        self.check_test_lengths()
 
     def bag_of_tokens_accuracy(self, min_length: int, max_length: int) -> float:
         """The best permutation-equivariant accuracy for lengths uniform in ``[min_length, max_length]`` (Shift's
@@ -211,6 +204,7 @@ class PositionTask(SequenceTask):
         return f"vocab={self.vocab}, lengths {self.min_length}..{self.seq_len}, chance={self.chance_accuracy:.3f}"
 
 
+@register_task("shift")
 class Shift(PositionTask):
     """Shift by ``offset`` (default 1: "previous token"): the label at position ``i`` is the token at ``i - offset``.
 
@@ -233,11 +227,8 @@ class Shift(PositionTask):
     Args:
         offset: the distance back, ``>= 1``; ``seq_len``, ``min_length`` and every test length must be at least
             ``offset + 1`` (the shortest sequence with a target).
-        vocab, seq_len, min_length, resample, test_lengths, batch_size, num_train, num_val, num_test, seed,
-            num_workers: see :class:`PositionTask`.
+        vocab, seq_len, min_length, **data: see :class:`PositionTask`.
     """
-
-    name = "shift"
 
     def __init__(self, offset: int = 1, **kwargs: Any) -> None:
         self.offset = check_int("offset", offset, minimum=1)
@@ -262,6 +253,7 @@ class Shift(PositionTask):
         return f"offset={self.offset}, {super()._describe_details()}"
 
 
+@register_task("reverse")
 class Reverse(PositionTask):
     """Reverse the sequence: the label at position ``i`` of a sequence of true length ``n`` is the token at
     ``n - 1 - i``.
@@ -285,14 +277,13 @@ class Reverse(PositionTask):
     Args: see :class:`PositionTask`.
     """
 
-    name = "reverse"
-
     def labels_for(self, tokens: np.ndarray, lengths: np.ndarray, content: np.ndarray) -> np.ndarray:
         source = lengths[:, None] - 1 - np.arange(tokens.shape[1])[None, :]  # (num, L): n - 1 - i
         mirrored = np.take_along_axis(tokens, np.clip(source, 0, None), axis=1)
         return np.where(content, mirrored - 1, IGNORE_INDEX)
 
 
+@register_task("sort")
 class Sort(PositionTask):
     """Sort the sequence: the label at position ``i`` is the ``i``-th smallest token (from 0; ties repeat, so with
     repeats the sorted sequence is unique and the sort's stability does not matter).
@@ -313,8 +304,6 @@ class Sort(PositionTask):
 
     Args: see :class:`PositionTask`.
     """
-
-    name = "sort"
 
     def labels_for(self, tokens: np.ndarray, lengths: np.ndarray, content: np.ndarray) -> np.ndarray:
         ranked = np.sort(np.where(content, tokens, self.vocab + 1), axis=1)  # PAD sorts after every content id

@@ -48,11 +48,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import platform
+from typing import Any
 
 import numpy as np
 
 from attnlab.checks import check_int
-from attnlab.tasks.base import SPLITS, SequenceTask
+from attnlab.tasks import register_task
+from attnlab.tasks.base import SPLITS, DataOptions, SequenceTask
 
 SEPARATOR: bytes = b"\n\n"
 """Joins the topics of a split."""
@@ -133,6 +135,7 @@ def _split_bytes(split: str) -> np.ndarray:
     return array
 
 
+@register_task("text")
 class TextLM(SequenceTask):
     """Byte-level causal LM on ``pydoc_data.topics`` (per-token labels: the next byte). See the module docstring.
 
@@ -151,15 +154,15 @@ class TextLM(SequenceTask):
 
     Args:
         seq_len: window length ``L`` (tokens per sequence), ``1 <= L < `` bytes of the smallest split (the test text).
-        resample: fresh random training windows every epoch (default True).
-        test_lengths: extra test sets of windows of each length (length generalisation), each ``< `` test bytes.
-        batch_size, num_train, num_val, num_test, seed, num_workers: see :class:`SequenceTask`.
+        **data: batch_size (default 16), num_train (3,000), num_val, num_test (320 each), seed, num_workers,
+            resample (default True: fresh random training windows every epoch), test_lengths (extra test sets of
+            windows of each length, each ``< `` test bytes): see :class:`~attnlab.tasks.base.DataOptions`.
 
     Batches: ``tokens LongTensor (B, seq_len)``, ``labels LongTensor (B, seq_len)``.
     """
 
-    name = "text"
     per_token = True
+    data_defaults = DataOptions(batch_size=16, num_train=3000, num_val=320, num_test=320, resample=True)
     length_keys = ("seq_len",)
     reports_bits = True
     requires_causal = True
@@ -167,16 +170,9 @@ class TextLM(SequenceTask):
     def __init__(
         self,
         seq_len: int = 128,
-        batch_size: int = 16,
-        num_train: int = 3000,
-        num_val: int = 320,
-        num_test: int = 320,
-        seed: int = 0,
-        num_workers: int = 0,
-        resample: bool = True,
-        test_lengths: list[int] | None = None,
+        **data: Any,
     ) -> None:
-        super().__init__(batch_size, num_train, num_val, num_test, seed, num_workers, resample=resample)
+        super().__init__(**data)
         self.split_bytes: dict[str, int] = {split: len(split_text(split)) for split in SPLITS}
         seq_len = check_int("seq_len", seq_len, minimum=1)
         self.check_length(seq_len, "seq_len")
@@ -191,9 +187,7 @@ class TextLM(SequenceTask):
         self.unigram_bpc = float(-np.log2(smoothed[test]).mean())
         digest = hashlib.sha256(b"\0".join(split_text(split) for split in SPLITS)).hexdigest()
         self.source_digest = digest[:12]
-        self.test_lengths = self._check_test_lengths(test_lengths)
-        for length in self.test_lengths:
-            self.check_length(length)
+        self.check_test_lengths()
 
     def check_length(self, length: int, name: str = "test_lengths") -> None:
         """A window of ``length`` tokens needs ``length + 1`` bytes of every split it is cut from (``seq_len``: all

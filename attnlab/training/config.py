@@ -56,7 +56,13 @@ GROUPS = (
     "hparams_search",
 )
 # groups whose ``custom`` choice selects a name registered by the user's own module (through ``imports``)
-CUSTOM_GROUPS = {"variant": "score", "mask": "mask", "normalizer": "normalizer", "position_bias": "position bias"}
+CUSTOM_GROUPS = {
+    "variant": "score",
+    "mask": "mask",
+    "normalizer": "normalizer",
+    "position_bias": "position bias",
+    "task": "task",
+}
 
 # keys that may differ between a run and its resume: they change how the run is watched, never its numbers
 # keys a resume may raise: training goes on past the original end (an extension)
@@ -620,12 +626,13 @@ def _mask_specs(spec: Any) -> Iterable[Any]:
 def _check_task(cfg: DictConfig) -> Any:
     """Build the task's datamodule (not set up) from the class registered under its name: ``_target_`` must name
     that class, and is never imported (a config may come from a folder someone else wrote)."""
-    from attnlab.tasks import TASKS
+    from attnlab.tasks import list_tasks, task_class
 
-    if cfg.task.name not in TASKS:
-        raise ConfigError(unknown_name_message("task", cfg.task.name, list(TASKS)))
+    if cfg.task.name not in list_tasks():
+        message = unknown_name_message("task", cfg.task.name, list_tasks())
+        raise ConfigError(f"{message}. A task of your own: task=custom task.name=<name> 'imports=[module]'")
     params = plain(cfg.task.datamodule)
-    target, cls = params.pop("_target_", None), TASKS[cfg.task.name]
+    target, cls = params.pop("_target_", None), task_class(cfg.task.name)
     if target is not None and str(target).rpartition(".")[2] != cls.__name__:
         raise ConfigError(
             f"task.datamodule._target_={target} is not the class of task={cfg.task.name} "
