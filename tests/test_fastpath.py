@@ -65,7 +65,8 @@ def test_causal_mask_fast_path_equals_eager_and_dense_mask(score, params):
     assert_same(fast, eager, inputs)
     assert_same(dense, eager, inputs)
     (call,) = spy.kwargs
-    has_bias = mha.score.bias(randn(1, H, L, 4), L) is not None
+    has_bias = score in ("relative_position", "t5_bias", "alibi")  # the presets: a score plus a position bias
+    assert (mha.position_bias is not None) is has_bias
     assert call["is_causal"] is (not has_bias)
     assert (call["attn_mask"] is None) is (not has_bias)
 
@@ -248,39 +249,39 @@ def test_key_padding_mask_is_built_per_batch_in_its_small_shape():
 
 def test_shaw_bias_gather_equals_loop_reference_values_and_gradients():
     clip, d_k, lq, lk = 2, 4, 5, 8  # Lq ≠ Lk: cross-attention shapes too
-    score = attnlab.build_score("relative_position", d_k=d_k, num_heads=H, clip=clip).double()
-    randomize_(score)
+    shaw = attnlab.build_score("relative_position", d_k=d_k, num_heads=H, clip=clip).position_bias.double()
+    randomize_(shaw)
     q = randn(B, H, lq, d_k, seed=1).requires_grad_()
-    bias = score.bias(q, lk)
+    bias = shaw.bias(q, lk)
     rows = []
     for i in range(lq):
-        row = [q[:, :, i] @ score.rel_k[min(max(j - i, -clip), clip) + clip] / math.sqrt(d_k) for j in range(lk)]
+        row = [q[:, :, i] @ shaw.rel_k[min(max(j - i, -clip), clip) + clip] / math.sqrt(d_k) for j in range(lk)]
         rows.append(torch.stack(row, dim=-1))
     ref = torch.stack(rows, dim=-2)
-    assert_same(bias, ref, [q, score.rel_k])
+    assert_same(bias, ref, [q, shaw.rel_k])
 
 
 def test_t5_bias_gather_equals_table_lookup_values_and_gradients():
-    score = attnlab.build_score("t5_bias", d_k=4, num_heads=H, num_buckets=8, max_distance=16).double()
-    randomize_(score)
+    t5 = attnlab.build_score("t5_bias", d_k=4, num_heads=H, num_buckets=8, max_distance=16).position_bias.double()
+    randomize_(t5)
     q = randn(1, H, 6, 4, seed=1)
-    bias = score.bias(q, 9)
-    buckets = score.buckets(6, 9, q.device)
-    ref = torch.stack([torch.stack([score.rel_bias[buckets[i, j]] for j in range(9)]) for i in range(6)])  # (6, 9, H)
-    assert_same(bias, ref.permute(2, 0, 1)[None], [score.rel_bias])
+    bias = t5.bias(q, 9)
+    buckets = t5.buckets(6, 9, q.device)
+    ref = torch.stack([torch.stack([t5.rel_bias[buckets[i, j]] for j in range(9)]) for i in range(6)])  # (6, 9, H)
+    assert_same(bias, ref.permute(2, 0, 1)[None], [t5.rel_bias])
     assert bias.is_contiguous()
 
 
 @pytest.mark.parametrize("name", ["t5_bias", "alibi", "relative_position"])
 def test_position_caches_hit_on_the_second_call(name):
-    score = attnlab.build_score(name, d_k=4, num_heads=H)
+    bias = attnlab.build_score(name, d_k=4, num_heads=H).position_bias
     q = torch.randn(1, H, 6, 4)
-    score.bias(q, 6)
-    cached = dict(score.position_bias._tables)
+    bias.bias(q, 6)
+    cached = dict(bias._tables)
     assert cached
-    score.bias(q, 6)
-    assert score.position_bias._tables.keys() == cached.keys()
-    assert all(score.position_bias._tables[k] is cached[k] for k in cached)
+    bias.bias(q, 6)
+    assert bias._tables.keys() == cached.keys()
+    assert all(bias._tables[k] is cached[k] for k in cached)
 
 
 # ---------------------------------------------------------------- dropout at p = 0
