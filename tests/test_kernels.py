@@ -180,13 +180,14 @@ def disabled_library(monkeypatch: pytest.MonkeyPatch, module) -> Library:
 
 
 class CallCounter:
-    """A pass-through wrapper counting the calls of a real function."""
+    """A pass-through wrapper counting the calls of a real function (and keeping their positional arguments)."""
 
     def __init__(self, fn):
-        self.fn, self.calls = fn, 0
+        self.fn, self.calls, self.args = fn, 0, []
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        self.args.append(args)
         return self.fn(*args, **kwargs)
 
 
@@ -658,12 +659,14 @@ def test_mha_without_the_relative_kernel_uses_biased_softmax_and_equals_eager(pa
     counter = CallCounter(BiasedSoftmaxAttention.apply)
     monkeypatch.setattr(BiasedSoftmaxAttention, "apply", staticmethod(counter))
     mha = make_mha(params)
+    assert mha.backend_for("cpu", torch.float64) == "biased_softmax"
     x, key_value, mask = mha_inputs(kind)
     with SDPACalls() as spy:
         mha(x, key_value, mask=mask)
-    assert [call.get("kernel") for call in spy.kwargs] == [None]
-    assert spy.kwargs[0]["attn_mask"] is not None and spy.kwargs[0]["attn_mask"].requires_grad
+    assert spy.kwargs == []  # neither the relative kernel nor SDPA: the biased_softmax backend's own call
     assert counter.calls == 1
+    (_, _, _, bias, _) = counter.args[0]
+    assert bias is not None and bias.requires_grad  # the learned bias, whose gradient it computes
     assert_fast_equals_eager(mha, x, key_value, mask)
 
 
