@@ -155,7 +155,9 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_prob("dropout", dropout, high_open=True)
         self.num_kv_heads = G = H if config.num_kv_heads is None else config.num_kv_heads
         if H % G:
-            raise ValueError(f"num_kv_heads ({G}) must divide num_heads ({H}): 1 (multi-query), a divisor, or {H}")
+            raise ValueError(
+                f"num_kv_heads ({G}) must divide num_heads ({H}): 1 (multi-query), a divisor (GQA), or null (= {H})"
+            )
         self.differential = config.differential
         maps = 2 if self.differential else 1
         self.query_heads, self.key_heads = maps * H, maps * G  # Hq, Gk

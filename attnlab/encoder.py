@@ -152,9 +152,8 @@ class Encoder(nn.Module):
         rope: :class:`~attnlab.positions.RotaryEmbedding` parameters (``base``, ``fraction``) for ``rope``.
         dropout: on attention weights, residual branches and the embedding.
         norm_first: pre-LN (default) or post-LN.
-        num_kv_heads, qk_norm, softcap, normalizer, normalizer_params, position_bias, position_bias_params,
-        differential, backend: the attention stages, as in :class:`~attnlab.attention.MultiHeadAttention`; layer l
-        (from 1) gets ``layer=l``.
+        **attention_options: the other attention stages, as in :class:`~attnlab.attention.MultiHeadAttention` (the
+            fields of :class:`~attnlab.config.AttentionConfig`); layer l (from 1) gets ``layer=l``.
     """
 
     def __init__(

@@ -137,8 +137,7 @@ class EncoderModule(L.LightningModule):
             as plain dicts, one per layer.
         pattern: the name of the per-layer pattern (``model.pattern``, e.g. ``LG``), recorded for the run.
         score, score_params, mask: the attention of every layer as before (an older run's hyperparameters): with
-            ``attention`` as a dict of the other stages (``num_kv_heads``, ``rope``, ``qk_norm`` ...), they make one
-            AttentionConfig.
+            ``attention`` as a dict of the other AttentionConfig fields, they make one AttentionConfig.
         pos_encoding, norm_first, dropout: encoder options.
         lr, weight_decay, warmup_steps, max_steps, betas: AdamW with warm-up + cosine decay over ``max_steps``.
         test_lengths: the task's extra test lengths: test dataloader ``k >= 1`` is length ``test_lengths[k - 1]``.

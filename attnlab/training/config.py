@@ -603,12 +603,6 @@ def _check_stages(cfg: DictConfig, config: Any, where: str) -> None:
         except (TypeError, ValueError) as exc:
             raise _prefixed(src[f"{group}_params"] + ".", exc, stage_params) from None
 
-    kv = config.num_kv_heads
-    if kv is not None and cfg.num_heads % kv:
-        raise ConfigError(
-            f"{src['num_kv_heads']} ({kv}) must divide num_heads ({cfg.num_heads}): 1 (multi-query), a divisor "
-            "(GQA), or null (= num_heads)"
-        )
     from attnlab.backends import list_backends
 
     if config.backend != "auto" and config.backend not in list_backends():

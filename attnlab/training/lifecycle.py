@@ -641,7 +641,6 @@ class Run:
         for name in FIELDS:
             if first is not None and hasattr(s, name) and name not in ("d_k", "mask"):
                 setattr(s, name, getattr(first, name))
-        s.num_kv_heads = s.num_kv_heads or s.num_heads
         s.attention = base_attention(self.cfg).describe()
         s.pattern = pattern_name(configs, self.cfg.model.get("pattern"))
         s.layers = [c.changes() for c in configs] if s.pattern else []
