@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnlab.runs import SweepJournal
 from attnlab.training import sweep
 
@@ -43,3 +45,27 @@ def test_the_sweep_table_lists_the_jobs_in_job_order_not_finish_order(tmp_path: 
     rows = [m.group(1) for m in re.finditer(r"^│ (\d+)_lr=", out, re.M)]
     assert rows == ["0", "1", "2", "10"]
     assert "3 ok, 1 failed" in out and sweep.failed_jobs() == 1
+
+
+@pytest.mark.slow
+def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_order(tmp_path: Path) -> None:
+    # job #0 trains 6 times longer than job #1, so that #1 finishes first
+    proc = _train(
+        "-m",
+        "max_steps=30,5",
+        "eval_every=5",
+        "debug=fast",
+        "logger=none",
+        "results_table=false",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = re.findall(r"^(\S*) · step (\d+)/(\d+) · ", proc.stdout, re.M)
+    assert {(job, total) for job, _, total in steps} == {("#0", "30"), ("#1", "5")}
+    assert len(steps) == 6 + 1
+    _, finished = SweepJournal(tmp_path).read()
+    assert [job["job"].split("_")[0] for job in finished] == ["1", "0"]  # (the order they finished in)
+    table = re.findall(r"^│ (\d+)_\S+ +│ ok ", proc.stdout, re.M)
+    assert table == ["0", "1"]
