@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
-from attnlab.runs import SweepJournal
-from attnlab.training import sweep
+from attnlab.runs import RunFolder, SweepJournal
+from attnlab.training import CONF_DIR, run, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,3 +70,30 @@ def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_o
     assert [job["job"].split("_")[0] for job in finished] == ["1", "0"]  # (the order they finished in)
     table = re.findall(r"^│ (\d+)_\S+ +│ ok ", proc.stdout, re.M)
     assert table == ["0", "1"]
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+def test_the_text_task_reports_its_bpc_in_the_results_line_and_tables(tmp_path: Path, capsys) -> None:
+    job = tmp_path / "0_task=text"
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["task=text", "debug=fast", "logger=none", "diagnostics.enabled=false"])
+    run(cfg, job)
+    summary = RunFolder(job).read_summary()
+    test_bpc = f"{summary.metrics['test/bpc']:.3f}"
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "best val acc" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")][-2:] == ["test bpc", "time"]
+    assert re.search(rf"│ +{re.escape(test_bpc)} │ +[\d.]+ s │", out)
+    assert f", test bpc {test_bpc}, 5 steps" in (job / "train.log").read_text()  # the results line
+
+    journal = SweepJournal(tmp_path)
+    journal.start(2)
+    journal.record(job.name, "ok", None, 1.0)
+    journal.record("1_task=text", "failed", "a job that wrote no summary", 1.0)
+    sweep._report(tmp_path)
+    out = capsys.readouterr().out
+    assert re.search(r"┃ job +┃ status ┃ best val acc ┃ test acc ┃ test bpc ┃ wall time ┃", out)
+    assert re.search(rf"│ 0_task=text +│ ok +│ .* │ +{re.escape(test_bpc)} │ +1\.0 s │", out)
+    assert re.search(r"│ 1_task=text +│ failed +│ +- │ +- │ +- │ +1\.0 s │", out)

@@ -16,7 +16,7 @@ from rich.table import Table
 from attnlab.console import plain_console, printable
 from attnlab.runs import Summary, nofollow_opener
 
-__all__ = ["RunLog", "clock", "quiet_libraries", "results_line", "results_table"]
+__all__ = ["RunLog", "bpc", "clock", "quiet_libraries", "results_line", "results_table"]
 
 LOG = logging.getLogger("attnlab")
 
@@ -104,10 +104,18 @@ def _pct(metrics: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def bpc(metrics: dict[str, Any], key: str) -> str:
+    """Bits per byte (``val/bpc``, ``test/bpc``), or "-"."""
+    value = metrics.get(key)
+    return "-" if value is None else f"{value:.3f}"
+
+
 def results_line(summary: Summary) -> str:
     """The results in one line (for train.log)."""
     m = summary.metrics
     line = f"{summary.status}: best val acc {_pct(m, 'val/acc_best')}, test acc {_pct(m, 'test/acc')}"
+    if m.get("test/bpc") is not None:  # a language-modelling task (task=text)
+        line += f", test bpc {bpc(m, 'test/bpc')}"
     return (
         line + f", {summary.steps} steps, {summary.wall_time_s or 0:.1f} s" + (" (smoke run)" if summary.smoke else "")
     )
@@ -122,16 +130,12 @@ def results_table(summary: Summary) -> Table:
         caption=caption if summary.smoke else None,
         caption_justify="left",
     )
-    for col in ("variant", "d_k", "heads", "params", "steps", "best val acc", "test acc", "time"):
+    m = summary.metrics
+    bits = m.get("test/bpc") is not None  # a language-modelling task (task=text)
+    columns = ["variant", "d_k", "heads", "params", "steps", "best val acc", "test acc"] + ["test bpc"] * bits
+    for col in [*columns, "time"]:
         table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=col == "variant")
-    table.add_row(
-        str(summary.variant),
-        str(summary.d_k),
-        str(summary.num_heads),
-        f"{summary.params or 0:,}",
-        str(summary.steps),
-        _pct(summary.metrics, "val/acc_best"),
-        _pct(summary.metrics, "test/acc"),
-        f"{summary.wall_time_s or 0:.1f} s",
-    )
+    row = [str(summary.variant), str(summary.d_k), str(summary.num_heads), f"{summary.params or 0:,}"]
+    row += [str(summary.steps), _pct(m, "val/acc_best"), _pct(m, "test/acc")] + [bpc(m, "test/bpc")] * bits
+    table.add_row(*row, f"{summary.wall_time_s or 0:.1f} s")
     return table

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.console import plain_console, printable
 from attnlab.runs import SWEEP_FILE, RunFileError, RunFolder, SweepJournal, is_odd
-from attnlab.training.console import clock
+from attnlab.training.console import bpc, clock
 
 __all__ = [
     "RunFolderGuard",
@@ -206,8 +206,7 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title=f"sweep {sweep}", title_justify="left")
-    for col in ("job", "status", "best val acc", "test acc", "wall time"):
-        table.add_column(col, justify="left" if col in ("job", "status") else "right")
+    rows = []
     for job in jobs:
         metrics: dict[str, Any] = {}
         name = str(job.get("job"))
@@ -215,11 +214,17 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
         with contextlib.suppress(RunFileError, OSError, ValueError, TypeError):
             summary = RunFolder(sweep / name).read_summary() if inside else None
             metrics = summary.metrics if summary else {}
+        rows.append((job, metrics))
+    bits = any(metrics.get("test/bpc") is not None for _, metrics in rows)  # a language-modelling task (task=text)
+    for col in ("job", "status", "best val acc", "test acc", *["test bpc"] * bits, "wall time"):
+        table.add_column(col, justify="left" if col in ("job", "status") else "right")
+    for job, metrics in rows:
         wall = job.get("wall_time_s")
         table.add_row(
             str(job.get("job")),
             str(job.get("status")),
             *(f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-" for k in ("val/acc_best", "test/acc")),
+            *[bpc(metrics, "test/bpc")] * bits,
             f"{wall:.1f} s" if isinstance(wall, int | float) else "-",
         )
     return table
