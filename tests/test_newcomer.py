@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,22 @@ def test_the_text_task_reports_its_bpc_in_the_results_line_and_tables(tmp_path: 
     assert re.search(r"┃ job +┃ status ┃ best val acc ┃ test acc ┃ test bpc ┃ wall time ┃", out)
     assert re.search(rf"│ 0_task=text +│ ok +│ .* │ +{re.escape(test_bpc)} │ +1\.0 s │", out)
     assert re.search(r"│ 1_task=text +│ failed +│ +- │ +- │ +- │ +1\.0 s │", out)
+
+
+# ------------------------------------------------------------------------------------------ set-up
+
+
+def test_pyproject_declares_its_license_as_an_spdx_expression_without_a_deprecation_warning() -> None:
+    pyprojecttoml = pytest.importorskip("setuptools.config.pyprojecttoml")
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+    from setuptools.dist import Distribution
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # setuptools >= 77 warns about the TOML-table form
+        dist = pyprojecttoml.apply_configuration(Distribution(), REPO / "pyproject.toml")
+    assert dist.metadata.license_expression == "MIT"
+    # the build requires a setuptools that reads an SPDX expression (77, PEP 639)
+    requires = pyprojecttoml.read_configuration(REPO / "pyproject.toml")["build-system"]["requires"]
+    (setuptools,) = [Requirement(r) for r in requires if Requirement(r).name == "setuptools"]
+    assert Version("76.1") not in setuptools.specifier and Version("77.0.0") in setuptools.specifier
