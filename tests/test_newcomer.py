@@ -117,3 +117,29 @@ def test_pyproject_declares_its_license_as_an_spdx_expression_without_a_deprecat
     requires = pyprojecttoml.read_configuration(REPO / "pyproject.toml")["build-system"]["requires"]
     (setuptools,) = [Requirement(r) for r in requires if Requirement(r).name == "setuptools"]
     assert Version("76.1") not in setuptools.specifier and Version("77.0.0") in setuptools.specifier
+
+
+# ------------------------------------------------------------------------------------------ DDP
+
+
+@pytest.mark.slow
+def test_ddp_logs_its_epoch_level_values_without_lightnings_sync_dist_warning(tmp_path: Path) -> None:
+    """Two CPU processes (gloo) on the text task: val/acc_best, val/bpc, test/bpc and test/bpc@L are computed from
+    torchmetrics (reduced already) and logged with sync_dist, as Lightning asks under DDP."""
+    proc = _train(
+        "trainer=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "task=text",
+        "task.datamodule.resample=false",  # (its per-epoch windows follow one sampler)
+        "task.datamodule.test_lengths=[160]",
+        "debug=fast",
+        "logger=none",
+        "results_table=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sync_dist" not in proc.stdout + proc.stderr
+    summary = RunFolder(tmp_path / "run").read_summary()
+    assert summary.world_size == 2
+    assert {"val/acc_best", "val/bpc", "test/bpc", "test/bpc@160"} <= summary.metrics.keys()

@@ -23,7 +23,6 @@ LOG = logging.getLogger("attnlab")
 # routine warnings of the libraries that a user can do nothing about
 _QUIET_WARNINGS = (
     r".*treespec.*",  # Lightning's use of torch's pytree API
-    r".*self\.log\('val/acc_best', \.\.\., sync_dist=True\).*",  # a MaxMetric's compute() is already reduced
     r"Checkpoint directory .* exists and is not empty\.",  # a resumed run writes into its own checkpoints/
     r".*does not have many workers which may be a bottleneck.*",  # the tasks live in memory
     r"The number of training batches .* is smaller than the logging interval.*",
