@@ -5,6 +5,9 @@ subprocesses for the command lines."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import re
 import subprocess
@@ -13,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 
 from attnlab.runs import RunFolder, SweepJournal
@@ -143,3 +147,45 @@ def test_ddp_logs_its_epoch_level_values_without_lightnings_sync_dist_warning(tm
     summary = RunFolder(tmp_path / "run").read_summary()
     assert summary.world_size == 2
     assert {"val/acc_best", "val/bpc", "test/bpc", "test/bpc@160"} <= summary.metrics.keys()
+
+
+# ------------------------------------------------------------------------------------------ W&B
+
+
+def _wandb_records(run_dir: Path) -> list[dict]:
+    """The records of the run's single offline W&B run, read by wandb's own reader."""
+    (offline,) = sorted((run_dir / "wandb").glob("offline-run-*"))
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(offline)], capture_output=True, text=True, check=True
+    ).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def wandb_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[dict]]:
+    """A digits run (validations at steps 5 and 10) with W&B offline: (its folder, its output, its W&B records)."""
+    folder = tmp_path_factory.mktemp("wandb") / "run"
+    overrides = ["debug=fast", "max_steps=10", "eval_every=5", "logger=wandb", "logger.mode=offline"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        run(cfg, folder)
+    assert RunFolder(folder).read_summary().status == "ok"
+    return folder, out.getvalue(), _wandb_records(folder)
+
+
+@pytest.mark.slow
+def test_wandb_config_is_the_hydra_config_once_with_the_tasks_chance_accuracy(wandb_run) -> None:
+    folder, _, records = wandb_run
+    config: dict = {}
+    for record in records:  # the config given at init, then every update (Lightning's log_hyperparams: fit, test)
+        update = record["run"]["config"] if record["type"] == "run" else record.get("config")
+        if record["type"] in ("run", "config") and update:
+            config.update(update["update"])
+    config.pop("_wandb", None)
+    hydra_config = yaml.safe_load((folder / "config.yaml").read_text())
+    summary = RunFolder(folder).read_summary()
+    assert summary.chance_accuracy == pytest.approx(0.1)  # digits: 1 / 10 classes
+    assert summary.d_k == 16  # d_k: null in config.yaml, d_model // num_heads
+    assert config == {**hydra_config, "d_k": summary.d_k, "chance_accuracy": summary.chance_accuracy}

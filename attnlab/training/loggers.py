@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from attnlab.runs import MetricsFile, RunFileError, RunFolder, atomic_open, is_wandb_id, read_text
-from attnlab.training.config import plain
+from attnlab.training.config import plain, resolve_d_k
 
 __all__ = ["JsonlLogger", "finish_wandb", "make_loggers", "wandb_run_id"]
 
@@ -79,11 +79,26 @@ class JsonlLogger(Logger):
 
 
 class _WandbLogger(WandbLogger):
-    """Lightning's WandbLogger without the ``anonymous`` init key, which W&B ≥ 0.19 warns about even when None."""
+    """Lightning's WandbLogger without the ``anonymous`` init key, which W&B ≥ 0.19 warns about even when None.
+
+    The W&B config is the run's resolved Hydra config, given at init and nested as in config.yaml (see
+    :func:`_wandb`). Lightning passes the module's constructor arguments to :meth:`log_hyperparams` at fit and at
+    test: they repeat that config's settings at top level (``d_model``, ``score``, ``betas`` ...), so only what the
+    config lacks is taken from them: the task's ``chance_accuracy``, with the module's default
+    (``1 / num_classes``) where the task sets none."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._wandb_init.pop("anonymous", None)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        params = vars(params) if isinstance(params, Namespace) else dict(params)
+        chance = params.get("chance_accuracy")
+        if chance is None and params.get("num_classes"):
+            chance = 1.0 / params["num_classes"]
+        if chance is not None:
+            self.experiment.config.update({"chance_accuracy": float(chance)}, allow_val_change=True)
 
 
 def wandb_run_id(folder: RunFolder, resume: bool) -> str:
@@ -115,7 +130,8 @@ def _wandb(cfg: DictConfig, folder: RunFolder, run_id: str, name: str, group: st
         job_type=cfg.variant.name,
         mode=lc.mode,
         tags=list(lc.get("tags") or []),
-        config=plain(cfg),
+        # d_k as the run uses it (null in the config: d_model // num_heads), as in summary.json: runs group by it
+        config={**plain(cfg), "d_k": resolve_d_k(cfg)},
         settings=wandb.Settings(console="off", silent=True),
     )
 
