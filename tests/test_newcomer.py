@@ -19,7 +19,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
-from attnlab.runs import RunFolder, SweepJournal
+from attnlab.runs import RunFolder, SweepJournal, read_metrics
 from attnlab.training import CONF_DIR, run, sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,3 +189,19 @@ def test_wandb_config_is_the_hydra_config_once_with_the_tasks_chance_accuracy(wa
     assert summary.chance_accuracy == pytest.approx(0.1)  # digits: 1 / 10 classes
     assert summary.d_k == 16  # d_k: null in config.yaml, d_model // num_heads
     assert config == {**hydra_config, "d_k": summary.d_k, "chance_accuracy": summary.chance_accuracy}
+
+
+@pytest.mark.slow
+def test_validation_is_logged_at_the_steps_the_console_prints(wandb_run) -> None:
+    folder, out, records = wandb_run
+    printed = [int(step) for step in re.findall(r"^step (\d+)/10 · ", out, re.M)]
+    assert printed == [5, 10]
+    history = [r["history"]["item"] for r in records if r["type"] == "history"]
+    assert [row["trainer/global_step"] for row in history if "val/acc" in row] == printed
+    rows = read_metrics(folder / "metrics.jsonl")
+    assert [row["step"] for row in rows if "val/acc" in row] == printed
+    # the diagnostics and the test already counted the steps done, and still do; the training loss at step k is that
+    # of the weights after k updates, from step 0
+    assert [row["step"] for row in rows if "attn/entropy" in row] == [0, 10]
+    assert [row["step"] for row in rows if "test/acc" in row] == [10]
+    assert [row["step"] for row in rows if "train/loss" in row] == list(range(10))

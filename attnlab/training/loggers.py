@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import sys
 from argparse import Namespace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,18 @@ from omegaconf import DictConfig
 from attnlab.runs import MetricsFile, RunFileError, RunFolder, atomic_open, is_wandb_id, read_text
 from attnlab.training.config import plain, resolve_d_k
 
-__all__ = ["JsonlLogger", "finish_wandb", "make_loggers", "wandb_run_id"]
+__all__ = ["JsonlLogger", "at_global_step", "finish_wandb", "make_loggers", "wandb_run_id"]
+
+
+def at_global_step(metrics: Mapping[str, Any], step: int | None) -> int | None:
+    """The step to log a row of ``metrics`` at: the optimizer steps done (``trainer.global_step``), as the console
+    ("step 100/300"), the checkpoints and the diagnostics count them. Lightning logs the metrics of a validation
+    during training at its count of the batches that stepped, which takes in the batch just trained only after the
+    validation: one less (99). Its rows of ``val/`` metrics move to the step the console prints; the training rows
+    stay where Lightning puts them (the loss at step k is that of the weights after k updates)."""
+    if step is not None and any(key.startswith("val/") for key in metrics):
+        return step + 1
+    return step
 
 
 class JsonlLogger(Logger):
@@ -69,7 +81,7 @@ class JsonlLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        row: dict[str, Any] = {"step": step}
+        row: dict[str, Any] = {"step": at_global_step(metrics, step)}
         row.update({k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()})
         self.file.append(row)
 
@@ -99,6 +111,18 @@ class _WandbLogger(WandbLogger):
             chance = 1.0 / params["num_classes"]
         if chance is not None:
             self.experiment.config.update({"chance_accuracy": float(chance)}, allow_val_change=True)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, at_global_step(metrics, step))
+
+
+class _CSVLogger(CSVLogger):
+    """Lightning's CSVLogger, its validation rows at the step the console prints (:func:`at_global_step`)."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        super().log_metrics(metrics, at_global_step(metrics, step))
 
 
 def wandb_run_id(folder: RunFolder, resume: bool) -> str:
@@ -141,7 +165,7 @@ def make_loggers(cfg: DictConfig, folder: RunFolder, wandb_id: str, name: str, g
     job type, ``name`` from the overrides and the full resolved config)."""
     loggers: list[Any] = [JsonlLogger(folder.path)]
     if cfg.logger.name == "csv":
-        loggers.append(CSVLogger(save_dir=str(folder.path), name="csv", version=""))
+        loggers.append(_CSVLogger(save_dir=str(folder.path), name="csv", version=""))
     elif cfg.logger.name == "wandb":
         loggers.append(_wandb(cfg, folder, wandb_id, name, group))
     return loggers
