@@ -205,3 +205,66 @@ def test_validation_is_logged_at_the_steps_the_console_prints(wandb_run) -> None
     assert [row["step"] for row in rows if "attn/entropy" in row] == [0, 10]
     assert [row["step"] for row in rows if "test/acc" in row] == [10]
     assert [row["step"] for row in rows if "train/loss" in row] == list(range(10))
+
+
+# ------------------------------------------------------------------------------------------ | head
+
+
+def _piped(args: list[str], until: str | None) -> tuple[int, str]:
+    """Run ``args`` with stdout into a pipe whose reader goes away (as ``| head`` does) once it has read a line
+    containing ``until``, or before reading anything: (exit code, stderr)."""
+    proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if until is not None:
+        for line in proc.stdout:
+            if until in line:
+                break
+    proc.stdout.close()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    return proc.wait(timeout=600), err
+
+
+def _quiet(err: str) -> bool:
+    return not any(noise in err for noise in ("Traceback", "BrokenPipe", "Broken pipe", "Exception ignored"))
+
+
+@pytest.mark.slow
+def test_output_piped_to_head_ends_quietly_and_leaves_a_finished_run_finished(tmp_path: Path) -> None:
+    # train: the reader goes after the last validation line, before the results table
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "debug=fast", "logger=none", f"hydra.run.dir={run_dir}"]
+    code, err = _piped(cmd, until="step 5/5")
+    assert _quiet(err), err
+    summary = RunFolder(run_dir).read_summary()
+    assert (code, summary.status) == (0, "ok")  # the run was finished when its table could not be shown
+    assert re.search(r"ok: best val acc .*, 5 steps", (run_dir / "train.log").read_text())
+
+    # a sweep without results tables: the reader goes before the job's last lines (run folder, job 1/1 done)
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "train.py", "-m", "debug=fast", "logger=none", "results_table=false"]
+    code, err = _piped([*cmd, f"hydra.sweep.dir={sweep_dir}"], until="step 5/5")
+    assert _quiet(err), err
+    assert code == 0 and [job["status"] for job in SweepJournal(sweep_dir).read()[1]] == ["ok"]
+
+    # the dashboard: its table's first line is read (| head -1); the page and the CSV are written all the same
+    cmd = [sys.executable, "-m", "attnlab.dashboard", str(run_dir), "--csv", str(tmp_path / "runs.csv")]
+    code, err = _piped(cmd, until="")
+    assert _quiet(err), err
+    assert code in (0, 1) and (run_dir / "dashboard.html").exists() and (tmp_path / "runs.csv").exists()
+
+    # the bench: nothing is read
+    cmd = [sys.executable, "-m", "attnlab.bench", "--quick", "--only", "fused", "--out", str(tmp_path / "bench")]
+    code, err = _piped(cmd, until=None)
+    assert _quiet(err), err
+    assert code == 1 and (tmp_path / "bench" / "bench.json").exists()
+
+
+@pytest.mark.slow
+def test_a_run_whose_output_goes_away_during_training_ends_as_interrupted(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, err = _piped([sys.executable, "train.py", "debug=fast", "logger=none", f"hydra.run.dir={run_dir}"], None)
+    assert _quiet(err), err
+    summary = RunFolder(run_dir).read_summary()
+    assert (code, summary.status) == (130, "interrupted")  # as after Ctrl-C: resume=true continues it
+    log = (run_dir / "train.log").read_text()
+    assert "(new run)" in log and "resume with: python train.py resume=true" in log

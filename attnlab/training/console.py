@@ -6,6 +6,7 @@ availability, tips, checkpoint restores) are kept out of the output. Nothing her
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.table import Table
 from attnlab.console import plain_console, printable
 from attnlab.runs import Summary, nofollow_opener
 
-__all__ = ["RunLog", "bpc", "clock", "quiet_libraries", "results_line", "results_table"]
+__all__ = ["RunLog", "bpc", "clock", "quiet_libraries", "results_line", "results_table", "stdout_gone"]
 
 LOG = logging.getLogger("attnlab")
 
@@ -37,6 +38,14 @@ def quiet_libraries() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+def stdout_gone() -> None:
+    """After a write to stdout failed because its reader has gone (``| head``): point stdout at os.devnull, as
+    Python's signal docs advise ("Note on SIGPIPE"), so that no later write, nor the flush at exit, fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class _NoFollowFileHandler(logging.FileHandler):
     """A log file opened without following a symbolic link (a linked train.log is refused, never appended to)."""
 
@@ -48,12 +57,19 @@ class RunLog:
     """The run's voice: lines on stdout (errors on stderr) and, once :meth:`open`, in ``train.log``.
 
     Only the process that writes the run folder (rank 0) speaks; the others are created with ``enabled=False``.
+
+    When stdout's reader has gone (``| head``), stdout goes to os.devnull from then on and train.log still gets
+    every line. Until training ends, that ends the run as interrupted (resumable, exit 130), as Ctrl-C would; once
+    it has ended (:attr:`finished`, set by the progress callback; the test prints nothing) it changes nothing: the
+    run is tested and recorded, and the command ends as it would have.
     """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.console = plain_console()  # names and values are printed as text, never as markup
+        self.console.on_broken_pipe = self._stdout_gone  # (Rich calls it on BrokenPipeError)
         self._handler: logging.Handler | None = None
+        self.finished = False
 
     def open(self, path: Path) -> None:
         """Append the run's lines to ``path`` (train.log), with timestamps."""
@@ -73,8 +89,8 @@ class RunLog:
 
     def info(self, message: str) -> None:
         if self.enabled:
-            self.console.print(message)
             LOG.info(message)
+            self.console.print(message)
 
     def error(self, message: str) -> None:
         """``error: <message>`` on stderr (and in train.log when it is open)."""
@@ -83,11 +99,18 @@ class RunLog:
             LOG.error(message)
 
     def table(self, table: Table, text: str = "") -> None:
-        """Print ``table``; train.log gets ``text`` instead (one line)."""
+        """Print ``table`` (the results: the run has finished); train.log gets ``text`` instead (one line)."""
+        self.finished = True
         if self.enabled:
-            self.console.print(table)
             if text:
                 LOG.info(text)
+            self.console.print(table)
+
+    def _stdout_gone(self) -> None:
+        self.console.quiet = True
+        stdout_gone()
+        if not self.finished:
+            raise SystemExit(1)  # (what Rich does)
 
 
 def clock(seconds: float) -> str:

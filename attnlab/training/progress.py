@@ -103,6 +103,7 @@ class StepProgress(ProgressBar):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop()
+        self.runlog.finished = True  # (a broken stdout no longer stops the run: see RunLog)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._stop()

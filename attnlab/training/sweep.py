@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.console import plain_console, printable
 from attnlab.runs import SWEEP_FILE, RunFileError, RunFolder, SweepJournal, is_odd
-from attnlab.training.console import bpc, clock
+from attnlab.training.console import bpc, clock, stdout_gone
 
 __all__ = [
     "RunFolderGuard",
@@ -151,7 +151,10 @@ def job_done(job: str, status: str, reason: str | None, wall_time_s: float | Non
         line += f", {clock(elapsed)} elapsed"
         if total and done < total:
             line += f", ~{clock(elapsed / done * (total - done))} left"
-    print(line, flush=True)
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:  # stdout's reader has gone (| head): the job's record stands
+        stdout_gone()
 
 
 class SweepReport(Callback):
