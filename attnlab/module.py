@@ -343,14 +343,17 @@ class EncoderModule(L.LightningModule):
             return
         acc = self.val_acc.compute()
         self.val_acc_best(acc)
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+        # values from torchmetrics' compute() are reduced over the processes already, and equal on all of them:
+        # sync_dist, as Lightning asks of epoch-level values under DDP, with max, which leaves them exactly so
+        synced: dict[str, Any] = {"sync_dist": True, "reduce_fx": "max"}
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, **synced)
         if self.report_bits:
-            self.log("val/bpc", self.val_loss.compute() / math.log(2))
+            self.log("val/bpc", self.val_loss.compute() / math.log(2), **synced)
         for name, threshold in self.milestones.items():
             if name not in self.reached and float(acc) >= threshold:
                 self.reached[name] = int(self.global_step)
             if name in self.reached:
-                self.log(name, float(self.reached[name]))
+                self.log(name, float(self.reached[name]), **synced)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["milestones"] = dict(self.reached)
@@ -374,9 +377,10 @@ class EncoderModule(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         if not self.report_bits:
             return
-        self.log("test/bpc", self.test_loss.compute() / math.log(2))
+        synced: dict[str, Any] = {"sync_dist": True, "reduce_fx": "max"}  # (as in on_validation_epoch_end)
+        self.log("test/bpc", self.test_loss.compute() / math.log(2), **synced)
         for length, mean_loss in zip(self.test_lengths, self.length_loss, strict=True):
-            self.log(f"test/bpc@{length}", mean_loss.compute() / math.log(2))
+            self.log(f"test/bpc@{length}", mean_loss.compute() / math.log(2), **synced)
 
     # ----------------------------------------------------------------------------------------- optimisation
 

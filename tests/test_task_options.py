@@ -163,8 +163,8 @@ def test_milestones_are_the_first_validations_past_chance_and_past_99(easy_run: 
     summary = summary_of(easy_run)
     rows = [r for r in read_metrics(easy_run / METRICS_FILE) if "val/acc" in r]
     chance = 1 / 2  # two pairs: a guess between the context's two values
-    plateau = next(r["step"] + 1 for r in rows if r["val/acc"] >= chance + 0.1 * (1 - chance))
-    to_99 = next(r["step"] + 1 for r in rows if r["val/acc"] >= 0.99)
+    plateau = next(r["step"] for r in rows if r["val/acc"] >= chance + 0.1 * (1 - chance))
+    to_99 = next(r["step"] for r in rows if r["val/acc"] >= 0.99)
     assert summary["metrics"]["train/plateau_steps"] == plateau
     assert summary["metrics"]["train/steps_to_99"] == to_99
     assert 0 < plateau <= to_99 <= 40 and to_99 % 5 == 0

@@ -154,11 +154,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1) from None
     out = opts.out or new_results_dir(RESULTS_ROOT, opts.quick)
     paths = write_results(results, out)
-    print(format_tables(results))
-    print(f"\nwrote {', '.join(str(p) for p in paths)} ({results['seconds']:.0f} s)")
-    if opts.out is None:
-        print(f"latest results: {RESULTS_ROOT / 'latest'} -> {out.name}")
-    if opts.quick:
-        print("quick run: not judged against the goals (run without --quick for that)")
-    elif any(t["met"] is False for t in results["targets"]):
-        print("some targets were missed (see the README's Performance section for why)")
+    try:
+        print(format_tables(results))
+        print(f"\nwrote {', '.join(str(p) for p in paths)} ({results['seconds']:.0f} s)")
+        if opts.out is None:
+            print(f"latest results: {RESULTS_ROOT / 'latest'} -> {out.name}")
+        if opts.quick:
+            print("quick run: not judged against the goals (run without --quick for that)")
+        elif any(t["met"] is False for t in results["targets"]):
+            print("some targets were missed (see the README's Performance section for why)")
+        sys.stdout.flush()
+    except BrokenPipeError:  # stdout's reader has gone (| head): Python's way (signal docs, "Note on SIGPIPE")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (no second error at the flush on exit)
+        raise SystemExit(1) from None

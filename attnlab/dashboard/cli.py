@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -157,10 +158,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run in runs:
         for problem in run.problems:
             print(f"attnlab-dashboard: warning: run {printable(run.name)}: {printable(problem)}", file=sys.stderr)
-    print_table(runs)
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, of which plotly.js {_plotly_mb():.1f} MB)")
-    if args.csv is not None:
-        print(f"wrote {write_csv(runs, args.csv)}")
+    csv_path = write_csv(runs, args.csv) if args.csv is not None else None
+    try:
+        print_table(runs)  # (Rich: on a broken pipe, the same as below, then SystemExit(1))
+        print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, of which plotly.js {_plotly_mb():.1f} MB)")
+        if csv_path is not None:
+            print(f"wrote {csv_path}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # stdout's reader has gone (| head): Python's way (signal docs, "Note on SIGPIPE")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (no second error at the flush on exit)
+        return 1
     return 0
 
 

@@ -6,6 +6,7 @@ availability, tips, checkpoint restores) are kept out of the output. Nothing her
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -16,14 +17,13 @@ from rich.table import Table
 from attnlab.console import plain_console, printable
 from attnlab.runs import Summary, nofollow_opener
 
-__all__ = ["RunLog", "clock", "quiet_libraries", "results_line", "results_table"]
+__all__ = ["RunLog", "bpc", "clock", "quiet_libraries", "results_line", "results_table", "stdout_gone"]
 
 LOG = logging.getLogger("attnlab")
 
 # routine warnings of the libraries that a user can do nothing about
 _QUIET_WARNINGS = (
     r".*treespec.*",  # Lightning's use of torch's pytree API
-    r".*self\.log\('val/acc_best', \.\.\., sync_dist=True\).*",  # a MaxMetric's compute() is already reduced
     r"Checkpoint directory .* exists and is not empty\.",  # a resumed run writes into its own checkpoints/
     r".*does not have many workers which may be a bottleneck.*",  # the tasks live in memory
     r"The number of training batches .* is smaller than the logging interval.*",
@@ -38,6 +38,14 @@ def quiet_libraries() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+def stdout_gone() -> None:
+    """After a write to stdout failed because its reader has gone (``| head``): point stdout at os.devnull, as
+    Python's signal docs advise ("Note on SIGPIPE"), so that no later write, nor the flush at exit, fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class _NoFollowFileHandler(logging.FileHandler):
     """A log file opened without following a symbolic link (a linked train.log is refused, never appended to)."""
 
@@ -49,12 +57,19 @@ class RunLog:
     """The run's voice: lines on stdout (errors on stderr) and, once :meth:`open`, in ``train.log``.
 
     Only the process that writes the run folder (rank 0) speaks; the others are created with ``enabled=False``.
+
+    When stdout's reader has gone (``| head``), stdout goes to os.devnull from then on and train.log still gets
+    every line. Until training ends, that ends the run as interrupted (resumable, exit 130), as Ctrl-C would; once
+    it has ended (:attr:`finished`, set by the progress callback; the test prints nothing) it changes nothing: the
+    run is tested and recorded, and the command ends as it would have.
     """
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
         self.console = plain_console()  # names and values are printed as text, never as markup
+        self.console.on_broken_pipe = self._stdout_gone  # (Rich calls it on BrokenPipeError)
         self._handler: logging.Handler | None = None
+        self.finished = False
 
     def open(self, path: Path) -> None:
         """Append the run's lines to ``path`` (train.log), with timestamps."""
@@ -74,8 +89,8 @@ class RunLog:
 
     def info(self, message: str) -> None:
         if self.enabled:
-            self.console.print(message)
             LOG.info(message)
+            self.console.print(message)
 
     def error(self, message: str) -> None:
         """``error: <message>`` on stderr (and in train.log when it is open)."""
@@ -84,11 +99,18 @@ class RunLog:
             LOG.error(message)
 
     def table(self, table: Table, text: str = "") -> None:
-        """Print ``table``; train.log gets ``text`` instead (one line)."""
+        """Print ``table`` (the results: the run has finished); train.log gets ``text`` instead (one line)."""
+        self.finished = True
         if self.enabled:
-            self.console.print(table)
             if text:
                 LOG.info(text)
+            self.console.print(table)
+
+    def _stdout_gone(self) -> None:
+        self.console.quiet = True
+        stdout_gone()
+        if not self.finished:
+            raise SystemExit(1)  # (what Rich does)
 
 
 def clock(seconds: float) -> str:
@@ -104,10 +126,18 @@ def _pct(metrics: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def bpc(metrics: dict[str, Any], key: str) -> str:
+    """Bits per byte (``val/bpc``, ``test/bpc``), or "-"."""
+    value = metrics.get(key)
+    return "-" if value is None else f"{value:.3f}"
+
+
 def results_line(summary: Summary) -> str:
     """The results in one line (for train.log)."""
     m = summary.metrics
     line = f"{summary.status}: best val acc {_pct(m, 'val/acc_best')}, test acc {_pct(m, 'test/acc')}"
+    if m.get("test/bpc") is not None:  # a language-modelling task (task=text)
+        line += f", test bpc {bpc(m, 'test/bpc')}"
     return (
         line + f", {summary.steps} steps, {summary.wall_time_s or 0:.1f} s" + (" (smoke run)" if summary.smoke else "")
     )
@@ -122,17 +152,14 @@ def results_table(summary: Summary) -> Table:
         caption=caption if summary.smoke else None,
         caption_justify="left",
     )
-    for col in ("attention", "d_k", "heads", "params", "steps", "best val acc", "test acc", "time"):
+    m = summary.metrics
+    bits = m.get("test/bpc") is not None  # a language-modelling task (task=text)
+    columns = ["attention", "d_k", "heads", "params", "steps", "best val acc", "test acc"] + ["test bpc"] * bits
+    for col in [*columns, "time"]:
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=col != "attention")
     pattern = f" · pattern {summary.pattern}" if summary.pattern else ""
-    table.add_row(
-        f"{summary.attention or summary.variant}{pattern}",
-        str(summary.d_k),
-        str(summary.num_heads),
-        f"{summary.params or 0:,}",
-        str(summary.steps),
-        _pct(summary.metrics, "val/acc_best"),
-        _pct(summary.metrics, "test/acc"),
-        f"{summary.wall_time_s or 0:.1f} s",
-    )
+    row = [f"{summary.attention or summary.variant}{pattern}", str(summary.d_k), str(summary.num_heads)]
+    row += [f"{summary.params or 0:,}", str(summary.steps), _pct(m, "val/acc_best"), _pct(m, "test/acc")]
+    row += [bpc(m, "test/bpc")] * bits
+    table.add_row(*row, f"{summary.wall_time_s or 0:.1f} s")
     return table

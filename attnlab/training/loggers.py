@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import sys
 from argparse import Namespace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,20 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
 from attnlab.runs import MetricsFile, RunFileError, RunFolder, atomic_open, is_wandb_id, read_text
-from attnlab.training.config import plain
+from attnlab.training.config import plain, resolve_d_k
 
-__all__ = ["JsonlLogger", "finish_wandb", "make_loggers", "wandb_run_id"]
+__all__ = ["JsonlLogger", "at_global_step", "finish_wandb", "make_loggers", "wandb_run_id"]
+
+
+def at_global_step(metrics: Mapping[str, Any], step: int | None) -> int | None:
+    """The step to log a row of ``metrics`` at: the optimizer steps done (``trainer.global_step``), as the console
+    ("step 100/300"), the checkpoints and the diagnostics count them. Lightning logs the metrics of a validation
+    during training at its count of the batches that stepped, which takes in the batch just trained only after the
+    validation: one less (99). Its rows of ``val/`` metrics move to the step the console prints; the training rows
+    stay where Lightning puts them (the loss at step k is that of the weights after k updates)."""
+    if step is not None and any(key.startswith("val/") for key in metrics):
+        return step + 1
+    return step
 
 
 class JsonlLogger(Logger):
@@ -69,7 +81,7 @@ class JsonlLogger(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        row: dict[str, Any] = {"step": step}
+        row: dict[str, Any] = {"step": at_global_step(metrics, step)}
         row.update({k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()})
         self.file.append(row)
 
@@ -79,11 +91,38 @@ class JsonlLogger(Logger):
 
 
 class _WandbLogger(WandbLogger):
-    """Lightning's WandbLogger without the ``anonymous`` init key, which W&B ≥ 0.19 warns about even when None."""
+    """Lightning's WandbLogger without the ``anonymous`` init key, which W&B ≥ 0.19 warns about even when None.
+
+    The W&B config is the run's resolved Hydra config, given at init and nested as in config.yaml (see
+    :func:`_wandb`). Lightning passes the module's constructor arguments to :meth:`log_hyperparams` at fit and at
+    test: they repeat that config's settings at top level (``d_model``, ``score``, ``betas`` ...), so only what the
+    config lacks is taken from them: the task's ``chance_accuracy``, with the module's default
+    (``1 / num_classes``) where the task sets none."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._wandb_init.pop("anonymous", None)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        params = vars(params) if isinstance(params, Namespace) else dict(params)
+        chance = params.get("chance_accuracy")
+        if chance is None and params.get("num_classes"):
+            chance = 1.0 / params["num_classes"]
+        if chance is not None:
+            self.experiment.config.update({"chance_accuracy": float(chance)}, allow_val_change=True)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics, at_global_step(metrics, step))
+
+
+class _CSVLogger(CSVLogger):
+    """Lightning's CSVLogger, its validation rows at the step the console prints (:func:`at_global_step`)."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        super().log_metrics(metrics, at_global_step(metrics, step))
 
 
 def wandb_run_id(folder: RunFolder, resume: bool) -> str:
@@ -115,7 +154,8 @@ def _wandb(cfg: DictConfig, folder: RunFolder, run_id: str, name: str, group: st
         job_type=cfg.variant.name,
         mode=lc.mode,
         tags=list(lc.get("tags") or []),
-        config=plain(cfg),
+        # d_k as the run uses it (null in the config: d_model // num_heads), as in summary.json: runs group by it
+        config={**plain(cfg), "d_k": resolve_d_k(cfg)},
         settings=wandb.Settings(console="off", silent=True),
     )
 
@@ -125,7 +165,7 @@ def make_loggers(cfg: DictConfig, folder: RunFolder, wandb_id: str, name: str, g
     job type, ``name`` from the overrides and the full resolved config)."""
     loggers: list[Any] = [JsonlLogger(folder.path)]
     if cfg.logger.name == "csv":
-        loggers.append(CSVLogger(save_dir=str(folder.path), name="csv", version=""))
+        loggers.append(_CSVLogger(save_dir=str(folder.path), name="csv", version=""))
     elif cfg.logger.name == "wandb":
         loggers.append(_wandb(cfg, folder, wandb_id, name, group))
     return loggers

@@ -1,7 +1,9 @@
 """The progress of training: one bar over the run's optimizer steps and a line per validation.
 
 On a terminal the bar is live (Rich); elsewhere (a file, a pipe, a SLURM log) there is no bar and no ANSI codes,
-only the lines, which also go to train.log.
+only the lines, which also go to train.log. In a multirun, the bar and each line begin with the job's number
+(``#3``, as Hydra numbers the jobs and their folders), so that the interleaved lines of jobs that run at once
+(joblib) say whose they are.
 """
 
 from __future__ import annotations
@@ -14,7 +16,19 @@ from lightning.pytorch.callbacks import ProgressBar
 
 from attnlab.training.console import RunLog, clock
 
-__all__ = ["StepProgress"]
+__all__ = ["StepProgress", "job_tag"]
+
+
+def job_tag() -> str:
+    """``#k`` for the job numbered k of the current multirun (the number its folder's name begins with), else ""."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return ""
+    hc = HydraConfig.get()
+    num = hc.job.get("num") if hc.mode == RunMode.MULTIRUN else None
+    return "" if num is None else f"#{num}"
 
 
 class StepProgress(ProgressBar):
@@ -30,6 +44,7 @@ class StepProgress(ProgressBar):
         self._bar: Any = None
         self._task: Any = None
         self._start = (0.0, 0)
+        self.tag = job_tag()
 
     def disable(self) -> None:
         self._enabled = False
@@ -43,7 +58,7 @@ class StepProgress(ProgressBar):
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(
-                TextColumn("train"),
+                TextColumn(f"{self.tag} train".lstrip()),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[info]}"),
@@ -64,7 +79,8 @@ class StepProgress(ProgressBar):
         if trainer.sanity_checking or not self.runlog.enabled:
             return
         step, metrics = trainer.global_step, trainer.callback_metrics
-        parts = [f"step {step}/{self.max_steps}"]
+        parts = [self.tag] if self.tag else []
+        parts.append(f"step {step}/{self.max_steps}")
         if "train/loss" in metrics:
             parts.append(f"train loss {float(metrics['train/loss']):.4f}")
         if "val/acc" in metrics:
@@ -87,6 +103,7 @@ class StepProgress(ProgressBar):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop()
+        self.runlog.finished = True  # (a broken stdout no longer stops the run: see RunLog)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from attnlab.console import plain_console, printable
 from attnlab.runs import SWEEP_FILE, RunFileError, RunFolder, SweepJournal, is_odd
-from attnlab.training.console import clock
+from attnlab.training.console import bpc, clock, stdout_gone
 
 __all__ = [
     "RunFolderGuard",
@@ -150,7 +151,10 @@ def job_done(job: str, status: str, reason: str | None, wall_time_s: float | Non
         line += f", {clock(elapsed)} elapsed"
         if total and done < total:
             line += f", ~{clock(elapsed / done * (total - done))} left"
-    print(line, flush=True)
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:  # stdout's reader has gone (| head): the job's record stands
+        stdout_gone()
 
 
 class SweepReport(Callback):
@@ -172,12 +176,14 @@ class SweepReport(Callback):
 
 
 def _report(sweep: Path, interrupted: bool = False) -> None:
-    """The jobs table and "N ok, M failed" for the sweep folder ``sweep``; sets the failed count first."""
+    """The jobs table (in job order) and "N ok, M failed" for the sweep folder ``sweep``; sets the failed count
+    first."""
     try:
         _, jobs = SweepJournal(sweep).read()
     except RunFileError as exc:
         jobs = []
         print(f"error: {exc}", file=sys.stderr)
+    jobs = sorted(jobs, key=_job_number)  # (the journal has them in the order they finished)
     failed = [job for job in jobs if job.get("status") != "ok"]
     _state["failed"] = len(failed) + (1 if interrupted else 0)
     console = plain_console()  # job folders, statuses and reasons are text, never markup
@@ -192,12 +198,18 @@ def _report(sweep: Path, interrupted: bool = False) -> None:
         console.print(f"  {job.get('status')}: {job.get('job')}: {job.get('reason')}")
 
 
+def _job_number(job: dict[str, Any]) -> float:
+    """The job's number, which begins its folder's name (``3_lr=0.01``: Hydra's job number, see conf/hydra); a job
+    without one comes last."""
+    match = re.match(r"(\d+)_", str(job.get("job")))
+    return int(match.group(1)) if match else float("inf")
+
+
 def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title=f"sweep {sweep}", title_justify="left")
-    for col in ("job", "status", "best val acc", "test acc", "wall time"):
-        table.add_column(col, justify="left" if col in ("job", "status") else "right")
+    rows = []
     for job in jobs:
         metrics: dict[str, Any] = {}
         name = str(job.get("job"))
@@ -205,11 +217,17 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
         with contextlib.suppress(RunFileError, OSError, ValueError, TypeError):
             summary = RunFolder(sweep / name).read_summary() if inside else None
             metrics = summary.metrics if summary else {}
+        rows.append((job, metrics))
+    bits = any(metrics.get("test/bpc") is not None for _, metrics in rows)  # a language-modelling task (task=text)
+    for col in ("job", "status", "best val acc", "test acc", *["test bpc"] * bits, "wall time"):
+        table.add_column(col, justify="left" if col in ("job", "status") else "right")
+    for job, metrics in rows:
         wall = job.get("wall_time_s")
         table.add_row(
             str(job.get("job")),
             str(job.get("status")),
             *(f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-" for k in ("val/acc_best", "test/acc")),
+            *[bpc(metrics, "test/bpc")] * bits,
             f"{wall:.1f} s" if isinstance(wall, int | float) else "-",
         )
     return table
