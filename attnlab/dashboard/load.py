@@ -9,6 +9,7 @@ corrupt file is one of the run's ``problems``, never an error. ``metrics.jsonl``
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import re
@@ -262,7 +263,7 @@ class Run:
         if config and "attention" not in config:  # a run older than the attention node: its fields as they were
             config = {**config, "attention": _attention_node(config)}
         leaves = flatten_config(config) if config else {}
-        return {k: MISSING if v == {} else tuple(v) if isinstance(v, list) else v for k, v in leaves.items()}
+        return {k: MISSING if v == {} else _hashable(v) for k, v in leaves.items()}
 
     def value(self, key: str) -> Any:
         """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key, but a top-level key
@@ -492,3 +493,13 @@ def _attention_node(config: dict[str, Any]) -> dict[str, Any]:
         if value is not None or name not in node:
             node[name] = value
     return node
+
+
+def _hashable(value: Any) -> Any:
+    """A config leaf as a value that can be compared and grouped: lists as tuples, mappings inside them (a list of
+    mask specs) as their sorted JSON text."""
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return value
