@@ -114,3 +114,30 @@ def test_the_command_line_layer_list_and_its_errors():
         validate_config(compose_cfg("task=text", "model.layers=[{mask: none}, {}]"))
     with pytest.raises(ConfigError, match=r"^model.layer_kinds.L.mask"):
         validate_config(compose_cfg("model.pattern=LG", "model.local_window=0"))
+
+
+def test_a_sweep_over_patterns_has_the_pattern_as_its_dimension(tmp_path):
+    """Two run folders that differ in ``model.pattern`` (their configs also hold the layer kinds' lists of mask
+    specs): the dashboard's one dimension is the pattern, and its CSV names it."""
+    import json
+
+    import yaml
+
+    from attnlab.dashboard import load_runs
+    from attnlab.dashboard.cli import write_csv
+    from attnlab.dashboard.dims import Sweep
+    from attnlab.runs import Summary
+    from attnlab.training.config import plain
+
+    for i, pattern in enumerate(["G", "LG"]):
+        cfg = compose_cfg("task=text", "num_layers=2", f"model.pattern={pattern}")
+        folder = tmp_path / f"{i}_{pattern}"
+        folder.mkdir()
+        (folder / "config.yaml").write_text(yaml.safe_dump(plain(cfg), sort_keys=False))
+        summary = Summary(status="ok", variant="scaled_dot", task="text", pattern=pattern, metrics={"test/acc": 0.5})
+        (folder / "summary.json").write_text(json.dumps(summary.to_dict()))
+    runs = load_runs(tmp_path)
+    assert [d.key for d in Sweep(runs).dims] == ["model.pattern"]
+    rows = write_csv(runs, tmp_path / "runs.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    assert [row.split(",")[header.index("pattern")] for row in rows[1:]] == ["G", "LG"]
