@@ -52,7 +52,9 @@ class SDPACalls:
     """Records the keyword arguments of every call of the fast path's attention: SDPA
     (:func:`attnlab.backends.sdpa.scaled_dot_product_attention`),
     or the fused relative-position kernel, recorded as ``{"kernel": "relative", "attn_mask": table,
-    "is_causal": False}``; use as a context manager."""
+    "is_causal": False}``, or the ``biased_softmax`` backend's call (SDPA's equivalent for a learned bias on the
+    CPU), recorded as ``{"kernel": "biased_softmax", "attn_mask": bias, "is_causal": False}``; use as a context
+    manager."""
 
     def __init__(self):
         self.kwargs = []
@@ -60,6 +62,7 @@ class SDPACalls:
     def __enter__(self):
         sdpa = attnlab.backends.sdpa.scaled_dot_product_attention
         relative = attnlab.kernels.relative.relative_attention
+        biased = attnlab.backends.sdpa.BiasedSoftmaxAttention.apply
 
         def spy_sdpa(*args, **kwargs):
             self.kwargs.append(dict(kwargs))
@@ -69,9 +72,14 @@ class SDPACalls:
             self.kwargs.append({"kernel": "relative", "attn_mask": table, "is_causal": False, "scale": scale})
             return relative(q, k, v, table, runs, hidden, scale)
 
+        def spy_biased(q, k, v, bias, scale):
+            self.kwargs.append({"kernel": "biased_softmax", "attn_mask": bias, "is_causal": False, "scale": scale})
+            return biased(q, k, v, bias, scale)
+
         self._patches = [
             mock.patch.object(attnlab.backends.sdpa, "scaled_dot_product_attention", spy_sdpa),
             mock.patch.object(attnlab.kernels.relative, "relative_attention", spy_relative),
+            mock.patch.object(attnlab.backends.sdpa.BiasedSoftmaxAttention, "apply", staticmethod(spy_biased)),
         ]
         for p in self._patches:
             p.__enter__()

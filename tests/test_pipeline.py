@@ -19,6 +19,7 @@ from conftest import SDPACalls, assert_same, grads, randn
 from conftest import randomize_ as _randomize
 
 import attnlab
+from attnlab.config import AttentionConfig
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -466,12 +467,12 @@ def test_position_bias_stage_adds_its_reference_bias_to_any_score(score, positio
     assert_same(mha(x, mask=mask)[0], out, inputs)
 
 
-PRESET_PAIRS = [  # (score, position bias, its params) == (preset score, its params)
+PRESET_PAIRS = [  # (score, position bias, its params spelt out) == (preset, its params)
     ("scaled_dot", "alibi", {}, "alibi", {}),
-    ("scaled_dot", "shaw", {"clip": 2}, "relative_position", {"clip": 2}),
+    ("scaled_dot", "shaw", {"clip": 2, "value_term": False}, "relative_position", {"clip": 2}),
     ("scaled_dot", "shaw", {"clip": 2, "value_term": True}, "relative_position", {"clip": 2, "value_term": True}),
-    ("dot", "t5", T5_PARAMS, "t5_bias", T5_PARAMS),
-    ("scaled_dot", "t5", T5_PARAMS, "t5_bias", {**T5_PARAMS, "scale": True}),
+    ("dot", "t5", {**T5_PARAMS, "bidirectional": None}, "t5_bias", T5_PARAMS),
+    ("scaled_dot", "t5", {**T5_PARAMS, "bidirectional": None}, "t5_bias", {**T5_PARAMS, "scale": True}),
 ]
 
 
@@ -480,29 +481,33 @@ PRESET_PAIRS = [  # (score, position bias, its params) == (preset score, its par
     PRESET_PAIRS,
     ids=["alibi", "shaw", "shaw_value", "t5", "t5_scaled"],
 )
-def test_position_bias_stage_on_a_dot_score_equals_the_preset_score(
+def test_a_preset_resolves_to_its_score_plus_position_bias_and_computes_the_same(
     score, position_bias, params, preset, preset_params
 ):
+    """A preset is a name for a score plus a position bias: its layer has the explicit layer's resolved config,
+    modules and parameters, and (given the same parameter values) the same outputs, weights and gradients, on the
+    fast and the eager path."""
     staged = make_mha(score=score, position_bias=position_bias, position_bias_params=params)
-    fused = attnlab.MultiHeadAttention(D_MODEL, H, D_K, D_V, score=preset, **preset_params).double().eval()
-    state = {k.replace("position_bias.", "score.position_bias.", 1): v for k, v in staged.state_dict().items()}
-    fused.load_state_dict(state, strict=True)
+    from_preset = attnlab.MultiHeadAttention(D_MODEL, H, D_K, D_V, score=preset, **preset_params).double().eval()
+    expected = AttentionConfig(score=score, position_bias=position_bias, position_bias_params=params, d_v=D_V)
+    assert staged.config == expected
+    assert from_preset.config == expected
+    assert type(from_preset.score) is type(staged.score)
+    assert type(from_preset.position_bias) is type(staged.position_bias)
+    assert repr(from_preset) == repr(staged)
+    assert list(from_preset.state_dict()) == list(staged.state_dict())
+    from_preset.load_state_dict(staged.state_dict(), strict=True)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
-    names = [k for k, _ in staged.named_parameters()]
-    fused_params = dict(fused.named_parameters())
-    pairs = [
-        [x, *staged.parameters()],
-        [x, *(fused_params[n.replace("position_bias.", "score.position_bias.", 1)] for n in names)],
-    ]
+    pairs = [[x, *staged.parameters()], [x, *from_preset.parameters()]]
     causal = attnlab.build_mask("causal")
     for a, b in (
-        (staged(x, mask=causal)[0], fused(x, mask=causal)[0]),
-        (staged.attend(x, mask=causal).out, fused.attend(x, mask=causal).out),
+        (staged(x, mask=causal)[0], from_preset(x, mask=causal)[0]),
+        (staged.attend(x, mask=causal).out, from_preset.attend(x, mask=causal).out),
     ):
         torch.testing.assert_close(a, b, rtol=ATOL, atol=ATOL)
         for ga, gb in zip(grads(a, pairs[0]), grads(b, pairs[1]), strict=True):
             torch.testing.assert_close(ga, gb, rtol=ATOL, atol=ATOL)
-    torch.testing.assert_close(staged.attend(x).weights, fused.attend(x).weights, rtol=ATOL, atol=ATOL)
+    torch.testing.assert_close(staged.attend(x).weights, from_preset.attend(x).weights, rtol=ATOL, atol=ATOL)
 
 
 # ---------------------------------------------------------------------------------------------- T5 direction
@@ -543,11 +548,12 @@ def test_encoder_t5_buckets_are_one_directional_under_a_causal_mask_unless_told(
     enc.double()
     for layer in enc.layers:
         attn = layer.self_attn
-        module = attn.score.position_bias if where == "score" else attn.position_bias
+        assert attn.config.position_bias == "t5"  # the preset too: its bias is the layer's position-bias stage
+        module = attn.position_bias
         assert module.bidirectional is expected
         randomize_(module, seed=4)
         q = randn(1, H, L, D_K, seed=5)
-        bias = attn.score.bias(q, L) if where == "score" else attn.position_bias(q, L)
+        bias = module(q, L)
         torch.testing.assert_close(bias[0], t5_ref(ref, module.rel_bias, L, L, expected), rtol=0, atol=0)
 
 
@@ -699,6 +705,19 @@ def test_causal_mask_blocks_future_gradients_for_every_new_choice(choice, mask_k
 # ---------------------------------------------------------------------------------------------- fast path
 
 
+class LearnedSlopeScore(attnlab.DotProductScore):
+    """q·k/√d_k − s_h·|j − i| with a learned slope s_h per head: a dot-product score with its own additive term."""
+
+    def __init__(self, d_k: int, num_heads: int) -> None:
+        super().__init__(d_k, num_heads, scale=d_k**-0.5)
+        self.slope = torch.nn.Parameter(torch.rand(num_heads))
+
+    def bias(self, q: torch.Tensor, num_keys: int) -> torch.Tensor:
+        i = torch.arange(q.shape[-2])[:, None]
+        j = torch.arange(num_keys)[None, :]
+        return -self.slope.to(q.dtype)[:, None, None] * (j - i).abs().to(q.dtype)  # (H, Lq, Lk)
+
+
 FAST_CHOICES = {
     **{
         name: CHOICES[name]
@@ -709,7 +728,13 @@ FAST_CHOICES = {
     "t5_on_general": CHOICES["t5_on_general"],
     "alibi_on_scaled_dot": {"position_bias": "alibi"},
     "alibi_on_cosine_mqa": {"score": "cosine", "position_bias": "alibi", "num_kv_heads": 1},
-    "t5_on_alibi_preset": {"score": "alibi", "position_bias": "t5", "position_bias_params": T5_PARAMS},
+    # a score with an additive term of its own plus a position-bias stage: the two terms summed into one bias
+    # (a preset plus a stage, e.g. alibi + t5, is refused since presets are a score plus their bias)
+    "t5_on_a_biased_score": {
+        "score": lambda: LearnedSlopeScore(D_K, H),
+        "position_bias": "t5",
+        "position_bias_params": T5_PARAMS,
+    },
     "rope+qk_norm+gqa+diff": {"rope": True, "qk_norm": "rmsnorm", "num_kv_heads": 2, "differential": True},
     "softmax1": CHOICES["normalizer_softmax1"],  # one extra key carries the sink logit
     "sink_gqa_alibi": {"normalizer": "sink", "num_kv_heads": 2, "position_bias": "alibi"},
@@ -729,7 +754,7 @@ FAST_CHOICES = {
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "padding_tensor"])
 @pytest.mark.parametrize("choice", list(FAST_CHOICES))
 def test_fast_path_calls_sdpa_and_equals_the_eager_path(choice, mask_kind):
-    mha = make_mha(**FAST_CHOICES[choice])
+    mha = make_mha(**{k: v() if callable(v) else v for k, v in FAST_CHOICES[choice].items()})
     assert mha.uses_fast_path
     mask = MASKS[mask_kind]()
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
@@ -737,7 +762,7 @@ def test_fast_path_calls_sdpa_and_equals_the_eager_path(choice, mask_kind):
         fast, no_weights = mha(x, mask=mask)
     assert no_weights is None
     (call,) = spy.kwargs
-    if call.get("kernel") != "relative":  # the fused relative-position kernel takes the heads expanded
+    if call.get("kernel") is None:  # SDPA; the fused relative kernel and biased_softmax take the heads expanded
         assert call["enable_gqa"] is (mha.num_kv_heads < mha.num_heads)
     with SDPACalls() as spy:
         eager, _ = mha(x, mask=mask, need_weights=True)
