@@ -36,7 +36,7 @@ from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_choice, check_int, check_number
 from attnlab.kernels import additive as fused_additive
-from attnlab.registry import Registry, build_with_sizes, check_params
+from attnlab.registry import Registry, UnknownNameError, build_with_sizes, check_params, unknown_name_message
 
 __all__ = [
     "AdditiveScore",
@@ -166,6 +166,8 @@ def build_score(name: str, **kwargs: Any) -> nn.Module:
     from attnlab.config import build_preset, is_preset
 
     if not is_preset(name):
+        if name not in _SCORES:  # the message names the presets too: build_score takes them
+            raise UnknownNameError(unknown_name_message("score", name, list_scores()))
         return _SCORES.build(name, **kwargs)
     sizes = {k: kwargs.pop(k) for k in ("d_k", "num_heads", "d_v") if k in kwargs}
     changes = build_preset(name, **kwargs)
