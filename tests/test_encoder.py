@@ -72,9 +72,9 @@ def test_d_k_defaults_to_d_model_over_heads():
 def test_score_name_and_params_reach_every_layer():
     enc = make_encoder(score="relative_position", score_params={"clip": 2})
     for mha in mhas(enc):
-        assert mha.score.rel_k.shape == (5, D_MODEL // H)
+        assert mha.position_bias.rel_k.shape == (5, D_MODEL // H)
     enc = make_encoder(score="t5_bias", score_params={"num_buckets": 8})
-    assert all(m.score.rel_bias.shape == (8, H) for m in mhas(enc))
+    assert all(m.position_bias.rel_bias.shape == (8, H) for m in mhas(enc))
 
 
 SCORES = [
