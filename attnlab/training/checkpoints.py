@@ -193,13 +193,11 @@ _ARCHITECTURE = (
 
 
 def _current_key(key: str, ours: Any) -> str:
-    """A checkpoint key as this version names it: the presets' bias parameters (``…score.rel_k``) moved into their
-    ``position_bias`` module (``…score.position_bias.rel_k``) in 0.2."""
-    if key in ours or ".score." not in key:
-        return key
-    head, name = key.rsplit(".", 1)
-    moved = f"{head}.position_bias.{name}"
-    return moved if moved in ours else key
+    """A checkpoint key as this version names it (:func:`attnlab.attention.renamed_state_key`: the presets' bias
+    parameters, once in the score, are the layer's position-bias stage since 0.3)."""
+    from attnlab.attention import renamed_state_key
+
+    return renamed_state_key(key, ours)
 
 
 def check_fits(module: torch.nn.Module, ckpt: dict[str, Any], path: str | Path) -> None:
@@ -212,7 +210,9 @@ def check_fits(module: torch.nn.Module, ckpt: dict[str, Any], path: str | Path) 
     if not (missing or unexpected or shapes):
         return
     saved, here = ckpt.get("hyper_parameters") or {}, dict(getattr(module, "hparams", {}))
-    settings = [f"{k} {saved[k]!r} → {here[k]!r}" for k in _ARCHITECTURE if k in saved and saved.get(k) != here.get(k)]
+    settings = [
+        f"{k} {saved[k]!r} → {here.get(k)!r}" for k in _ARCHITECTURE if k in saved and k in here and saved[k] != here[k]
+    ]
     if settings:
         detail = "it was saved with other settings: " + ", ".join(settings)
     else:

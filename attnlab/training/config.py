@@ -802,8 +802,17 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
         if a.get(key, absent) != b.get(key, absent)
         and not is_neutral(key)
         and not (key not in a and "." not in key and key in defaults and defaults[key] == b.get(key))
-        and not (key not in a and key in added and added[key] in (b.get(key), _DERIVED))
+        and not (key not in a and _added_default(added, key) in (b.get(key), _DERIVED))
     ]
+
+
+def _added_default(added: dict[str, Any], key: str) -> Any:
+    """What a run without ``key`` ran with, from ``added`` (by the key or the nearest node above it)."""
+    while key:
+        if key in added:
+            return added[key]
+        key = key.rpartition(".")[0]
+    return "<not added>"
 
 
 _DERIVED = object()
@@ -819,6 +828,5 @@ def _added_defaults() -> dict[str, Any]:
     added |= {"attention._target_": _DERIVED, "attention.backend": "auto", "model.rope.spectrum": "full"}
     for key in ("pattern", "local_window", "layers"):
         added[f"model.{key}"] = model.get(key)
-    for key in flatten_config({"layer_kinds": model.get("layer_kinds")}):
-        added[f"model.{key}"] = _DERIVED
+    added["model.layer_kinds"] = _DERIVED
     return added
