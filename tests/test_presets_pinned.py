@@ -45,20 +45,31 @@ def test_position_presets_give_the_numbers_of_before_the_pipeline(score, params,
     torch.testing.assert_close(g[1, :4], torch.tensor(grad, dtype=torch.float64), **close)
 
 
+@pytest.mark.parametrize("version", ["0.1", "0.2"])
 @pytest.mark.parametrize(
     ("score", "params"), [("relative_position", {"clip": 2, "value_term": True}), ("t5_bias", {"num_buckets": 8})]
 )
-def test_a_checkpoint_saved_before_the_bias_was_its_own_module_still_loads(score, params):
-    """0.1 kept the presets' bias parameters at the score's level (``…score.rel_k``); 0.2 keeps them in the
-    score's ``position_bias`` module. An old state dict loads (strict) and passes the resume check."""
+def test_a_checkpoint_saved_before_the_bias_was_its_own_module_still_loads(score, params, version):
+    """0.1 kept the presets' bias parameters at the score's level (``…score.rel_k``), 0.2 in the score's
+    ``position_bias`` module (``…score.position_bias.rel_k``); since 0.3 they are the layer's position-bias stage
+    (``…self_attn.position_bias.rel_k``). An old state dict loads (strict) and passes the resume check."""
     from attnlab.training.checkpoints import check_fits
 
     torch.manual_seed(3)
     enc = attnlab.Encoder(vocab_size=11, d_model=16, num_heads=4, num_layers=2, score=score, score_params=params)
-    old = {k.replace("score.position_bias.", "score."): v.clone() + 1 for k, v in enc.state_dict().items()}
-    assert any(k.endswith(("score.rel_k", "score.rel_bias")) for k in old)
+    assert any(
+        k.endswith(("self_attn.position_bias.rel_k", "self_attn.position_bias.rel_bias")) for k in enc.state_dict()
+    )
+    then = "self_attn.score." if version == "0.1" else "self_attn.score.position_bias."
+
+    def old_key(key):
+        return key.replace("self_attn.position_bias.", then)
+
+    old = {old_key(k): v.clone() + 1 for k, v in enc.state_dict().items()}
+    assert any(k.endswith((then + "rel_k", then + "rel_bias")) for k in old)
+    assert not any("self_attn.position_bias." in k for k in old)
     fresh = attnlab.Encoder(vocab_size=11, d_model=16, num_heads=4, num_layers=2, score=score, score_params=params)
     fresh.load_state_dict(old)
     for key, value in fresh.state_dict().items():
-        assert torch.equal(value, old[key.replace("score.position_bias.", "score.")]), key
+        assert torch.equal(value, old[old_key(key)]), key
     check_fits(fresh, {"state_dict": old}, "old.ckpt")  # no ConfigError
