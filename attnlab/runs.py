@@ -163,16 +163,21 @@ def attention_sources() -> dict[str, str]:
 
 @functools.cache
 def config_defaults() -> dict[str, Any]:
-    """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...):
-    what a run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not
-    beside the package."""
+    """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...) and
+    the plain leaves of ``conf/model/default.yaml`` (``model.pattern: null``, ``model.rope.spectrum: full``): what a
+    run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not beside the
+    package."""
     from omegaconf import OmegaConf
 
-    path = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
-    if not path.is_file():
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    if not (conf / "config.yaml").is_file():
         return {}
-    values = OmegaConf.to_container(OmegaConf.load(path))
-    return {k: v for k, v in values.items() if isinstance(k, str) and not isinstance(v, (dict, list))}
+    values = OmegaConf.to_container(OmegaConf.load(conf / "config.yaml"))
+    out = {k: v for k, v in values.items() if isinstance(k, str) and not isinstance(v, (dict, list))}
+    if (conf / "model" / "default.yaml").is_file():
+        model = flatten_config(OmegaConf.to_container(OmegaConf.load(conf / "model" / "default.yaml")))
+        out |= {f"model.{k}": v for k, v in model.items() if not (isinstance(v, str) and "${" in v)}
+    return out
 
 
 class RunFileError(Exception):

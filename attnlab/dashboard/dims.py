@@ -10,6 +10,7 @@ out, so that a sweep over ``variant`` has one dimension, not five:
 * a mirror: a key whose value equals another key's in every run (``trainer.max_steps`` = ``max_steps``);
 * a key inside a named group that is fixed by the group's name (``variant.params.d_attn`` once ``variant.name``
   is known, ``task.datamodule.*`` once ``task.name`` is);
+* the layer kinds (``model.layer_kinds.*``) when no run has a per-layer pattern: they act only in one;
 * a key that a categorical dimension fixes (``model.pos_encoding`` when only the ``alibi`` preset sets it to
   ``none``): it is listed in :attr:`Sweep.derived` and the page's header, not in every legend. A numeric
   dimension never absorbs another, and a key that a run's command line set (summary.json's ``overrides``, e.g.
@@ -151,6 +152,8 @@ class Sweep:
         for run in self.runs:
             keys.update(run.flat)
         keys = {k for k in keys if not is_neutral(k) and not any(fnmatch.fnmatchcase(k, p) for p in IGNORED_KEYS)}
+        if all(run.value("model.pattern") in (None, MISSING) for run in self.runs):
+            keys = {k for k in keys if not k.startswith("model.layer_kinds.")}  # layer kinds act only in a pattern
         column = {k: [_hashable(run.value(k)) for run in self.runs] for k in keys}
         varying = sorted((k for k in keys if len(set(column[k])) > 1), key=_key_order)
         self.constants: dict[str, Any] = {k: column[k][0] for k in sorted(keys - set(varying), key=_key_order)}

@@ -266,11 +266,12 @@ class Run:
         return {k: MISSING if v == {} else _hashable(v) for k, v in leaves.items()}
 
     def value(self, key: str) -> Any:
-        """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key, but a top-level key
-        that a run of an older attnlab lacks reads as its default (``compile: false``): it ran so."""
+        """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key, but a top-level or
+        ``model.*`` key that a run of an older attnlab lacks reads as its default (``compile: false``,
+        ``model.pattern: null``): it ran so."""
         if key in self.flat:
             return self.flat[key]
-        if self.config and "." not in key:
+        if self.config:
             return config_defaults().get(key, MISSING)
         return MISSING
 
