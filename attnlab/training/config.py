@@ -197,8 +197,7 @@ def validate_config(cfg: DictConfig) -> Any:
 
     Returns the task's datamodule, built but not set up (its data is generated later).
     """
-    check_resolves(cfg)
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    missing = _missing_keys(cfg)  # before resolving: the attention node interpolates variant.name (???) and others
     if missing:
         group = missing[0].removesuffix(".name")
         hint = (
@@ -207,6 +206,7 @@ def validate_config(cfg: DictConfig) -> Any:
             else f"set it with {missing[0]}=..."
         )
         raise ConfigError(f"{missing[0]} is not set (???): {hint}")
+    check_resolves(cfg)
     for key in ("d_model", "num_heads", "num_layers", "batch_size", "max_steps", "eval_every"):
         _check(check_int, key, cfg.get(key), minimum=1)
     _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
@@ -261,6 +261,25 @@ def _on_meta(build: Any) -> Any:
         raise
     except Exception:
         return build()
+
+
+def _missing_keys(cfg: DictConfig) -> list[str]:
+    """The keys whose value is ``???``, sorted, found without resolving any ``${...}`` (``OmegaConf.missing_keys``
+    resolves them, and an interpolation of a missing value raises instead)."""
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, f"{path}[{index}]")
+        elif node == "???":
+            found.append(path)
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return sorted(found)
 
 
 def check_resolves(cfg: DictConfig) -> None:
