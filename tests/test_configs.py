@@ -25,8 +25,13 @@ RELATIVE_VARIANTS = ("relative_position", "t5_bias", "alibi")
 ABSOLUTE_VARIANTS = ("dot", "scaled_dot", "general", "additive")
 FAST = "debug=fast"
 
-# extra overrides that some options need to compose
-NEEDS = {("variant", "custom"): ["variant.name=dot"], ("task", "custom"): ["task.name=digits"]}
+# extra overrides that some options need to compose (and resolve: the attention node interpolates the stages' names)
+NEEDS = {
+    ("variant", "custom"): ["variant.name=dot"],
+    ("task", "custom"): ["task.name=digits"],
+    ("normalizer", "custom"): ["normalizer.name=softmax"],
+    ("position_bias", "custom"): ["position_bias.name=alibi"],
+}
 
 
 def group_options() -> list[tuple[str, str]]:
@@ -155,6 +160,10 @@ def test_every_option_composes_and_resolves(hydra_ctx: None, group: str, option:
         assert plain["variant"]["name"] == option
     if group in ("normalizer", "position_bias") and option != "custom":
         assert plain[group]["name"] == option
+    # the attention node (built into each layer's AttentionConfig) reads the stages' choices
+    assert plain["attention"]["score"] == plain["variant"]["name"]
+    assert plain["attention"]["normalizer"] == plain["normalizer"]["name"]
+    assert plain["attention"]["position_bias"] == plain["position_bias"]["name"]
     if group == "task" and option != "custom":
         assert plain["task"]["name"] == option
     if group == "logger":
