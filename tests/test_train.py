@@ -121,7 +121,7 @@ def test_every_variant_fits_a_fixed_batch(hydra_ctx: None, variant: str) -> None
     torch.manual_seed(0)
     dm = instantiate(cfg.task.datamodule)
     module = T.build_module(cfg, dm)
-    assert module.hparams.score == variant
+    assert [layer["score"] for layer in module.hparams.attention] == [variant, variant]  # per layer, as configured
     assert module.hparams.d_k == T.resolve_d_k(cfg) == 8
     tokens, labels = next(iter(dm.train_dataloader()))
     tokens, labels = tokens[:8], labels[:8]  # 8 digits of 64 pixels: enough to see learning, cheap for additive
@@ -137,9 +137,10 @@ def test_every_variant_fits_a_fixed_batch(hydra_ctx: None, variant: str) -> None
         losses.append(loss.item())
     final = loss_of(module, tokens, labels).item()
     assert final < 0.7 * losses[0], f"{variant}: loss {losses[0]:.3f} -> {final:.3f} ({losses})"
-    # and every parameter of the attention score took part (has a gradient) where the score has parameters
+    # and every parameter of the attention score and its position bias (the presets' tables) took part (has a
+    # gradient) where they have parameters
     for name, p in module.named_parameters():
-        if ".score." in name:
+        if ".score." in name or ".position_bias." in name:
             assert p.grad is not None and p.grad.abs().sum() > 0, f"{variant}: no gradient reaches {name}"
 
 
