@@ -233,7 +233,12 @@ def _hashable(value: Any) -> Any:
 
 
 def _key_order(key: str) -> tuple[int, str]:
-    return (_ORDER.index(key), "") if key in _ORDER else (len(_ORDER), key)
+    """:data:`_ORDER`'s keys first, then the others by name, the ``attention.*`` node's last: its keys mirror the
+    command-line keys they interpolate (``variant.params.d_attn`` → ``attention.score_params.d_attn``), so that
+    a sweep's dimension is the key that was set."""
+    if key in _ORDER:
+        return (_ORDER.index(key), "")
+    return (len(_ORDER) + key.startswith("attention."), key)
 
 
 def _categorical(column: list[Any]) -> bool:
