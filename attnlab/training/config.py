@@ -197,16 +197,7 @@ def validate_config(cfg: DictConfig) -> Any:
 
     Returns the task's datamodule, built but not set up (its data is generated later).
     """
-    missing = _missing_keys(cfg)  # before resolving: the attention node interpolates variant.name (???) and others
-    if missing:
-        group = missing[0].removesuffix(".name")
-        hint = (
-            f"{group}=custom needs {group}.name=<your registered {CUSTOM_GROUPS[group]}> and imports=[module]"
-            if group in CUSTOM_GROUPS
-            else f"set it with {missing[0]}=..."
-        )
-        raise ConfigError(f"{missing[0]} is not set (???): {hint}")
-    check_resolves(cfg)
+    check_resolves(cfg)  # (an unset ??? key first)
     for key in ("d_model", "num_heads", "num_layers", "batch_size", "max_steps", "eval_every"):
         _check(check_int, key, cfg.get(key), minimum=1)
     _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
@@ -283,9 +274,21 @@ def _missing_keys(cfg: DictConfig) -> list[str]:
 
 
 def check_resolves(cfg: DictConfig) -> None:
-    """Every ``${...}`` of the config resolves: one line naming the key (``lr=${undefined_key}``), not Hydra's
+    """No key is unset (``???``: ``variant=custom`` without ``variant.name``), checked first, before anything is
+    resolved (the attention node interpolates ``variant.name``, ``normalizer.name`` and ``position_bias.name``),
+    and every ``${...}`` of the config resolves: one line naming the key (``lr=${undefined_key}``), not Hydra's
     traceback."""
     from omegaconf.errors import OmegaConfBaseException
+
+    missing = _missing_keys(cfg)
+    if missing:
+        group = missing[0].removesuffix(".name")
+        hint = (
+            f"{group}=custom needs {group}.name=<your registered {CUSTOM_GROUPS[group]}> and imports=[module]"
+            if group in CUSTOM_GROUPS
+            else f"set it with {missing[0]}=..."
+        )
+        raise ConfigError(f"{missing[0]} is not set (???): {hint}")
 
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
