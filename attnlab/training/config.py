@@ -818,7 +818,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     absent = "<absent>"
     defaults = config_defaults()
     added = _added_defaults() if "attention" not in old else {}
-    return [
+    changes = [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
         if a.get(key, absent) != b.get(key, absent)
@@ -826,6 +826,22 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
         and not (key not in a and "." not in key and key in defaults and defaults[key] == b.get(key))
         and not (key not in a and _added_default(added, key) in (b.get(key), _DERIVED))
     ]
+    changed = [key for key, _, _ in changes]
+    return [c for c in changes if not _mirrors_a_change(c[0], changed)]
+
+
+def _mirrors_a_change(key: str, changed: list[str]) -> bool:
+    """Whether ``key`` is a field of the ``attention`` node that interpolates a key which changed too
+    (``attention.d_k`` ← ``d_k``, ``attention.score_params.clip`` ← ``variant.params``): a change is listed once,
+    under the key that was set."""
+    if not key.startswith("attention."):
+        return False
+    field = key.removeprefix("attention.").partition(".")[0]
+    source = attention_sources().get(field)
+    if source is None or source.startswith("attention."):
+        return False
+    sources = [source, "model.pos_encoding"] if field == "rope" else [source]
+    return any(c == s or c.startswith(f"{s}.") for s in sources for c in changed)
 
 
 def _added_default(added: dict[str, Any], key: str) -> Any:
