@@ -65,7 +65,7 @@ BAD_INPUTS = [
         r"task.datamodule.seq_len=100000: sequences of 100000 tokens need about [\d.]+ TiB .* more than the",
     ),
     (["imports=[no_such_module_xyz]"], r"imports: cannot import 'no_such_module_xyz': ModuleNotFoundError"),
-    (["variant=alibi", "+variant.params.clip=3"], r"variant.params: score 'alibi' does not take parameter 'clip'"),
+    (["variant=alibi", "+variant.params.clip=3"], r"variant.params: variant 'alibi' does not take parameter 'clip'"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["trainer=gpu"], r"trainer.accelerator=gpu but torch sees no CUDA GPU"))
@@ -313,7 +313,8 @@ def test_a_sweep_prints_no_noise_and_writes_only_under_multirun(tmp_path):
     for noise in NOISE:
         assert noise not in output, (noise, output)
     assert proc.stderr == ""
-    assert re.search(r"^run multirun/\S+/0_\S+ \(new run\) · scaled_dot · mask none · digits · ", proc.stdout, re.M)
+    assert re.search(r"^run multirun/\S+/0_\S+ \(new run\) · scaled_dot · digits · ", proc.stdout, re.M)
+    assert re.search(r" params, backend sdpa · ", proc.stdout)  # what computes the layers' training step
     assert "step 5/5 · train loss" in proc.stdout and "SMOKE RUN (debug=fast)" in proc.stdout
     assert re.search(r"^run folder: multirun/", proc.stdout, re.M)
     assert "job 1/1 done (ok)" in proc.stdout and "1 ok, 0 failed" in proc.stdout

@@ -366,7 +366,7 @@ def test_a_score_named_with_rich_markup_trains_prints_and_resumes(tmp_path: Path
     proc = _train(*SMALL, "results_table=true", *args, PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((run / "summary.json").read_text())["status"] == "ok"
-    assert "[/x] · mask none" in proc.stdout and "│ [/x]" in proc.stdout
+    assert "(new run) · [/x] · digits · " in proc.stdout and "│ [/x]" in proc.stdout
     proc = _train("resume=true", "imports=[markup_scores]", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is complete" in proc.stdout and "│ [/x]" in proc.stdout
