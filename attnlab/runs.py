@@ -89,7 +89,7 @@ WANDB_ID_FILE = "wandb_id.txt"
 LOCK_FILE = ".attnlab.lock"
 HOLDER_FILE = ".attnlab.lock.json"
 SWEEP_FILE = "sweep.jsonl"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """2: ``schema_version``, ``segments``, paths relative to the folder. Version 1 (no ``schema_version``) stored
 absolute paths; :meth:`Summary.from_dict` reads it."""
 
@@ -396,11 +396,12 @@ class Segment:
 class Summary:
     """summary.json. ``status``: running | ok | failed | interrupted (``reason`` says why when not ok).
 
-    The key settings (variant ... backend) come from the config when the run starts: those that are fields of
-    :class:`~attnlab.config.AttentionConfig` from layer 1's config, ``attention`` the one line that describes it
-    (every field that differs from the defaults), ``pattern`` the per-layer pattern (``LG``; null when every layer
-    is alike), ``layers`` each layer's fields that differ from the defaults (with a pattern), and ``backends`` what
-    computes each layer's training step; ``metrics`` are the
+    The key settings come from the config when the run starts: ``settings`` holds every field of layer 1's
+    :class:`~attnlab.config.AttentionConfig` (a preset expanded: ``normalizer``, ``qk_norm``, ``num_kv_heads`` ...;
+    a summary of schema 2 kept six of them at the top level, and reads into ``settings``), ``attention`` the one
+    line that describes the layers' configured attention (every field that differs from the defaults), ``pattern``
+    the per-layer pattern (``LG``; null when every layer is alike), ``layers`` each layer's fields that differ from
+    the defaults (with a pattern), and ``backends`` what computes each layer's training step; ``metrics`` are the
     final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics;
     ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes).
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
@@ -422,13 +423,7 @@ class Summary:
     max_steps: int | None = None
     pos_encoding: str | None = None
     variant_params: dict[str, Any] = field(default_factory=dict)
-    normalizer: str | None = None
-    position_bias: str | None = None
-    num_kv_heads: int | None = None
-    qk_norm: str | None = None
-    softcap: float | None = None
-    differential: bool | None = None
-    backend: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
     attention: str | None = None
     pattern: str | None = None
     layers: list[dict[str, Any]] = field(default_factory=list)
@@ -468,6 +463,10 @@ class Summary:
         warns and goes on), but a wrong ``status`` reads as ``failed``. ``source`` names the file in messages."""
         if not isinstance(data, dict):
             raise RunFileError(f"{source} must be a JSON object, got {type(data).__name__}")
+        if "settings" not in data:  # schema 2 and before: some attention fields at the top level
+            from attnlab.config import FIELDS
+
+            data = {**data, "settings": {k: data[k] for k in FIELDS if k in data}}
         kwargs = _typed_fields(cls, data, source, problems)
         if "status" in data and "status" not in kwargs:
             kwargs.update(status="failed", reason=f"{source}: unreadable status")

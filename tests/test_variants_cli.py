@@ -188,7 +188,8 @@ def test_every_normalizer_trains_and_its_diagnostics_say_what_it_is(training_run
         folder = jobs[(f"normalizer={name}",)]
         summary = load_summary(folder)
         assert_ok_and_finite(summary, folder)
-        assert summary["normalizer"] == name and summary["position_bias"] is None, summary  # null: no bias
+        settings = summary["settings"]
+        assert settings["normalizer"] == name and settings["position_bias"] is None, summary  # null: no bias
         saved = OmegaConf.load(folder / "config.yaml")
         assert saved.normalizer.name == name
         assert OmegaConf.to_container(saved.normalizer.params) == OmegaConf.to_container(
@@ -227,8 +228,9 @@ def test_every_preset_trains_with_and_without_a_position_bias(training_runs) -> 
         preset, bias = variant_arg.split("=")[1], bias_arg.split("=")[1]
         summary = load_summary(folder)
         assert_ok_and_finite(summary, folder)
-        assert (summary["variant"], summary["pos_encoding"], summary["differential"]) == expected[preset], summary
-        assert summary["position_bias"] == (None if bias == "none" else bias) and summary["normalizer"] == "softmax"
+        settings = summary["settings"]
+        assert (summary["variant"], summary["pos_encoding"], settings["differential"]) == expected[preset], summary
+        assert settings["position_bias"] == (None if bias == "none" else bias) and settings["normalizer"] == "softmax"
         saved = OmegaConf.load(folder / "config.yaml")
         assert saved.position_bias.name == bias and saved.model.differential is (preset == "diff")
         assert saved.model.pos_encoding == expected[preset][1]
@@ -257,8 +259,8 @@ def test_the_issue_multirun_runs_eight_jobs(training_runs) -> None:
         choice = dict(o.split("=", 1) for o in key)
         summary = load_summary(folder)
         assert_ok_and_finite(summary, folder)
-        assert summary["normalizer"] == choice["normalizer"]
-        assert summary["num_kv_heads"] == int(choice["num_kv_heads"])
+        assert summary["settings"]["normalizer"] == choice["normalizer"]
+        assert summary["settings"]["num_kv_heads"] == int(choice["num_kv_heads"])
         assert summary["pos_encoding"] == choice["model.pos_encoding"]
         saved = OmegaConf.load(folder / "config.yaml")
         assert saved.num_kv_heads == int(choice["num_kv_heads"]) and saved.normalizer.name == choice["normalizer"]
@@ -281,8 +283,9 @@ def test_a_normalizer_of_your_own_through_imports(training_runs) -> None:
     assert proc.returncode == 0, failure(proc)
     summary = load_summary(run)
     assert_ok_and_finite(summary, run)
-    assert summary["normalizer"] == norm_name
-    assert (summary["qk_norm"], summary["softcap"], summary["position_bias"]) == ("rmsnorm", 30, "shaw")
+    settings = summary["settings"]
+    assert settings["normalizer"] == norm_name
+    assert (settings["qk_norm"], settings["softcap"], settings["position_bias"]) == ("rmsnorm", 30, "shaw")
     saved = OmegaConf.load(run / "config.yaml")
     assert saved.imports == [module_name]
     assert saved.normalizer == {"name": norm_name, "params": {"mass": CUSTOM_MASS}}

@@ -248,9 +248,13 @@ class Run:
 
     # -------------------------------------------------------------------------------- identity
     def setting(self, summary_key: str, config_key: str | None = None) -> Any:
-        """The summary's value, else the config's (``config_key`` dotted, or a plain top-level value)."""
+        """The summary's value (or its ``settings``' ), else the config's (``config_key`` dotted, or a plain
+        top-level value)."""
         if self.summary is not None and self.summary.get(summary_key) is not None:
             return self.summary[summary_key]
+        settings = self.summary.get("settings") if self.summary is not None else None
+        if isinstance(settings, dict) and settings.get(summary_key) is not None:
+            return settings[summary_key]  # a field of layer 1's AttentionConfig
         value = _dig(self.config, config_key or summary_key)
         top = self.config.get(summary_key)  # an old config's plain value (``variant: additive``)
         return top if value is None and top is not None and not isinstance(top, dict) else value

@@ -629,18 +629,15 @@ class Run:
 
     def _attention_settings(self) -> None:
         """The layers' attention into the summary, from their :class:`~attnlab.config.AttentionConfig`: layer 1's
-        fields that the summary has a field for, its one-line description, the pattern and each layer's changes."""
-        from attnlab.config import FIELDS, pattern_name
+        fields, the configured attention's one-line description, the pattern and each layer's changes."""
+        from attnlab.config import pattern_name
 
         s = self.summary
         try:
             configs = attention_configs(self.cfg)
         except Exception:  # a config that failed validation: its summary keeps what could be read
             return
-        first = configs[0].resolved() if configs else None
-        for name in FIELDS:
-            if first is not None and hasattr(s, name) and name not in ("d_k", "mask"):
-                setattr(s, name, getattr(first, name))
+        s.settings = configs[0].resolved().to_dict() if configs else {}
         s.attention = base_attention(self.cfg).describe()
         s.pattern = pattern_name(configs, self.cfg.model.get("pattern"))
         s.layers = [c.changes() for c in configs] if s.pattern else []

@@ -20,16 +20,17 @@ COLUMNS = ("label", "num_pairs", "seq_len", "seed", "test_acc", "plateau_steps",
 def label(config: dict, summary: dict) -> str:
     """The variant as the ladder names it: the score preset plus any attention stage that is not the default."""
     parts = [str(summary.get("variant"))]
+    settings = summary.get("settings") or {}  # layer 1's attention config (schema 3; older summaries read into it)
     if summary.get("pos_encoding") not in (None, "sinusoidal"):
         parts.append(f"pos={summary['pos_encoding']}")
-    if summary.get("differential"):
+    if settings.get("differential"):
         parts.append("differential")
-    if summary.get("normalizer") not in (None, "softmax"):
-        parts.append(f"normalizer={summary['normalizer']}")
-    if summary.get("qk_norm"):
-        parts.append(f"qk_norm={summary['qk_norm']}")
-    if summary.get("position_bias") not in (None, "none"):
-        parts.append(f"position_bias={summary['position_bias']}")
+    if settings.get("normalizer") not in (None, "softmax"):
+        parts.append(f"normalizer={settings['normalizer']}")
+    if settings.get("qk_norm"):
+        parts.append(f"qk_norm={settings['qk_norm']}")
+    if settings.get("position_bias") not in (None, "none") and summary.get("variant") not in ("alibi", "t5_bias"):
+        parts.append(f"position_bias={settings['position_bias']}")
     if config.get("mask", {}).get("name") not in (None, "causal"):
         parts.append(f"mask={config['mask']['name']}")
     return " ".join(parts)
