@@ -397,8 +397,8 @@ class Summary:
     """summary.json. ``status``: running | ok | failed | interrupted (``reason`` says why when not ok).
 
     The key settings come from the config when the run starts: ``settings`` holds every field of layer 1's
-    :class:`~attnlab.config.AttentionConfig` (a preset expanded: ``normalizer``, ``qk_norm``, ``num_kv_heads`` ...;
-    a summary of schema 2 kept six of them at the top level, and reads into ``settings``), ``attention`` the one
+    :class:`~attnlab.config.AttentionConfig` (a preset expanded; a summary of schema 2 kept six of them at the top
+    level, and reads into ``settings``), ``attention`` the one
     line that describes the layers' configured attention (every field that differs from the defaults), ``pattern``
     the per-layer pattern (``LG``; null when every layer is alike), ``layers`` each layer's fields that differ from
     the defaults (with a pattern), and ``backends`` what computes each layer's training step; ``metrics`` are the
