@@ -20,6 +20,7 @@ import copy
 import ctypes
 import logging
 
+import helpers
 import pytest
 import torch
 from conftest import SDPACalls, additive_loop, randn, randomize_, rel_index, t5_bucket
@@ -616,8 +617,7 @@ B_MHA, L_MHA, D_MODEL = 2, 5, 8
 
 
 def make_mha(params: dict, seed: int = 0) -> attnlab.MultiHeadAttention:
-    mha = attnlab.MultiHeadAttention(D_MODEL, 2, 4, d_v=3, **params).double().train()
-    return randomize_(mha, seed, scale=0.5)
+    return helpers.make_mha(D_MODEL, 2, 4, 3, seed=seed, train=True, **params)
 
 
 def mha_inputs(kind: str, seed: int = 121):
