@@ -150,14 +150,16 @@ def run_train(
     env: dict[str, str] | None = None,
     timeout: float = SUBPROCESS_TIMEOUT,
     returncode: int | None = None,
+    wandb: str | None = "offline",
+    full_error: bool = False,
     **extra_env: str,
 ) -> subprocess.CompletedProcess:
-    """``python train.py *args`` in ``cwd`` with ``env`` (default :func:`train_env`) and ``extra_env`` on top;
-    with ``returncode``, asserts that it exited with it."""
+    """``python train.py *args`` in ``cwd``, with ``env`` (default: :func:`train_env` with ``wandb`` and
+    ``full_error``) and ``extra_env`` on top; with ``returncode``, asserts that it exited with it."""
     proc = subprocess.run(
         train_cmd(*args),
         cwd=cwd,
-        env={**(train_env() if env is None else env), **extra_env},
+        env={**(train_env(wandb=wandb, full_error=full_error) if env is None else env), **extra_env},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import run_train
 
 from attnlab import dashboard
 from attnlab.dashboard import Sweep, aggregate, build_html, find_run_dirs, load_runs, main, mean_ci, t_critical
@@ -692,15 +693,9 @@ def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: 
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real multirun: 4 variants x d_k {8, 16} x lr {1e-3, 3e-3} = 16 smoke runs (two at a time)."""
     sweep = tmp_path_factory.mktemp("real") / "sweep"
-    env = {k: v for k, v in os.environ.items() if k != "ATTNLAB_UID"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     args = ["-m", "variant=additive,dot,scaled_dot,alibi", "d_k=8,16", "lr=1e-3,3e-3", "debug=fast"]
     args += ["logger=none", "threads=1", "results_table=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args, f"hydra.sweep.dir='{sweep}'"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_train(*args, f"hydra.sweep.dir='{sweep}'", wandb="disabled", full_error=True, timeout=600, returncode=0)
     return sweep
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -27,9 +28,7 @@ SMALL: dict[str, dict[str, Any]] = {
 
 
 def small(name: str, **kwargs: Any) -> SequenceTask:
-    task = TASKS[name](**{**SMALL[name], **kwargs})
-    task.setup()
-    return task
+    return helpers.small(name, SMALL[name], **kwargs)
 
 
 def all_tensors(task: SequenceTask) -> list[torch.Tensor]:
