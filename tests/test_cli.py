@@ -117,6 +117,7 @@ def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path)
         assert exits and exits[-1].get("exit_code", 0) == code
 
 
+@pytest.mark.slow
 def test_readme_python_examples_run(tmp_path):
     """Every ```python block of the README runs as written (in a fresh interpreter, in order)."""
     readme = (REPO / "README.md").read_text()

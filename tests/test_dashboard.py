@@ -545,6 +545,7 @@ def test_terminal_table_lists_every_run_untruncated(sweeps: Path, capsys) -> Non
     assert out.count(" ok ") == 13 and "100.0 %" in out and "0.940" in out
 
 
+@pytest.mark.slow
 def test_python_m_entry_point_exit_code_2(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "attnlab.dashboard", str(tmp_path)], capture_output=True, text=True, timeout=120
@@ -656,6 +657,7 @@ def _probe(html: str, tmp_path: Path, width: int = 1400) -> tuple[dict, str]:
     return json.loads(html_lib.unescape(probe.group(1))), proc.stdout
 
 
+@pytest.mark.slow
 def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     """Open the page in a real browser: every figure gets its SVG, no JS error, and the table sorts."""
     html = page.read_text()
@@ -675,6 +677,7 @@ def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     assert len(d_ks) == 15 and d_ks == sorted(d_ks), d_ks
 
 
+@pytest.mark.slow
 def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: Path) -> None:
     """The length chart in a real browser: per task a row (reverse: 1 line, shift: 3), accuracy and loss panels,
     the training-length lines, the shift row on a log axis; no JS error."""
@@ -699,6 +702,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Path) -> None:
     """The issue's check on a real sweep: plain legends and labels, every panel at least 300 px wide at a 1400 px
     window, the headline names the winner (computed here from the summaries), lr shows because it was swept, the

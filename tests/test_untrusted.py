@@ -59,7 +59,8 @@ def _snapshot(folder: Path) -> dict[str, bytes | str]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished 5-step run made by ``python train.py`` (so that its summary holds its overrides)."""
+    """A finished 5-step run made by ``python train.py`` (so that its summary holds its overrides); a subprocess, so
+    every test that uses it is marked slow."""
     out = tmp_path_factory.mktemp("finished") / "run"
     proc = run_train(*SMALL, f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -176,6 +177,7 @@ def test_a_linked_file_in_a_run_folder_is_refused_and_its_target_never_written(f
 LINKED = ["train.log", "metrics.jsonl", "summary.json", "config.yaml", "checkpoints", ".attnlab.lock"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LINKED)
 def test_no_file_of_a_run_is_read_or_written_through_a_link(
     hydra_ctx: None, finished: Path, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
@@ -214,6 +216,7 @@ def test_the_writers_replace_or_refuse_a_link_and_never_write_through_it(tmp_pat
     assert outside.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_no_reader_blocks_on_a_fifo_in_a_run_folder(
     hydra_ctx: None, finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -269,6 +272,7 @@ def test_a_checkpoint_cannot_make_lightning_delete_a_users_file(tmp_path: Path) 
     assert list(best.best_k_models) == [str(tmp_path / "best.ckpt")]
 
 
+@pytest.mark.slow
 def test_the_dashboard_skips_linked_files_with_a_warning(finished: Path, tmp_path: Path, capsys) -> None:
     """A run whose summary.json and attention/maps.png link to a secret: the page is built, one warning names each
     link, and the secret is nowhere in the page (neither as text nor as base64)."""
@@ -317,6 +321,7 @@ def test_overwrite_removes_nothing_from_a_folder_that_holds_no_run(hydra_ctx: No
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_overwrite_of_a_run_removes_what_it_wrote_and_keeps_the_users_files(
     hydra_ctx: None, finished: Path, tmp_path: Path
 ) -> None:
@@ -390,6 +395,7 @@ def test_a_failing_sweep_report_still_counts_the_failed_jobs(tmp_path: Path, mon
     assert f"sweep {tmp_path}: 1 ok, 1 failed" in out and "the table broke" in err
 
 
+@pytest.mark.slow
 def test_every_console_path_prints_markup_as_text(finished: Path, tmp_path: Path, capsys) -> None:
     """Results table, run log, sweep report, dashboard table and the bench's errors, fed ``[/x]``, ``[bold]`` and
     ``[link=...]``: each comes out literally, and nothing raises."""
@@ -496,6 +502,7 @@ def _huge(path: Path) -> None:
     path.write_text(path.read_text().rstrip().removesuffix("}") + ', "x": ' + "9" * 5000 + "}")
 
 
+@pytest.mark.slow
 def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finished: Path, tmp_path: Path, capsys):
     root = tmp_path / "sweep"
     _copy(finished, root / "good")
@@ -517,6 +524,7 @@ def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finishe
     assert "good" in page and "odd-config" in page and f"attnlab · {len(CORRUPT) + 2} runs" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_resume_refuses_a_bad_file_in_one_line(hydra_ctx: None, finished: Path, tmp_path: Path, case: str, capsys):
     file, corrupt, field = CORRUPT[case]
