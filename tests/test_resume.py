@@ -48,6 +48,7 @@ SMALL = (
     "max_steps=30",
     "eval_every=6",
     "diagnostics.every_n_steps=5",
+    "threads=1",  # two threads per run on top of two test workers on two cores: each step waits for a thread
 )
 
 
@@ -97,7 +98,7 @@ class _CrashAt(DivergenceGuard):
 
 
 def test_same_seed_same_metrics_other_seed_other_metrics(hydra_ctx: None, tmp_path: Path) -> None:
-    overrides = ["debug=fast", "logger=none", "results_table=false", "max_steps=20", "eval_every=10"]
+    overrides = ["debug=fast", "logger=none", "results_table=false", "max_steps=20", "eval_every=10", "threads=1"]
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         T.run(compose("config", overrides=[*overrides, f"seed={seed}"]), tmp_path / name)
     a, b, c = (read_summary(tmp_path / n) for n in "abc")
