@@ -7,7 +7,8 @@ warning line; and a bad value is one line.
 
 The runs are tiny (d_model 32, 30 steps, one thread); 120 training sequences in batches of 16 make an epoch's last
 batch shorter (8), so that two batch shapes are compiled and a resume meets them in another order than the
-uninterrupted run. Inductor's on-disk cache makes every compile after the first on a machine a few seconds.
+uninterrupted run. Inductor's on-disk cache makes every compile after the first on a machine a few seconds. Every
+test that compiles is marked slow (inductor runs the C++ compiler in subprocesses, for minutes on a cold cache).
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ def test_compiled_runs_of_the_same_seed_agree_bit_for_bit_across_processes(
     assert_same_run(compiled_reference, run)  # metrics, diagnostics, metrics.jsonl rows and weights, exactly
 
 
+@pytest.mark.slow
 def test_compiled_gradients_on_two_threads_are_the_same_every_time(deterministic_flags: None) -> None:
     """With more than one thread, inductor's backward of the embedding adds into the rows of its gradient with
     atomics, in an order that varies (19 different gradients in 20 steps here): compile_forward turns on torch's
@@ -160,6 +162,7 @@ def test_a_compiled_runs_checkpoint_loads_without_compile_and_gives_its_results(
         torch.testing.assert_close(compiled(batch), eager(batch), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("variant", "kernel"),
     [("additive", "attnlab::additive_logits"), ("relative_position", "attnlab::relative_attention")],
@@ -195,6 +198,7 @@ def test_fused_kernels_compile_into_the_graph_on_their_first_use_in_the_process(
     assert kernel in names and f"{kernel}_backward" in names, sorted(n for n in names if "attnlab" in n)
 
 
+@pytest.mark.slow
 def test_a_resume_cannot_switch_compile(compiled_reference: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "copy"
     shutil.copytree(compiled_reference, run)
