@@ -9,6 +9,7 @@ imported here first (its lists of built-in names are then read before any test r
 """
 
 import math
+import os
 from types import SimpleNamespace
 from unittest import mock
 
@@ -235,6 +236,15 @@ def mha_reference(mha, x, H, logits_fn, key_value=None, mask=None, value_fn=None
 def project_qk(mha, x, H, key_value=None):
     kv = x if key_value is None else key_value
     return split_heads(linear(mha.q_proj, x), H), split_heads(linear(mha.k_proj, kv), H)
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker (``make test`` starts one per core) runs torch on one thread, and so do the runs it
+    trains in process with ``threads=auto`` (which reads ``OMP_NUM_THREADS``): two threads per worker on top of one
+    worker per core only wait for each other (a test that needs more threads sets them itself)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
