@@ -15,7 +15,7 @@ import helpers
 import numpy as np
 import pytest
 import torch
-from helpers import compose_cfg, read_summary, run_train
+from helpers import NORMALIZERS, POSITION_BIASES, SCORES, compose_cfg, read_summary, run_train
 from hydra.utils import instantiate
 
 from attnlab.tasks import TASKS, TextLM, make_task
@@ -192,23 +192,15 @@ SMALL_RUN = (
     "logger=none",
 )
 
-# attention stages that could carry information across positions: every one must respect the causal mask
+# attention stages that could carry information across positions: every one must respect the causal mask (every
+# registered score, normalizer and position bias besides the defaults, scaled_dot, softmax and none; and the presets)
 STACKS = [
     [],
-    ["variant=dot"],
-    ["variant=general"],
-    ["variant=additive"],
-    ["variant=cosine"],
-    ["variant=relative_position"],
-    ["variant=t5_bias"],
-    ["variant=alibi"],
+    *([f"variant={name}"] for name in SCORES if name != "scaled_dot"),
     ["variant=rope"],
     ["variant=diff"],
-    ["normalizer=sigmoid"],
-    ["normalizer=sparsemax"],
-    ["normalizer=softpick"],
-    ["normalizer=sink"],
-    ["position_bias=shaw"],
+    *([f"normalizer={name}"] for name in NORMALIZERS if name != "softmax"),
+    *([f"position_bias={name}"] for name in POSITION_BIASES if name != "none"),
     ["num_kv_heads=1", "qk_norm=rmsnorm", "softcap=5.0"],
     ["mask=causal_window"],
 ]
