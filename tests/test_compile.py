@@ -237,6 +237,7 @@ def test_where_torch_compile_cannot_run_the_run_trains_eagerly_after_one_warning
     ]
 
 
+@pytest.mark.slow
 def test_a_model_that_does_not_compile_trains_eagerly_after_one_warning(
     hydra_ctx: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
