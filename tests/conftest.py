@@ -4,30 +4,24 @@ Nothing here calls attnlab code: every formula is written out from the papers (V
 Luong et al. 2015, Bahdanau et al. 2015, Shaw et al. 2018, Raffel et al. 2020 / Mesh TensorFlow,
 Press et al. 2022) so that the tests compare the package against an independent reference. (The one exception,
 :class:`SDPACalls`, is a spy on the package's attention call, not a reference.)
-The helpers are exposed through the ``ref`` fixture.
+The helpers are exposed through the ``ref`` fixture. Plain helpers shared by the test files are in helpers.py,
+imported here first (its lists of built-in names are then read before any test registers a name of its own).
 """
 
 import math
+import os
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
+from helpers import randomize_
 
 import attnlab.attention
 import attnlab.kernels.relative
 
 
 # ---------------------------------------------------------------- utilities
-def randomize_(module, seed=0, scale=1.0):
-    """Overwrite every parameter of ``module`` with N(0, scale^2) noise: no term hides behind a zero init."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-    return module
-
-
 def randn(*shape, seed=0, requires_grad=False):
     gen = torch.Generator().manual_seed(seed)
     t = torch.randn(*shape, generator=gen, dtype=torch.float64)
@@ -186,6 +180,11 @@ def score_logits(name, params, score, q, k, bias=None):
         slopes = torch.tensor(alibi_slopes(H), dtype=q.dtype)
         dist = torch.tensor([[abs(j - i) for j in range(Lk)] for i in range(Lq)], dtype=q.dtype)
         return qk(q, k) / math.sqrt(d_k) - slopes[:, None, None] * dist
+    if name == "cosine":  # Swin v2: tau_h * q.k / (|q| |k|), tau_h = exp(min(log_scale_h, log max_scale))
+        cap = torch.tensor(math.log(params.get("max_scale", 100.0)), dtype=q.dtype)
+        tau = torch.exp(torch.minimum(score.log_scale, cap))
+        norms = torch.sqrt((q * q).sum(-1))[..., :, None] * torch.sqrt((k * k).sum(-1))[..., None, :]
+        return tau[None, :, None, None] * qk(q, k) / norms
     raise AssertionError(f"no reference for {name}")
 
 
@@ -249,6 +248,15 @@ def mha_reference(mha, x, H, logits_fn, key_value=None, mask=None, value_fn=None
 def project_qk(mha, x, H, key_value=None):
     kv = x if key_value is None else key_value
     return split_heads(linear(mha.q_proj, x), H), split_heads(linear(mha.k_proj, kv), H)
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker (``make test`` starts one per core) runs torch on one thread, and so do the runs it
+    trains in process with ``threads=auto`` (which reads ``OMP_NUM_THREADS``): two threads per worker on top of one
+    worker per core only wait for each other (a test that needs more threads sets them itself)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture

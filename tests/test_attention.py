@@ -3,9 +3,11 @@
 import math
 import uuid
 
+import helpers
 import pytest
 import torch
 from conftest import SDPACalls
+from helpers import grid, score_cases
 from torch import nn
 
 import attnlab
@@ -14,27 +16,22 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 B, L, D_MODEL, H, D_K, D_V = 2, 5, 6, 2, 4, 3
 
-# (id, score name, score params); settings chosen so clipping / log buckets are exercised at L = 5..7.
+# (id, score name, score params): every registered built-in with its test parameters (helpers.TEST_PARAMS: settings
+# chosen so clipping / log buckets are exercised at L = 5..7), then other settings of the scores that take some.
 SCORES = [
-    ("dot", "dot", {}),
-    ("scaled_dot", "scaled_dot", {}),
-    ("general", "general", {}),
-    ("additive", "additive", {"d_attn": 3}),
+    *score_cases(),
     ("additive_chunk2", "additive", {"d_attn": 3, "chunk_size": 2}),
-    ("shaw", "relative_position", {"clip": 2}),
     ("shaw_value", "relative_position", {"clip": 2, "value_term": True}),
-    ("t5", "t5_bias", {"num_buckets": 8, "max_distance": 16}),
     (
         "t5_causal_scaled",
         "t5_bias",
         {"num_buckets": 8, "max_distance": 16, "bidirectional": False, "scale": True},
     ),
-    ("alibi", "alibi", {}),
 ]
 SCORE_IDS = [s[0] for s in SCORES]
-SDPA_FAMILY = ["dot", "scaled_dot", "general", "shaw", "t5", "t5_causal_scaled", "alibi"]
-SDPA_SCORES = [s for s in SCORES if s[0] in SDPA_FAMILY]
-NON_SDPA_SCORES = [s for s in SCORES if s[0] not in SDPA_FAMILY]
+NOT_SDPA = ["additive", "additive_chunk2", "shaw_value"]  # every other case (a new built-in too) must take SDPA
+SDPA_SCORES = [s for s in SCORES if s[0] not in NOT_SDPA]
+NON_SDPA_SCORES = [s for s in SCORES if s[0] in NOT_SDPA]
 
 MASKS = [
     "none",
@@ -46,10 +43,6 @@ MASKS = [
     "per_head",
     "empty_rows",
 ]
-
-
-def grid(lq, lk, pred):
-    return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
 
 
 def make_mask(kind, lq=L, lk=L):
@@ -84,12 +77,9 @@ def make_mask(kind, lq=L, lk=L):
     raise AssertionError(kind)
 
 
-def make_mha(case, seed=0, bias=True, d_model=D_MODEL, num_heads=H, d_k=D_K, d_v=D_V, ref=None, **kw):
+def make_mha(case, seed=0, bias=True, d_model=D_MODEL, num_heads=H, d_k=D_K, d_v=D_V, **kw):
     _, name, params = case
-    mha = attnlab.MultiHeadAttention(d_model, num_heads, d_k, d_v=d_v, score=name, bias=bias, **params, **kw)
-    mha = mha.double().eval()
-    ref.randomize_(mha, seed=seed, scale=0.5)
-    return mha
+    return helpers.make_mha(d_model, num_heads, d_k, d_v, seed=seed, score=name, bias=bias, **params, **kw)
 
 
 def reference(mha, case, x, ref, key_value=None, mask=None, num_heads=H):
@@ -115,7 +105,7 @@ ATOL = 1e-10
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_attend_logits_match_reference_from_projected_q_k(case, cross, ref):
     """attend().logits are the raw score of q = x Wq^T + bq, k = kv Wk^T + bk split into heads."""
-    mha = make_mha(case, seed=1, ref=ref)
+    mha = make_mha(case, seed=1)
     x = ref.randn(B, 4 if cross else L, D_MODEL, seed=2, requires_grad=True)
     kv = ref.randn(B, 7, D_MODEL, seed=3, requires_grad=True) if cross else None
     res = mha.attend(x, key_value=kv)
@@ -161,7 +151,7 @@ def test_d_v_defaults_to_d_k_and_bias_flag():
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_fast_and_eager_paths_agree_with_reference_outputs_and_gradients(case, mask_kind, ref):
-    mha = make_mha(case, seed=3, ref=ref)
+    mha = make_mha(case, seed=3)
     x = ref.randn(B, L, D_MODEL, seed=4, requires_grad=True)
     mask, ref_mask = make_mask(mask_kind)
     out_fast, w_fast = mha(x, mask=mask, need_weights=False)
@@ -181,7 +171,7 @@ def test_fast_and_eager_paths_agree_with_reference_outputs_and_gradients(case, m
 
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_cross_attention_with_key_padding_paths_agree_with_reference(case, ref):
-    mha = make_mha(case, seed=5, ref=ref)
+    mha = make_mha(case, seed=5)
     x = ref.randn(B, 4, D_MODEL, seed=6, requires_grad=True)
     kv = ref.randn(B, 6, D_MODEL, seed=7, requires_grad=True)
     mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :]
@@ -199,7 +189,7 @@ def test_cross_attention_with_key_padding_paths_agree_with_reference(case, ref):
 @pytest.mark.parametrize("case", SDPA_SCORES, ids=[s[0] for s in SDPA_SCORES])
 def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
     """The comparison above is only meaningful if need_weights=False really takes the SDPA path."""
-    mha = make_mha(case, ref=ref)
+    mha = make_mha(case)
     x = ref.randn(B, L, D_MODEL, seed=1)
     for mask in (None, attnlab.build_mask("causal")):
         with SDPACalls() as spy:
@@ -214,7 +204,7 @@ def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
 @pytest.mark.parametrize("case", NON_SDPA_SCORES, ids=[s[0] for s in NON_SDPA_SCORES])
 def test_non_sdpa_scores_give_eager_result_without_weights(case, ref):
     """additive and Shaw-with-value-term cannot use SDPA, but need_weights=False must still be correct."""
-    mha = make_mha(case, ref=ref)
+    mha = make_mha(case)
     x = ref.randn(B, L, D_MODEL, seed=1)
     with SDPACalls() as spy:
         out, w = mha(x, need_weights=False)
@@ -261,7 +251,7 @@ def test_shaw_value_term_output_matches_loop_reference(ref):
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_masked_keys_get_zero_weight_and_visible_rows_sum_to_one(case, mask_kind, ref):
-    mha = make_mha(case, seed=8, ref=ref)
+    mha = make_mha(case, seed=8)
     x = ref.randn(B, L, D_MODEL, seed=9)
     mask, ref_mask = make_mask(mask_kind)
     visible = torch.ones(B, H, L, L, dtype=torch.bool) if ref_mask is None else ref_mask.expand(B, H, L, L)
@@ -282,7 +272,7 @@ def test_masked_keys_get_zero_weight_and_visible_rows_sum_to_one(case, mask_kind
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_fully_masked_query_row_gives_zero_attention_and_finite_gradients(case, need_weights, bias, ref):
     """A blind row's attention output is 0 before out_proj, so out equals out_proj.bias (or 0)."""
-    mha = make_mha(case, seed=10, bias=bias, ref=ref)
+    mha = make_mha(case, seed=10, bias=bias)
     x = ref.randn(B, L, D_MODEL, seed=11, requires_grad=True)
     mask = torch.ones(B, 1, L, L, dtype=torch.bool)
     mask[0, 0, 1, :] = False
@@ -308,7 +298,7 @@ def test_fully_masked_query_row_gives_zero_attention_and_finite_gradients(case, 
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_causal_mask_blocks_future_gradients(case, need_weights, mask_form, ref):
     """d out[:, i] / d x[:, j] is exactly zero for j > i, nonzero for j <= i, and zero across the batch."""
-    mha = make_mha(case, seed=12, ref=ref)
+    mha = make_mha(case, seed=12)
     x = ref.randn(B, L, D_MODEL, seed=13, requires_grad=True)
     mask = attnlab.build_mask("causal") if mask_form == "mask_object" else grid(L, L, lambda i, j: j <= i)
     out, _ = mha(x, mask=mask, need_weights=need_weights)
@@ -324,8 +314,8 @@ def test_causal_mask_blocks_future_gradients(case, need_weights, mask_form, ref)
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_dropout_is_inactive_in_eval_mode(case, need_weights, ref):
-    plain = make_mha(case, seed=14, ref=ref)
-    dropped = make_mha(case, seed=14, ref=ref, dropout=0.5)
+    plain = make_mha(case, seed=14)
+    dropped = make_mha(case, seed=14, dropout=0.5)
     x = ref.randn(B, L, D_MODEL, seed=15)
     with torch.no_grad():
         torch.testing.assert_close(

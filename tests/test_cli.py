@@ -13,22 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    env.pop("ATTNLAB_UID", None)
-    env.pop("HYDRA_FULL_ERROR", None)
-    return env
-
-
-def _train(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
-
+from helpers import REPO, read_summary, run_train, train_env
 
 BAD_INPUTS = [
     (["variant=adittive"], r"unknown variant 'adittive'; did you mean 'additive'\?.*scaled_dot"),
@@ -78,14 +63,7 @@ if not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").exists()
 def test_bad_input_prints_one_line_exits_2_and_leaves_no_run_folder(tmp_path, overrides, message):
     """Started in an empty folder with the default (relative) run folder outputs/<date>/<time>_<id>: Hydra makes
     it, and it must be gone again, with its parents."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "logger=none", *overrides],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_train("logger=none", *overrides, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_error_line(proc, message)
     assert list(tmp_path.iterdir()) == [], sorted(str(p) for p in tmp_path.rglob("*"))
@@ -102,15 +80,7 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, message: str) -> st
 
 @pytest.mark.slow
 def test_full_error_shows_the_traceback(tmp_path):
-    env = {**_env(), "HYDRA_FULL_ERROR": "1"}
-    proc = subprocess.run(
-        [sys.executable, "train.py", "d_k=0", "logger=none", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_train("d_k=0", "logger=none", f"hydra.run.dir={tmp_path}", full_error=True)
     assert proc.returncode != 0
     assert "Traceback" in proc.stderr and "ConfigError" in proc.stderr
 
@@ -120,13 +90,13 @@ def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path)
     """Diverging jobs and jobs with a bad value (num_heads=0): all recorded as failed with their one line, the good
     job runs, the final table says 1 ok and 3 failed, and the exit code is 1."""
     sweep = tmp_path / "sweep"
-    proc = _train(
+    proc = run_train(
         "-m", "lr=1e12,1e-3", "num_heads=0,4", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # every job ran, and the exit code says some failed
     jobs = sorted((p for p in sweep.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("_")[0]))
     assert len(jobs) == 4
-    bad, diverged, bad_too, ok = (json.loads((j / "summary.json").read_text()) for j in jobs)
+    bad, diverged, bad_too, ok = (read_summary(j) for j in jobs)
     assert diverged["lr"] == 1e12 and diverged["status"] == "failed"
     assert re.match(r"training diverged at step \d+: (loss|gradient) is (nan|inf)", diverged["reason"])
     for refused in (bad, bad_too):
@@ -151,9 +121,9 @@ def _python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
 
 
-# the README and every docs page with Python in it; the docs pages' runs are slow (one more interpreter each)
+# the README and every docs page with Python in it: slow, an interpreter each
 EXAMPLE_PAGES = [
-    pytest.param(page, id=page.relative_to(REPO).as_posix(), marks=() if page.name == "README.md" else pytest.mark.slow)
+    pytest.param(page, id=page.relative_to(REPO).as_posix(), marks=pytest.mark.slow)
     for page in [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
     if _python_blocks(page)
 ]
@@ -170,7 +140,7 @@ def test_python_examples_run(tmp_path, page):
     script = tmp_path / "examples.py"
     script.write_text("\n\n".join(_python_blocks(page)))
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, str(script)], cwd=tmp_path, env=train_env(), capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -182,42 +152,42 @@ def test_python_examples_run(tmp_path, page):
 def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path, snapshot):
     """Re-running into a finished folder, resuming it, resuming it with other settings: no file changes."""
     run = tmp_path / "run"
-    first = _train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")
+    first = run_train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")
     assert first.returncode == 0, first.stderr[-3000:]
     before = snapshot(run)
 
-    again = _train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")  # resume=true forgotten
+    again = run_train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")  # resume=true forgotten
     assert again.returncode == 2
     assert_one_error_line(
         again, rf"{run} already holds a run \(ok, step 5\); to continue it: python train.py resume=true hydra.run.dir="
     )
     assert snapshot(run) == before
 
-    resumed = _train("resume=true", f"hydra.run.dir={run}")  # the run's own overrides are put back
+    resumed = run_train("resume=true", f"hydra.run.dir={run}")  # the run's own overrides are put back
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "is complete (5 steps); nothing to do, nothing changed" in resumed.stdout
     assert snapshot(run) == before
 
-    changed = _train("resume=true", "lr=1e-3", "d_k=32", f"hydra.run.dir={run}")
+    changed = run_train("resume=true", "lr=1e-3", "d_k=32", f"hydra.run.dir={run}")
     assert changed.returncode == 2
     assert_one_error_line(changed, r"cannot resume .* with other settings .*: d_k: None → 32, lr: 0.003 → 0.001")
     assert snapshot(run) == before
 
     # extended, then resumed with the folder alone: complete at its new length (the extension's max_steps is
     # put back), and shortening is refused
-    extended = _train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
+    extended = run_train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
     assert extended.returncode == 0, extended.stderr[-3000:]
     after = snapshot(run)
-    resumed = _train("resume=true", f"hydra.run.dir={run}")
+    resumed = run_train("resume=true", f"hydra.run.dir={run}")
     assert resumed.returncode == 0 and "is complete (10 steps)" in resumed.stdout, resumed.stderr[-3000:]
-    shorter = _train("resume=true", "max_steps=5", f"hydra.run.dir={run}")
+    shorter = run_train("resume=true", "max_steps=5", f"hydra.run.dir={run}")
     assert shorter.returncode == 2
     assert_one_error_line(shorter, r"max_steps 10 → 5: a run cannot be shortened")
     assert snapshot(run) == after
 
     # its checkpoint does not fit a model of another width: one line naming the settings, nothing written
     other = tmp_path / "other"
-    foreign = _train(
+    foreign = run_train(
         "debug=fast", "logger=none", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={other}"
     )
     assert foreign.returncode == 2
@@ -229,7 +199,7 @@ def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path, snapsh
 def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_path):
     empty = tmp_path / "empty.ckpt"
     empty.touch()
-    proc = _train("debug=fast", "logger=none", f"ckpt_path={empty}", f"hydra.run.dir={tmp_path / 'a'}")
+    proc = run_train("debug=fast", "logger=none", f"ckpt_path={empty}", f"hydra.run.dir={tmp_path / 'a'}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"checkpoint {empty} is empty \(0 bytes\)")
     assert not (tmp_path / "a").exists()
@@ -243,7 +213,7 @@ def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_
         (run / "checkpoints").chmod(0o555)
     else:
         (run / "checkpoints").write_text("not a folder")
-    proc = _train("debug=fast", "logger=none", f"hydra.run.dir={run}")
+    proc = run_train("debug=fast", "logger=none", f"hydra.run.dir={run}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"cannot write checkpoints to {run / 'checkpoints'}: ")
     assert not (run / "metrics.jsonl").exists() and not (run / "summary.json").exists()
@@ -251,7 +221,7 @@ def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_
     # the output folder cannot be made: one line, not Hydra's traceback
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    proc = _train("debug=fast", "logger=none", f"hydra.run.dir={blocker / 'run'}")
+    proc = run_train("debug=fast", "logger=none", f"hydra.run.dir={blocker / 'run'}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"cannot create the output folder {blocker / 'run'}: {blocker} is not writable")
 
@@ -262,7 +232,7 @@ def test_a_second_process_on_a_held_run_folder_is_refused_with_the_holder(tmp_pa
 
     run = tmp_path / "run"
     with RunFolder(run).lock("train.py seed=1"):
-        proc = _train("debug=fast", "logger=none", "seed=2", f"hydra.run.dir={run}")
+        proc = run_train("debug=fast", "logger=none", "seed=2", f"hydra.run.dir={run}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"run folder {run} is in use by pid {os.getpid()} on .* \(train.py seed=1\)")
     assert sorted(p.name for p in run.iterdir()) == [".attnlab.lock"]  # nothing of the second run
@@ -292,22 +262,7 @@ def test_a_sweep_prints_no_noise_and_writes_only_under_multirun(tmp_path):
     """An Optuna sweep of one job with the default logger (W&B, offline), started in an empty folder: the output
     holds the start line with the run folder, a line per validation, the results, the job count and the final
     table, and none of the libraries' noise; only multirun/ appears; files get the user's umask."""
-    env = {k: v for k, v in _env().items() if k != "WANDB_MODE"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            "-m",
-            "hparams_search=optuna",
-            "hydra.sweeper.n_trials=1",
-            "debug=fast",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_train("-m", "hparams_search=optuna", "hydra.sweeper.n_trials=1", "debug=fast", cwd=tmp_path, wandb=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     for noise in NOISE:

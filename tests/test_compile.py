@@ -7,7 +7,8 @@ warning line; and a bad value is one line.
 
 The runs are tiny (d_model 32, 30 steps, one thread); 120 training sequences in batches of 16 make an epoch's last
 batch shorter (8), so that two batch shapes are compiled and a resume meets them in another order than the
-uninterrupted run. Inductor's on-disk cache makes every compile after the first on a machine a few seconds.
+uninterrupted run. Inductor's on-disk cache makes every compile after the first on a machine a few seconds. Every
+test that compiles is marked slow (inductor runs the C++ compiler in subprocesses, for minutes on a cold cache).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch._dynamo
+from helpers import REPO, read_summary, train_env
 from hydra import compose
-from test_resume import REPO, SMALL, _CrashAt, _env, assert_same_run, summary_of, weights_of
+from test_resume import SMALL, _CrashAt, assert_same_run, weights_of
 
 import attnlab.callbacks
 import attnlab.module
@@ -68,8 +70,8 @@ def compiled_reference(hydra_ctx: None, tmp_path_factory: pytest.TempPathFactory
             os.environ.pop("ATTNLAB_UID", None)
         else:
             os.environ["ATTNLAB_UID"] = uid
-    assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
-    assert [segment["compiled"] for segment in summary_of(out)["segments"]] == [True]
+    assert read_summary(out)["status"] == "ok", read_summary(out).get("reason")
+    assert [segment["compiled"] for segment in read_summary(out)["segments"]] == [True]
     # two training shapes (16 and the last batch's 8), three graphs each (the embedding, the layers, the head), and
     # the toolchain's probe: validation, test and the diagnostics probe batch run eagerly and compile nothing
     assert counters["stats"]["unique_graphs"] <= 7, dict(counters["stats"])
@@ -85,7 +87,7 @@ def test_compiled_runs_of_the_same_seed_agree_bit_for_bit_across_processes(
     proc = subprocess.run(
         [sys.executable, "train.py", *COMPILED, f"hydra.run.dir={run}"],
         cwd=REPO,
-        env=_env(),
+        env=train_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,6 +98,7 @@ def test_compiled_runs_of_the_same_seed_agree_bit_for_bit_across_processes(
     assert_same_run(compiled_reference, run)  # metrics, diagnostics, metrics.jsonl rows and weights, exactly
 
 
+@pytest.mark.slow
 def test_compiled_gradients_on_two_threads_are_the_same_every_time(deterministic_flags: None) -> None:
     """With more than one thread, inductor's backward of the embedding adds into the rows of its gradient with
     atomics, in an order that varies (19 different gradients in 20 steps here): compile_forward turns on torch's
@@ -125,11 +128,11 @@ def test_compiled_run_crashed_twice_resumes_to_the_uninterrupted_result(
     monkeypatch.setattr(attnlab.callbacks, "DivergenceGuard", _CrashAt)
     monkeypatch.setattr(_CrashAt, "steps", [15, 26])
     assert math.isnan(T.run(compose("config", overrides=list(COMPILED)), out))
-    assert "simulated crash at step 15" in summary_of(out)["reason"]
+    assert "simulated crash at step 15" in read_summary(out)["reason"]
     T.run(compose("config", overrides=[*COMPILED, "resume=true"]), out)
-    assert summary_of(out)["resumed_at_step"] == 12 and "simulated crash at step 26" in summary_of(out)["reason"]
+    assert read_summary(out)["resumed_at_step"] == 12 and "simulated crash at step 26" in read_summary(out)["reason"]
     T.run(compose("config", overrides=[*COMPILED, "resume=true"]), out)
-    assert summary_of(out)["resumed_at_step"] == 24
+    assert read_summary(out)["resumed_at_step"] == 24
     assert_same_run(compiled_reference, out)
 
 
@@ -150,7 +153,7 @@ def test_a_compiled_runs_checkpoint_loads_without_compile_and_gives_its_results(
     eager.eval()
     with torch.no_grad():
         accuracy = (eager(tokens).argmax(-1) == labels).float().mean().item()
-    assert accuracy == pytest.approx(summary_of(compiled_reference)["metrics"]["test/acc"], abs=1e-6)
+    assert accuracy == pytest.approx(read_summary(compiled_reference)["metrics"]["test/acc"], abs=1e-6)
 
     batch = datamodule.tensors("val")[0][:16]
     eager.train(), compiled.train()
@@ -159,6 +162,7 @@ def test_a_compiled_runs_checkpoint_loads_without_compile_and_gives_its_results(
         torch.testing.assert_close(compiled(batch), eager(batch), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("variant", "kernel"),
     [("additive", "attnlab::additive_logits"), ("relative_position", "attnlab::relative_attention")],
@@ -194,6 +198,7 @@ def test_fused_kernels_compile_into_the_graph_on_their_first_use_in_the_process(
     assert kernel in names and f"{kernel}_backward" in names, sorted(n for n in names if "attnlab" in n)
 
 
+@pytest.mark.slow
 def test_a_resume_cannot_switch_compile(compiled_reference: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "copy"
     shutil.copytree(compiled_reference, run)
@@ -215,8 +220,8 @@ def _short_run(out: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytes
     monkeypatch.setattr(EncoderModule, "training_step", recording)
     overrides = [o for o in COMPILED if not o.startswith(("max_steps=", "eval_every="))]
     T.run(compose("config", overrides=[*overrides, "max_steps=6", "eval_every=6"]), out)
-    assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
-    assert [segment["compiled"] for segment in summary_of(out)["segments"]] == [False]
+    assert read_summary(out)["status"] == "ok", read_summary(out).get("reason")
+    assert [segment["compiled"] for segment in read_summary(out)["segments"]] == [False]
     assert flags == [(False, False)] * 6  # eager steps, deterministic algorithms off (as before the run)
     return [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
 
@@ -232,6 +237,7 @@ def test_where_torch_compile_cannot_run_the_run_trains_eagerly_after_one_warning
     ]
 
 
+@pytest.mark.slow
 def test_a_model_that_does_not_compile_trains_eagerly_after_one_warning(
     hydra_ctx: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -264,8 +270,8 @@ def test_a_resume_that_compiles_where_the_run_fell_back_says_its_numbers_mix_the
         assert math.isnan(T.run(compose("config", overrides=list(COMPILED)), out))
     capsys.readouterr()
     T.run(compose("config", overrides=[*COMPILED, "resume=true"]), out)
-    assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
-    assert [segment["compiled"] for segment in summary_of(out)["segments"]] == [False, True]
+    assert read_summary(out)["status"] == "ok", read_summary(out).get("reason")
+    assert [segment["compiled"] for segment in read_summary(out)["segments"]] == [False, True]
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning: ")]
     assert warnings == [
         "warning: this part of the run trains compiled, its earlier part eagerly: its numbers mix the two "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose
+from helpers import compose_cfg
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -63,10 +63,6 @@ def _keep_launch_uid() -> Iterator[None]:
         os.environ.pop("ATTNLAB_UID", None)
     else:
         os.environ["ATTNLAB_UID"] = before
-
-
-def compose_cfg(*overrides: str, hydra_cfg: bool = False) -> DictConfig:
-    return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_cfg)
 
 
 def compose_option(group: str, option: str, *extra: str) -> DictConfig:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import run_train
 
 from attnlab import dashboard
 from attnlab.dashboard import Sweep, aggregate, build_html, find_run_dirs, load_runs, main, mean_ci, t_critical
@@ -547,6 +548,7 @@ def test_terminal_table_lists_every_run_untruncated(sweeps: Path, capsys) -> Non
     assert out.count(" ok ") == 13 and "100.0 %" in out and "0.940" in out
 
 
+@pytest.mark.slow
 def test_python_m_entry_point_exit_code_2(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "attnlab.dashboard", str(tmp_path)], capture_output=True, text=True, timeout=120
@@ -658,6 +660,7 @@ def _probe(html: str, tmp_path: Path, width: int = 1400) -> tuple[dict, str]:
     return json.loads(html_lib.unescape(probe.group(1))), proc.stdout
 
 
+@pytest.mark.slow
 def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     """Open the page in a real browser: every figure gets its SVG, no JS error, and the table sorts."""
     html = page.read_text()
@@ -677,6 +680,7 @@ def test_page_renders_in_headless_chromium(page: Path, tmp_path: Path) -> None:
     assert len(d_ks) == 15 and d_ks == sorted(d_ks), d_ks
 
 
+@pytest.mark.slow
 def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: Path) -> None:
     """The length chart in a real browser: per task a row (reverse: 1 line, shift: 3), accuracy and loss panels,
     the training-length lines, the shift row on a log axis; no JS error."""
@@ -695,18 +699,13 @@ def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: 
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real multirun: 4 variants x d_k {8, 16} x lr {1e-3, 3e-3} = 16 smoke runs (two at a time)."""
     sweep = tmp_path_factory.mktemp("real") / "sweep"
-    env = {k: v for k, v in os.environ.items() if k != "ATTNLAB_UID"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     args = ["-m", "variant=additive,dot,scaled_dot,alibi", "d_k=8,16", "lr=1e-3,3e-3", "debug=fast"]
     args += ["logger=none", "threads=1", "results_table=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args, f"hydra.sweep.dir='{sweep}'"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_train(*args, f"hydra.sweep.dir='{sweep}'", wandb="disabled", full_error=True, timeout=600, returncode=0)
     return sweep
 
 
+@pytest.mark.slow
 def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Path) -> None:
     """The issue's check on a real sweep: plain legends and labels, every panel at least 300 px wide at a 1400 px
     window, the headline names the winner (computed here from the summaries), lr shows because it was swept, the

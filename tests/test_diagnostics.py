@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from helpers import read_summary, run_train
 from hydra import compose, initialize_config_dir
 
 import attnlab.attention
@@ -23,7 +23,6 @@ from attnlab.tasks import Digits
 from attnlab.training import CONF_DIR, run
 from attnlab.training.loggers import JsonlLogger
 
-REPO = Path(__file__).resolve().parents[1]
 METRICS = (
     "entropy",
     "entropy_norm",
@@ -164,25 +163,14 @@ def _read_wandb(run_dir: Path) -> tuple[dict, list[dict]]:
 
 @pytest.mark.slow
 def test_multirun_jobs_get_distinct_offline_wandb_runs_with_diagnostics(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("WANDB_MODE", None)
     sweep = tmp_path / "sweep"
-    cmd = [
-        sys.executable,
-        "train.py",
-        "-m",
-        "variant=dot,scaled_dot",
-        "debug=fast",
-        "results_table=false",
-        f"hydra.sweep.dir={sweep}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = ["-m", "variant=dot,scaled_dot", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"]
+    run_train(*args, wandb=None, timeout=600, returncode=0)  # W&B as the config says: offline
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 2
     run_ids, groups = set(), set()
     for job in jobs:
-        summary = json.loads((job / "summary.json").read_text())
+        summary = read_summary(job)
         assert summary["status"] == "ok"
         assert 0.0 <= summary["metrics"]["attn/saturation"] <= 1.0
         assert "attn/entropy_norm" in summary["attn_init"]
@@ -204,7 +192,7 @@ def test_csv_and_none_loggers_still_write_local_metrics_and_summary(tmp_path, lo
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=["debug=fast", f"logger={logger}", "results_table=false"])
     run(cfg, tmp_path)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = read_summary(tmp_path)
     assert summary["status"] == "ok"
     for key in ("attn/entropy", "attn/entropy_norm", "attn/max_prob", "attn/saturation"):
         assert key in summary["metrics"]

@@ -5,6 +5,7 @@ import uuid
 
 import pytest
 import torch
+from helpers import grid, score_cases
 from torch import nn
 
 import attnlab
@@ -40,10 +41,6 @@ def token_embedding(enc):
     return emb
 
 
-def grid(n, pred):
-    return torch.tensor([[bool(pred(i, j)) for j in range(n)] for i in range(n)])
-
-
 @pytest.mark.parametrize("norm_first", [True, False])
 @pytest.mark.parametrize("pos_encoding", ["sinusoidal", "learned", "none"])
 def test_encoder_output_shape(pos_encoding, norm_first):
@@ -77,15 +74,10 @@ def test_score_name_and_params_reach_every_layer():
     assert all(m.position_bias.rel_bias.shape == (8, H) for m in mhas(enc))
 
 
+# every registered built-in with its test parameters, and Shaw's value term
 SCORES = [
-    ("scaled_dot", {}),
-    ("dot", {}),
-    ("general", {}),
-    ("additive", {"chunk_size": 2}),
-    ("relative_position", {"clip": 2}),
+    *((name, params) for _, name, params in score_cases()),
     ("relative_position", {"clip": 2, "value_term": True}),
-    ("t5_bias", {"num_buckets": 8, "max_distance": 16}),
-    ("alibi", {}),
 ]
 
 
@@ -112,9 +104,9 @@ def test_return_attention_gives_per_layer_outputs_and_same_h(score, params, setu
         assert att.logits.shape == (B, H, L, L)
         assert not torch.isnan(att.weights).any()
     if setup == "causal+pad":
-        visible = grid(L, lambda i, j: j <= i)[None] & (tokens != 0)[:, None, :]
+        visible = grid(L, L, lambda i, j: j <= i)[None] & (tokens != 0)[:, None, :]
     elif setup == "window+lengths":
-        visible = grid(L, lambda i, j: abs(i - j) < 2)[None] & (torch.arange(L)[None, :] < lengths[:, None])[:, None]
+        visible = grid(L, L, lambda i, j: abs(i - j) < 2)[None] & (torch.arange(L)[None, :] < lengths[:, None])[:, None]
     else:
         visible = torch.ones(B, L, L, dtype=torch.bool)
     visible = visible[:, None].expand(B, H, L, L)
@@ -273,7 +265,7 @@ def test_user_function_score_and_mask_work_through_encoder(ref):
     h = enc(tokens)
     h2, atts = enc(tokens, return_attention=True)
     torch.testing.assert_close(h, h2, rtol=1e-10, atol=1e-10)
-    visible = grid(L, lambda i, j: (i - j) % 2 == 0)[None, None] & (tokens != 0)[:, None, None, :]
+    visible = grid(L, L, lambda i, j: (i - j) % 2 == 0)[None, None] & (tokens != 0)[:, None, None, :]
     for att in atts:
         assert torch.all(att.weights[~visible.expand(B, H, L, L)] == 0)
         assert torch.all(att.logits.abs() <= 3.0 + 1e-12)

@@ -97,6 +97,7 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("study", STUDIES)
 def test_every_job_of_a_study_composes_and_passes_the_config_checks(study: str, tmp_path: Path) -> None:
     """Each study's run.sh names an experiment config and sweeps that compose and pass train.py's checks for every

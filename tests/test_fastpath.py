@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import SDPACalls, assert_same, randn
 from conftest import randomize_ as _randomize
+from helpers import grid, score_cases
 
 import attnlab
 from attnlab.attention import prepare_mask
@@ -23,18 +25,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 ATOL = 1e-10
 B, L, D_MODEL, H = 2, 7, 12, 3
-SDPA_SCORES = [
-    ("scaled_dot", {}),
-    ("dot", {}),
-    ("general", {}),
-    ("relative_position", {"clip": 2}),
-    ("t5_bias", {"num_buckets": 8, "max_distance": 16}),
-    ("alibi", {}),
-]
-
-
-def grid(lq: int, lk: int, pred) -> torch.Tensor:
-    return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
+NOT_SDPA = ("additive",)  # every other built-in (a new one too) must take SDPA
+SDPA_SCORES = [(name, params) for _, name, params in score_cases() if name not in NOT_SDPA]
 
 
 def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -43,8 +35,7 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def make_mha(score: str, params: dict, d_k: int = 4, seed: int = 0) -> attnlab.MultiHeadAttention:
-    mha = attnlab.MultiHeadAttention(D_MODEL, H, d_k, d_v=5, score=score, **params).double().eval()
-    return randomize_(mha, seed)
+    return helpers.make_mha(D_MODEL, H, d_k, 5, seed=seed, score=score, **params)
 
 
 # ---------------------------------------------------------------- causal: is_causal=True instead of a mask

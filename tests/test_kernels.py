@@ -20,6 +20,7 @@ import copy
 import ctypes
 import logging
 
+import helpers
 import pytest
 import torch
 from conftest import SDPACalls, additive_loop, randn, randomize_, rel_index, t5_bucket
@@ -437,6 +438,7 @@ def test_build_library_without_the_compiler_names_it(tmp_path, monkeypatch):
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 def test_build_library_builds_once_then_hits_the_cache(tmp_path, monkeypatch):
     source = tmp_path / "tiny.c"
     source.write_text(TINY_C)
@@ -452,6 +454,7 @@ def test_build_library_builds_once_then_hits_the_cache(tmp_path, monkeypatch):
     assert path.stat().st_mtime_ns == mtime and list(cache.iterdir()) == [path]
 
 
+@pytest.mark.slow
 def test_build_library_syntax_error_is_a_one_line_error(tmp_path):
     source = tmp_path / "broken.c"
     source.write_text(BROKEN_C)
@@ -462,6 +465,7 @@ def test_build_library_syntax_error_is_a_one_line_error(tmp_path):
     assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing half-built left behind
 
 
+@pytest.mark.slow
 def test_build_library_syntax_error_message_says_what_the_compiler_said(tmp_path):
     """The line kept from the compiler's output should be its diagnostic (``broken.c:1:..: error: ...``).
 
@@ -475,6 +479,7 @@ def test_build_library_syntax_error_message_says_what_the_compiler_said(tmp_path
     assert "error" in message and "broken.c:1" in message, message
 
 
+@pytest.mark.slow
 def test_library_of_a_broken_source_is_unavailable_with_a_one_line_reason(tmp_path, monkeypatch):
     source = tmp_path / "broken.c"
     source.write_text(BROKEN_C)
@@ -616,8 +621,7 @@ B_MHA, L_MHA, D_MODEL = 2, 5, 8
 
 
 def make_mha(params: dict, seed: int = 0) -> attnlab.MultiHeadAttention:
-    mha = attnlab.MultiHeadAttention(D_MODEL, 2, 4, d_v=3, **params).double().train()
-    return randomize_(mha, seed, scale=0.5)
+    return helpers.make_mha(D_MODEL, 2, 4, 3, seed=seed, train=True, **params)
 
 
 def mha_inputs(kind: str, seed: int = 121):

@@ -2,14 +2,11 @@
 
 import pytest
 import torch
+from helpers import grid, mask_cases
 
 import attnlab
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def grid(lq, lk, pred):
-    return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
 
 
 def keys_visible(lq, visible_per_batch):
@@ -140,7 +137,30 @@ def test_nested_composition_or_of_and():
     assert torch.equal(got[:, 0], expected)
 
 
-@pytest.mark.parametrize("name,params", [("causal", {}), ("sliding_window", {"window": 2}), ("none", {})])
+# every built-in mask built with its test parameters (helpers.TEST_PARAMS) as (b, i, j) -> visible, on TOKENS
+REFERENCES = {
+    "none": lambda b, i, j: True,
+    "causal": lambda b, i, j: j <= i,
+    "sliding_window": lambda b, i, j: abs(i - j) < 2,
+    "and": lambda b, i, j: j <= i and abs(i - j) < 2,  # causal & sliding_window(2)
+    "or": lambda b, i, j: j <= i or abs(i - j) < 2,  # causal | sliding_window(2)
+    "padding": lambda b, i, j: TOKENS[b, j] != 0,
+}
+
+
+@pytest.mark.parametrize("name,params", mask_cases())
+def test_every_builtin_mask_matches_its_reference(name, params):
+    """Every registered built-in, against a reference written here: a new mask without one fails, by name."""
+    assert name in REFERENCES, f"built-in mask '{name}' has no reference in test_masks.REFERENCES"
+    got = attnlab.build_mask(name, **params).materialize(6, 6, tokens=TOKENS)
+    expected = torch.stack([grid(6, 6, lambda i, j, b=b: REFERENCES[name](b, i, j)) for b in range(2)])
+    assert torch.equal(got[:, 0].expand(2, 6, 6), expected)
+
+
+POSITION_MASKS = [(name, params) for name, params in mask_cases() if attnlab.build_mask(name, **params).position_only]
+
+
+@pytest.mark.parametrize("name,params", POSITION_MASKS)
 def test_position_mask_materialize_is_repeatable(name, params):
     """Cached or not, repeated calls (and different sizes in between) return the right tensor."""
     m = attnlab.build_mask(name, **params)

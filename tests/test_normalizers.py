@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from helpers import NORMALIZERS
 from torch import nn
 
 from attnlab.normalizers import (
@@ -26,7 +27,7 @@ from attnlab.registry import UnknownNameError
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-NAMES = ["softmax", "softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"]
+NAMES = list(NORMALIZERS)  # every registered built-in
 SHAPES = [(2, 3, 4, 5), (1, 2, 3, 1), (2, 1, 5, 3), (1, 1, 1, 4)]
 MASKS = ["none", "random", "padding", "causal"]
 EPS = 1e-6  # softpick's default ε
@@ -569,7 +570,22 @@ def scratch_names():
 def test_list_normalizers_contains_the_seven_builtins():
     names = list_normalizers()
     assert isinstance(names, list) and all(isinstance(n, str) for n in names)
-    assert set(NAMES) <= set(names)
+    assert {"softmax", "softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"} <= set(names)
+
+
+def test_every_builtin_normalizer_has_a_reference_and_pinned_values():
+    """The reference (reference_row), the limits on huge logits (LIMITS) and the allowed parameters (ALLOWED) cover
+    every registered built-in: a new normalizer without them fails here, by name, instead of being skipped."""
+    missing = []
+    for name in NAMES:
+        try:
+            reference_row(name, [0.0, 1.0], [True, True])
+        except AssertionError:
+            missing.append(f"{name} (reference_row)")
+        missing += [
+            f"{name} ({table})" for table, pins in (("LIMITS", LIMITS), ("ALLOWED", ALLOWED)) if name not in pins
+        ]
+    assert not missing, f"built-in normalizers without a reference here: {missing}"
 
 
 @pytest.mark.parametrize("typo,closest", [("sofmax", "softmax"), ("entmax", "entmax15"), ("sparsmax", "sparsemax")])

@@ -13,10 +13,12 @@ import cmath
 import math
 import warnings
 
+import helpers
 import pytest
 import torch
 from conftest import SDPACalls, assert_same, grads, randn
 from conftest import randomize_ as _randomize
+from helpers import POSITION_BIASES, grid, params_of
 
 import attnlab
 from attnlab.config import AttentionConfig
@@ -29,7 +31,7 @@ VOCAB = 11
 LN_EPS = 1e-5  # nn.LayerNorm's default
 RMS_EPS = torch.finfo(torch.float64).eps  # nn.RMSNorm's default (eps=None) in float64
 DIFF_NORM_EPS = 1e-5  # differential attention's sub-norm
-NORMALIZERS = ["softmax1", "sink", "sigmoid", "sparsemax", "entmax15", "softpick"]
+NORMALIZERS = [name for name in helpers.NORMALIZERS if name != "softmax"]  # every registered built-in but softmax
 T5_PARAMS = {"num_buckets": 8, "max_distance": 16}
 
 
@@ -44,8 +46,7 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 def make_mha(
     seed: int = 0, num_heads: int = H, d_k: int = D_K, d_v: int = D_V, **options
 ) -> attnlab.MultiHeadAttention:
-    mha = attnlab.MultiHeadAttention(D_MODEL, num_heads, d_k, d_v, **options).double().eval()
-    return randomize_(mha, seed)
+    return helpers.make_mha(D_MODEL, num_heads, d_k, d_v, seed=seed, **options)
 
 
 def linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +67,6 @@ def merge(mha: attnlab.MultiHeadAttention, z: torch.Tensor) -> torch.Tensor:
 
 def group_of(h: int, num_heads: int, num_kv_heads: int) -> int:
     return h // (num_heads // num_kv_heads)
-
-
-def grid(lq: int, lk: int, pred) -> torch.Tensor:
-    return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
 
 
 def padding_tensor() -> torch.Tensor:
@@ -435,28 +432,30 @@ def t5_ref(ref, rel_bias: torch.Tensor, lq: int, lk: int, bidirectional: bool = 
     return rel_bias[buckets].permute(2, 0, 1)  # (H, Lq, Lk)
 
 
-@pytest.mark.parametrize(
-    ("score", "position_bias", "params"),
-    [("additive", "alibi", {}), ("dot", "shaw", {"clip": 2}), ("general", "t5", T5_PARAMS)],
-)
+BIAS_ON = {"alibi": "additive", "shaw": "dot", "t5": "general"}  # a score under each bias (others: scaled_dot)
+POSITION_BIAS_CASES = [(BIAS_ON.get(b, "scaled_dot"), b, params_of("position_bias", b)) for b in POSITION_BIASES]
+
+
+@pytest.mark.parametrize(("score", "position_bias", "params"), POSITION_BIAS_CASES)
 def test_position_bias_stage_adds_its_reference_bias_to_any_score(score, position_bias, params, ref):
+    """Every registered position bias (with its test parameters) against a reference written here: a new one
+    without a reference fails, by name."""
     mha = make_mha(score=score, position_bias=position_bias, position_bias_params=params)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
     q, k, v = heads(mha.q_proj, x, H), heads(mha.k_proj, x, H), heads(mha.v_proj, x, H)
-    if score == "additive":
-        content = ref.additive_loop(q, k, mha.score.w_q, mha.score.w_k, mha.score.v)
-    elif score == "dot":
-        content = q @ k.transpose(-2, -1)
-    else:
-        content = torch.einsum("bhid,hde,bhje->bhij", q, mha.score.weight, k)
-    if position_bias == "alibi":
+    content = ref.score_logits(score, {}, mha.score, q, k)
+    if position_bias == "none":
+        bias = torch.zeros(())
+    elif position_bias == "alibi":
         bias = alibi_ref(ref, H, L, L)
     elif position_bias == "shaw":
-        rel = mha.position_bias.rel_k[ref.rel_index(L, L, 2)]  # (L, L, d_k)
+        rel = mha.position_bias.rel_k[ref.rel_index(L, L, params["clip"])]  # (L, L, d_k)
         bias = torch.einsum("bhid,ijd->bhij", q, rel) / math.sqrt(D_K)
-    else:
+    elif position_bias == "t5":
         bias = t5_ref(ref, mha.position_bias.rel_bias, L, L)
+    else:
+        raise AssertionError(f"built-in position bias '{position_bias}' has no reference in this test")
     logits = content + bias
     mask = padding_tensor()
     w = ref.masked_softmax(logits, mask)

@@ -7,37 +7,31 @@ encoder itself (permuting the positions permutes the outputs).
 
 from __future__ import annotations
 
+import functools
 import itertools
-import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import torch
+from helpers import read_summary, run_train
 from hydra import compose
 from hydra.utils import instantiate
 
 from attnlab.encoder import Encoder
 from attnlab.tasks import IGNORE_INDEX, Reverse, Shift, Sort, build_task, list_tasks, task_class
 from attnlab.tasks.base import split_rng
-from attnlab.tasks.position import PositionTask
 
-REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("train", "val", "test")
 NAMES = tuple(n for n in list_tasks() if issubclass(task_class(n), PositionTask))  # shift, reverse, sort
 SMALL: dict[str, Any] = dict(num_train=200, num_val=100, num_test=100, batch_size=16)
 
 
-def small(name: str, **kwargs: Any) -> PositionTask:
-    task = task_class(name)(**{**SMALL, **kwargs})
-    task.setup()
-    return task
+small = functools.partial(helpers.small, sizes=SMALL)  # small(name, **kwargs): a set-up PositionTask
 
 
 # ---------------------------------------------------------------- independent reference labels
@@ -355,8 +349,6 @@ def test_symmetric_alibi_is_reflection_equivariant_but_not_permutation_equivaria
 @pytest.mark.slow
 def test_train_py_runs_each_task_with_test_lengths(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    env = {k: v for k, v in os.environ.items() if k != "ATTNLAB_UID"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     # "++": a multirun first composes the config without the sweep (task=digits), which has no seq_len
     args = [
         "-m",
@@ -370,11 +362,8 @@ def test_train_py_runs_each_task_with_test_lengths(tmp_path: Path) -> None:
         "++task.datamodule.test_lengths=[8,16]",
         f"hydra.sweep.dir='{sweep}'",
     ]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    run_train(*args, wandb="disabled", full_error=True, returncode=0)
+    summaries = [read_summary(p.parent) for p in sorted(sweep.glob("*/summary.json"))]
     assert sorted(s["task"] for s in summaries) == sorted(NAMES)
     for summary in summaries:
         assert summary["status"] == "ok", summary

@@ -5,12 +5,14 @@ import uuid
 
 import pytest
 import torch
+from helpers import SCORES, params_of
 from torch import nn
 
 import attnlab
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
+# built-ins that must stay registered (the tests that iterate take every built-in from the registry: helpers.SCORES)
 BUILTIN_SCORES = ["dot", "scaled_dot", "general", "additive", "relative_position", "t5_bias", "alibi"]
 BUILTIN_MASKS = ["none", "padding", "causal", "sliding_window", "and", "or"]
 
@@ -33,9 +35,9 @@ def test_list_masks_returns_strings_including_builtins():
     assert set(BUILTIN_MASKS) <= set(names)
 
 
-@pytest.mark.parametrize("name", BUILTIN_SCORES)
+@pytest.mark.parametrize("name", SCORES)
 def test_build_score_gives_score_module_with_logits_shape(name):
-    score = attnlab.build_score(name, d_k=4, num_heads=2)
+    score = attnlab.build_score(name, d_k=4, num_heads=2, **params_of("score", name))
     assert isinstance(score, attnlab.Score)
     assert isinstance(score, nn.Module)
     assert score.has_value_term is False
@@ -57,7 +59,7 @@ def test_unknown_score_suggests_close_name_and_lists_registered():
         attnlab.build_score("adittive", d_k=4, num_heads=2)
     msg = str(info.value)
     assert "did you mean 'additive'?" in msg
-    for name in BUILTIN_SCORES:
+    for name in SCORES:
         assert name in msg
 
 

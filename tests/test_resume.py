@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from helpers import REPO, read_summary, run_train, train_cmd, train_env
 from hydra import compose
 from omegaconf import OmegaConf
 
@@ -30,8 +31,6 @@ from attnlab import training as T
 from attnlab.callbacks import DivergenceGuard
 from attnlab.runs import METRICS_FILE, SUMMARY_FILE, load_run, read_metrics
 from attnlab.training.loggers import JsonlLogger
-
-REPO = Path(__file__).resolve().parents[1]
 
 # 128 training sequences in batches of 16 = 8 batches per epoch; validation (and last.ckpt) every 6 steps, so the
 # checkpoints fall mid-epoch (6, 12, 18) and at an epoch's end (24). With this lr and seed the validation accuracy
@@ -49,14 +48,11 @@ SMALL = (
     "max_steps=30",
     "eval_every=6",
     "diagnostics.every_n_steps=5",
+    "threads=1",  # two threads per run on top of two test workers on two cores: each step waits for a thread
 )
 
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
-
-
-def summary_of(folder: Path) -> dict:
-    return json.loads((folder / SUMMARY_FILE).read_text())
 
 
 def weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -72,7 +68,7 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 def assert_same_run(ref: Path, resumed: Path) -> None:
     """Two run folders that must agree exactly (apart from timings and paths)."""
-    a, b = summary_of(ref), summary_of(resumed)
+    a, b = read_summary(ref), read_summary(resumed)
     assert a["status"] == b["status"] == "ok", (a.get("reason"), b.get("reason"))
     assert a["steps"] == b["steps"]
     assert a["metrics"] == b["metrics"]  # exact: CPU training is deterministic and the resume replays the data order
@@ -102,10 +98,10 @@ class _CrashAt(DivergenceGuard):
 
 
 def test_same_seed_same_metrics_other_seed_other_metrics(hydra_ctx: None, tmp_path: Path) -> None:
-    overrides = ["debug=fast", "logger=none", "results_table=false", "max_steps=20", "eval_every=10"]
+    overrides = ["debug=fast", "logger=none", "results_table=false", "max_steps=20", "eval_every=10", "threads=1"]
     for name, seed in (("a", 0), ("b", 0), ("c", 1)):
         T.run(compose("config", overrides=[*overrides, f"seed={seed}"]), tmp_path / name)
-    a, b, c = (summary_of(tmp_path / n) for n in "abc")
+    a, b, c = (read_summary(tmp_path / n) for n in "abc")
     assert a["status"] == b["status"] == c["status"] == "ok"
     assert a["metrics"] == b["metrics"] and a["attn_init"] == b["attn_init"] and a["params"] == b["params"]
     assert read_metrics(tmp_path / "a" / METRICS_FILE) == read_metrics(tmp_path / "b" / METRICS_FILE)
@@ -122,7 +118,7 @@ def reference(hydra_ctx: None, tmp_path_factory: pytest.TempPathFactory) -> Path
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("reference") / "run"
     T.run(compose("config", overrides=list(SMALL)), out)
-    assert summary_of(out)["status"] == "ok"
+    assert read_summary(out)["status"] == "ok"
     return out
 
 
@@ -136,7 +132,7 @@ def test_run_crashed_twice_resumes_to_the_uninterrupted_result(
     monkeypatch.setattr(_CrashAt, "steps", [15, 26])
     value = T.run(compose("config", overrides=list(SMALL)), out)
     assert math.isnan(value)
-    crashed = summary_of(out)
+    crashed = read_summary(out)
     assert crashed["status"] == "failed" and "simulated crash at step 15" in crashed["reason"]
     rows_at_crash = read_metrics(out / METRICS_FILE)
     assert max(r["step"] for r in rows_at_crash) > 12  # rows logged after the checkpoint, to be dropped
@@ -144,16 +140,16 @@ def test_run_crashed_twice_resumes_to_the_uninterrupted_result(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         T.run(compose("config", overrides=[*SMALL, "resume=true"]), out)
-    second = summary_of(out)
+    second = read_summary(out)
     assert second["status"] == "failed" and "simulated crash at step 26" in second["reason"]
     assert second["resumed_at_step"] == 12
     messages = [str(w.message) for w in caught]
     assert not [m for m in messages if "not resumable" in m or "weights_only" in m], messages
 
     T.run(compose("config", overrides=[*SMALL, "ckpt_path=last"]), out)
-    assert summary_of(out)["resumed_at_step"] == 24
+    assert read_summary(out)["resumed_at_step"] == 24
     assert_same_run(reference, out)
-    final = summary_of(out)["metrics"]
+    final = read_summary(out)["metrics"]
     assert final["val/acc"] < final["val/acc_best"]  # the best came before the last resume, which restored it
 
 
@@ -172,7 +168,7 @@ def _crashed_run(out: Path, monkeypatch: pytest.MonkeyPatch, step: int = 15) -> 
     monkeypatch.setattr(_CrashAt, "steps", [step])
     T.run(compose("config", overrides=list(SMALL)), out)
     monkeypatch.undo()
-    assert summary_of(out)["status"] == "failed"
+    assert read_summary(out)["status"] == "failed"
 
 
 def test_a_copied_run_folder_resumes_from_its_own_checkpoints(
@@ -194,7 +190,7 @@ def test_a_copied_run_folder_resumes_from_its_own_checkpoints(
     assert_same_run(reference, copy)
     text = (copy / SUMMARY_FILE).read_text()
     assert str(original) not in text and str(tmp_path) not in text
-    summary = summary_of(copy)
+    summary = read_summary(copy)
     assert summary["best_checkpoint"] == "checkpoints/best.ckpt" and summary["resumed_from"] == "checkpoints/last.ckpt"
 
 
@@ -206,7 +202,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(
     assert not (out / "checkpoints" / "last.ckpt").exists()
     T.run(compose("config", overrides=[*SMALL, "resume=true"]), out)
     assert_same_run(reference, out)
-    assert [(s["kind"], s["from_step"]) for s in summary_of(out)["segments"]] == [("new", 0), ("resume", 0)]
+    assert [(s["kind"], s["from_step"]) for s in read_summary(out)["segments"]] == [("new", 0), ("resume", 0)]
 
 
 def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path, monkeypatch, capsys, snapshot):
@@ -223,7 +219,7 @@ def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path
     last.write_bytes(b"")
     assert math.isnan(T.run(compose("config", overrides=[*SMALL, "resume=true"]), out))
     assert f"error: checkpoint {last} is empty (0 bytes)" in capsys.readouterr().err
-    assert summary_of(out)["status"] == "failed" and "simulated crash" in summary_of(out)["reason"]
+    assert read_summary(out)["status"] == "failed" and "simulated crash" in read_summary(out)["reason"]
 
 
 def test_overwrite_replaces_a_run_and_resume_with_overwrite_is_refused(
@@ -242,7 +238,7 @@ def test_overwrite_replaces_a_run_and_resume_with_overwrite_is_refused(
     assert math.isnan(T.run(compose("config", overrides=[*SMALL, "overwrite=true", inside]), out))
     assert "ckpt_path=" in capsys.readouterr().err and snapshot(out) == before  # would delete its own checkpoint
     T.run(compose("config", overrides=[*SMALL, "max_steps=6", "eval_every=6", "overwrite=true"]), out)
-    summary = summary_of(out)
+    summary = read_summary(out)
     assert summary["status"] == "ok" and summary["steps"] == 6 and len(summary["segments"]) == 1
     assert max(r["step"] for r in read_metrics(out / METRICS_FILE)) == 6  # nothing of the replaced run
     assert (out / "notes.txt").read_text() == "mine"  # files that are not the run's stay
@@ -254,9 +250,9 @@ def test_extending_a_finished_run_keeps_its_results_and_its_schedule(hydra_ctx: 
     out = tmp_path / "run"
     short = [*SMALL, "max_steps=12", "eval_every=6"]
     T.run(compose("config", overrides=short), out)
-    first = summary_of(out)
+    first = read_summary(out)
     T.run(compose("config", overrides=[*short, "resume=true", "max_steps=18"]), out)
-    summary = summary_of(out)
+    summary = read_summary(out)
     assert summary["status"] == "ok" and summary["steps"] == 18 and summary["max_steps"] == 18
     assert [(s["kind"], s["from_step"], s["to_step"]) for s in summary["segments"]] == [
         ("new", 0, 12),
@@ -317,18 +313,6 @@ KILL_ARGS = (
 )
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_UID", "HYDRA_FULL_ERROR")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline")
-    return env
-
-
-def _train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300
-    )
-
-
 def _checkpoint_step(path: Path) -> int:
     try:
         return int(torch.load(path, map_location="cpu", weights_only=True)["global_step"])
@@ -345,7 +329,7 @@ def _wandb_run_ids(run: Path) -> list[str]:
 def kill_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted run that every killed-and-resumed run below must end as."""
     out = tmp_path_factory.mktemp("kill") / "reference"
-    ref = _train(*KILL_ARGS, f"hydra.run.dir={out}")
+    ref = run_train(*KILL_ARGS, f"hydra.run.dir={out}")
     assert ref.returncode == 0, ref.stderr[-3000:]
     return out
 
@@ -358,9 +342,9 @@ def _default_sigint() -> None:
 
 def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "train.py", *args],
+        train_cmd(*args),
         cwd=REPO,
-        env=env or _env(),
+        env=env or train_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -393,13 +377,13 @@ def test_killed_run_resumes_at_the_same_step_with_the_same_result(kill_reference
     killed_at = _checkpoint_step(run / "checkpoints" / "last.ckpt")
     assert 20 <= killed_at < 100
     killed = load_run(run)  # killed: the summary still says running, and readers see that nobody runs it
-    assert summary_of(run)["status"] == "running" and killed.summary["status"] == "interrupted"
+    assert read_summary(run)["status"] == "running" and killed.summary["status"] == "interrupted"
     wandb_id = (run / "wandb_id.txt").read_text().strip()
 
-    resumed = _train(*KILL_ARGS, f"hydra.run.dir={run}", "resume=true")
+    resumed = run_train(*KILL_ARGS, f"hydra.run.dir={run}", "resume=true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "weights_only" not in resumed.stderr and "not resumable" not in resumed.stderr, resumed.stderr[-3000:]
-    summary = summary_of(run)
+    summary = read_summary(run)
     assert summary["resumed_at_step"] >= killed_at  # the last checkpoint (a later one may have landed)
     assert summary["steps"] == 100
     assert [(s["kind"], s["status"]) for s in summary["segments"]] == [("new", "interrupted"), ("resume", "ok")]
@@ -423,14 +407,14 @@ def test_sigint_ends_the_run_as_interrupted_and_the_printed_command_resumes_it(
 ) -> None:
     run = tmp_path / "interrupted"
     out, err = _signal_after_checkpoint(_start(*KILL_ARGS, f"hydra.run.dir={run}"), run, signal.SIGINT)
-    summary = summary_of(run)
+    summary = read_summary(run)
     assert summary["status"] == "interrupted" and summary["reason"].startswith("interrupted at step ")
     assert summary["segments"][-1]["status"] == "interrupted"
     command = f"python train.py resume=true hydra.run.dir={run}"
     assert command in out, out[-2000:]
     assert "Traceback" not in out + err
 
-    resumed = _train(*command.split()[2:])  # exactly the printed command: the run's own overrides come back
+    resumed = run_train(*command.split()[2:])  # exactly the printed command: the run's own overrides come back
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_run(kill_reference, run)
 
@@ -477,7 +461,7 @@ def test_a_kill_at_an_awkward_moment_resumes_to_the_uninterrupted_result(
     """SIGKILL half-way through writing last.ckpt (the previous one stays whole) or in the middle of the test
     phase (training had ended): the resume ends exactly as the uninterrupted run."""
     (tmp_path / "attnlab_test_killer.py").write_text(KILLER)
-    env = {**_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    env = {**train_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     run = tmp_path / "run"
     args = (*KILL_ARGS, "imports=[attnlab_test_killer]", f"hydra.run.dir={run}")
     killed = subprocess.run(
@@ -494,7 +478,7 @@ def test_a_kill_at_an_awkward_moment_resumes_to_the_uninterrupted_result(
         assert step == 20  # the torn write never replaced the previous checkpoint
         assert list((run / "checkpoints").glob(".last.ckpt.*.tmp")), "the torn temporary file is there"
     else:
-        assert step == 100 and summary_of(run)["status"] == "running"
+        assert step == 100 and read_summary(run)["status"] == "running"
         assert any("test/acc" in r for r in read_metrics(run / METRICS_FILE)) is False
 
     resumed = subprocess.run(  # (a resume imports a folder's modules only when the command line names them)

@@ -8,16 +8,13 @@ Every run folder goes to tmp_path.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers import read_summary, run_folders, run_train
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -28,8 +25,6 @@ from attnlab.runs import METRICS_FILE, SUMMARY_FILE, read_metrics
 from attnlab.training.cli import check_plugins
 from attnlab.training.lifecycle import _failed_value
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def need(extra: str) -> None:
     """Skip unless the optional plugin of ``extra`` (and the library under it) imports."""
@@ -39,28 +34,6 @@ def need(extra: str) -> None:
     }[extra]
     for module in modules:
         pytest.importorskip(module, reason=f"{module} is not installed (pip install -e .[{extra}])")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_UID", "HYDRA_FULL_ERROR")}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline")
-    return env
-
-
-def _train(*args: str, timeout: int = 300, returncode: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "train.py", *args], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == returncode, f"train.py {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-def _jobs(sweep: Path) -> list[Path]:
-    return sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _summary(folder: Path) -> dict:
-    return json.loads((folder / SUMMARY_FILE).read_text())
 
 
 # ------------------------------------------------------------------------------------ configs (fast)
@@ -144,7 +117,7 @@ def test_optuna_search_goes_on_past_a_diverging_trial(tmp_path: Path) -> None:
     1e12 trials diverge and count as -inf, and the search writes its best parameters."""
     need("optuna")
     sweep = tmp_path / "sweep"
-    proc = _train(
+    proc = run_train(
         "-m",
         "hparams_search=optuna",
         "hydra.sweeper.n_trials=3",
@@ -155,9 +128,9 @@ def test_optuna_search_goes_on_past_a_diverging_trial(tmp_path: Path) -> None:
         f"hydra.sweep.dir={sweep}",
         returncode=1,  # the search went on, and the exit code says that trials failed
     )
-    jobs = _jobs(sweep)
+    jobs = run_folders(sweep)
     assert len(jobs) == 3, [j.name for j in jobs]
-    summaries = [_summary(j) for j in jobs]
+    summaries = [read_summary(j) for j in jobs]
     ok = [s for s in summaries if s["status"] == "ok"]
     failed = [s for s in summaries if s["status"] == "failed"]
     assert ok and failed, [(s["lr"], s["status"]) for s in summaries]
@@ -174,7 +147,7 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path: Path) -> None:
     """Two jobs through submitit (the SLURM launcher's code path, run locally): each in its own process, both ok,
     in the sweep folder named after the launch id they inherit."""
     need("slurm")
-    proc = _train(
+    proc = run_train(
         "-m",
         "hydra/launcher=local",
         "variant=dot,scaled_dot",
@@ -182,11 +155,12 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path: Path) -> None:
         "logger=none",
         "results_table=false",
         f"hydra.sweep.dir='{tmp_path}/sweep_${{attnlab_uid:}}'",
+        returncode=0,
     )
     (sweep,) = [p for p in tmp_path.iterdir() if p.name.startswith("sweep_")]
-    jobs = _jobs(sweep)
+    jobs = run_folders(sweep)
     assert len(jobs) == 2, [j.name for j in jobs]
-    summaries = [_summary(j) for j in jobs]
+    summaries = [read_summary(j) for j in jobs]
     assert [s["status"] for s in summaries] == ["ok", "ok"], summaries
     assert {s["variant"] for s in summaries} == {"dot", "scaled_dot"}
     assert {s["launch_id"] for s in summaries} == {sweep.name.removeprefix("sweep_")}
@@ -201,7 +175,7 @@ def test_ddp_on_two_cpu_processes_has_one_writer_and_reduced_metrics(tmp_path: P
     run, and test/acc equal to an independent one-process evaluation of the best checkpoint on the whole test set
     (33 sequences: not a multiple of 2, so a sample counted twice or missed would show)."""
     run = tmp_path / "run"
-    _train(
+    run_train(
         "trainer=ddp",
         "trainer.accelerator=cpu",
         "trainer.devices=2",
@@ -215,8 +189,9 @@ def test_ddp_on_two_cpu_processes_has_one_writer_and_reduced_metrics(tmp_path: P
         "logger=wandb",
         "results_table=false",
         f"hydra.run.dir={run}",
+        returncode=0,
     )
-    summary = _summary(run)
+    summary = read_summary(run)
     assert summary["status"] == "ok", summary.get("reason")
     assert summary["world_size"] == 2 and summary["steps"] == 20
     rows = read_metrics(run / METRICS_FILE)
@@ -246,7 +221,7 @@ def test_ddp_on_two_cpu_processes_has_one_writer_and_reduced_metrics(tmp_path: P
 @pytest.mark.slow
 def test_ddp_in_a_sweep_fails_with_one_line(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = _train(
+    proc = run_train(
         "-m",
         "trainer=ddp",
         "trainer.accelerator=cpu",
@@ -256,8 +231,8 @@ def test_ddp_in_a_sweep_fails_with_one_line(tmp_path: Path) -> None:
         f"hydra.sweep.dir={sweep}",
         returncode=1,
     )
-    (job,) = _jobs(sweep)
-    summary = _summary(job)
+    (job,) = run_folders(sweep)
+    summary = read_summary(job)
     assert summary["status"] == "failed"
     assert "cannot run in a -m sweep" in summary["reason"] and "hydra/launcher=slurm" in summary["reason"]
     assert "0 ok, 1 failed" in proc.stdout

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+from helpers import score_cases
 
 import attnlab
 from attnlab.position_bias import AlibiBias, ShawBias, T5Bias
@@ -13,25 +14,20 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 B, H, LQ, LK, D_K = 2, 3, 5, 7, 4
 
-# (id, name, build params); small clip / bucket settings so clipping and log buckets are hit at L<=7.
+# (id, name, build params): every registered built-in with its test parameters (helpers.TEST_PARAMS: small clip /
+# bucket settings so clipping and log buckets are hit at L<=7), then other settings of the scores that take some.
 SCORE_CASES = [
-    ("dot", "dot", {}),
-    ("scaled_dot", "scaled_dot", {}),
-    ("general", "general", {}),
-    ("additive", "additive", {}),
-    ("additive_d_attn3", "additive", {"d_attn": 3}),
+    *score_cases(),
+    ("additive_default", "additive", {}),
     ("additive_chunk2", "additive", {"d_attn": 3, "chunk_size": 2}),
-    ("shaw_clip2", "relative_position", {"clip": 2}),
     ("shaw_clip0", "relative_position", {"clip": 0}),
     ("shaw_default_clip", "relative_position", {}),
-    ("t5_bidir", "t5_bias", {"num_buckets": 8, "max_distance": 16}),
     (
         "t5_causal_scaled",
         "t5_bias",
         {"num_buckets": 8, "max_distance": 16, "bidirectional": False, "scale": True},
     ),
     ("t5_default", "t5_bias", {}),
-    ("alibi", "alibi", {}),
 ]
 SEEDS = [0, 1]
 
@@ -59,6 +55,21 @@ def test_score_matches_reference_values_and_gradients(case, lq, lk, seed, ref):
     inputs = [q, k, *score.parameters()]
     for got, want in zip(ref.grads(out, inputs), ref.grads(expected, inputs), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_every_builtin_score_has_a_reference(ref):
+    """The references (conftest.score_logits) cover every registered built-in: a new score without one fails here,
+    by name, instead of being left out of the reference tests."""
+    missing = []
+    for _, name, params in score_cases():
+        q, k = ref.randn(1, H, 2, D_K, seed=1), ref.randn(1, H, 3, D_K, seed=2)
+        try:
+            ref.score_logits(name, params, build(name, params), q, k)
+        except AssertionError as e:
+            if "no reference" not in str(e):
+                raise
+            missing.append(name)
+    assert not missing, f"built-in scores without a reference in conftest.score_logits: {missing}"
 
 
 @pytest.mark.parametrize("name", ["dot", "scaled_dot", "alibi"])

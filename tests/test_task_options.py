@@ -6,20 +6,20 @@ evaluation of the best checkpoint written here), and the milestones ``train/plat
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import read_summary
 from hydra import compose
 from test_resume import _CrashAt, assert_same_run
 
 import attnlab.callbacks
 from attnlab import training as T
 from attnlab.module import EncoderModule
-from attnlab.runs import METRICS_FILE, SUMMARY_FILE, read_metrics
+from attnlab.runs import METRICS_FILE, read_metrics
 from attnlab.tasks import IGNORE_INDEX, AssociativeRecall, ListOps
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
@@ -45,10 +45,6 @@ EASY = (
     "results_table=false",
     "threads=1",
 )
-
-
-def summary_of(folder: Path) -> dict:
-    return json.loads((folder / SUMMARY_FILE).read_text())
 
 
 # ------------------------------------------------------------------------------------ resample
@@ -116,9 +112,9 @@ def test_a_resampled_run_crashed_mid_epoch_resumes_to_the_uninterrupted_result(
     monkeypatch.setattr(_CrashAt, "steps", [15, 20])
     assert math.isnan(T.run(compose("config", overrides=small), out))
     assert math.isnan(T.run(compose("config", overrides=[*small, "resume=true"]), out))
-    assert summary_of(out)["resumed_at_step"] == 12
+    assert read_summary(out)["resumed_at_step"] == 12
     T.run(compose("config", overrides=[*small, "resume=true"]), out)
-    assert summary_of(out)["resumed_at_step"] == 18
+    assert read_summary(out)["resumed_at_step"] == 18
     assert_same_run(tmp_path / "reference", out)
 
 
@@ -130,12 +126,12 @@ def easy_run(hydra_ctx: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("easy") / "run"
     T.run(compose("config", overrides=[*EASY, "task.datamodule.test_lengths=[4,9]"]), out)
-    assert summary_of(out)["status"] == "ok", summary_of(out).get("reason")
+    assert read_summary(out)["status"] == "ok", read_summary(out).get("reason")
     return out
 
 
 def test_every_test_length_is_reported_and_is_the_accuracy_of_the_best_checkpoint(easy_run: Path) -> None:
-    metrics = summary_of(easy_run)["metrics"]
+    metrics = read_summary(easy_run)["metrics"]
     for length in (4, 9):
         assert {f"test/acc@{length}", f"test/loss@{length}"} <= metrics.keys()
     rows = read_metrics(easy_run / METRICS_FILE)
@@ -160,7 +156,7 @@ def test_every_test_length_is_reported_and_is_the_accuracy_of_the_best_checkpoin
 
 
 def test_milestones_are_the_first_validations_past_chance_and_past_99(easy_run: Path) -> None:
-    summary = summary_of(easy_run)
+    summary = read_summary(easy_run)
     rows = [r for r in read_metrics(easy_run / METRICS_FILE) if "val/acc" in r]
     chance = 1 / 2  # two pairs: a guess between the context's two values
     plateau = next(r["step"] for r in rows if r["val/acc"] >= chance + 0.1 * (1 - chance))
@@ -172,7 +168,7 @@ def test_milestones_are_the_first_validations_past_chance_and_past_99(easy_run: 
 
 def test_a_milestone_never_reached_is_absent(hydra_ctx: None, tmp_path: Path) -> None:
     T.run(compose("config", overrides=[*EASY, "max_steps=5", "lr=1e-4"]), tmp_path / "run")
-    metrics = summary_of(tmp_path / "run")["metrics"]
+    metrics = read_summary(tmp_path / "run")["metrics"]
     assert metrics["val/acc"] < 0.99 and "train/steps_to_99" not in metrics
 
 
@@ -195,5 +191,5 @@ def test_experiment_mqar_is_zoology_s_setup_and_runs(hydra_ctx: None, tmp_path: 
     assert data.resample is True and data.fused_pairs is False
     assert data.seq_len > 2 * data.num_pairs + data.num_pairs  # filler among the queries
     T.run(cfg, tmp_path / "run")
-    summary = summary_of(tmp_path / "run")
+    summary = read_summary(tmp_path / "run")
     assert summary["status"] == "ok" and summary["mask"] == "causal"

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -58,9 +59,7 @@ def small_kwargs(name: str) -> dict[str, Any]:
 
 
 def small(name: str, **kwargs: Any) -> SequenceTask:
-    task = build_task(name, **{**small_kwargs(name), **kwargs})
-    task.setup()
-    return task
+    return helpers.small(name, small_kwargs(name), **kwargs)
 
 
 def all_tensors(task: SequenceTask) -> list[torch.Tensor]:

@@ -5,35 +5,28 @@ from a composed config, and one ``python train.py task=text debug=fast`` smoke r
 from __future__ import annotations
 
 import collections
-import json
+import functools
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from pydoc_data.topics import topics
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import torch
-from hydra import compose
+from helpers import NORMALIZERS, POSITION_BIASES, SCORES, compose_cfg, read_summary, run_train
 from hydra.utils import instantiate
-from omegaconf import DictConfig
 
 from attnlab.tasks import TASKS, TextLM, make_task
 from attnlab.tasks.text import split_text, split_topics
 from attnlab.training.config import ConfigError, build_module, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("train", "val", "test")
 SMALL: dict[str, Any] = dict(seq_len=32, num_train=200, num_val=50, num_test=50, batch_size=16)
 
 
-def small(**kwargs: Any) -> TextLM:
-    task = TextLM(**{**SMALL, **kwargs})
-    task.setup()
-    return task
+small = functools.partial(helpers.small, "text", SMALL)  # small(**kwargs): a set-up TextLM
 
 
 def text_of(split: str) -> bytes:
@@ -187,10 +180,6 @@ def test_bad_arguments_raise_one_line_value_errors(kwargs: dict[str, Any], messa
 # ---------------------------------------------------------------- no peeking at the next byte, through the module
 
 
-def compose_cfg(*overrides: str) -> DictConfig:
-    return compose(config_name="config", overrides=list(overrides))
-
-
 SMALL_RUN = (
     "task=text",
     "task.datamodule.seq_len=24",
@@ -203,23 +192,15 @@ SMALL_RUN = (
     "logger=none",
 )
 
-# attention stages that could carry information across positions: every one must respect the causal mask
+# attention stages that could carry information across positions: every one must respect the causal mask (every
+# registered score, normalizer and position bias besides the defaults, scaled_dot, softmax and none; and the presets)
 STACKS = [
     [],
-    ["variant=dot"],
-    ["variant=general"],
-    ["variant=additive"],
-    ["variant=cosine"],
-    ["variant=relative_position"],
-    ["variant=t5_bias"],
-    ["variant=alibi"],
+    *([f"variant={name}"] for name in SCORES if name != "scaled_dot"),
     ["variant=rope"],
     ["variant=diff"],
-    ["normalizer=sigmoid"],
-    ["normalizer=sparsemax"],
-    ["normalizer=softpick"],
-    ["normalizer=sink"],
-    ["position_bias=shaw"],
+    *([f"normalizer={name}"] for name in NORMALIZERS if name != "softmax"),
+    *([f"position_bias={name}"] for name in POSITION_BIASES if name != "none"),
     ["num_kv_heads=1", "qk_norm=rmsnorm", "softcap=5.0"],
     ["mask=causal_window"],
 ]
@@ -287,20 +268,10 @@ def test_non_causal_masks_are_refused_for_text(hydra_ctx: None, mask: str) -> No
 
 @pytest.mark.slow
 def test_train_py_task_text_smoke_run_reports_bits(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ATTNLAB_UID"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
     out = tmp_path / "run"
     args = ["task=text", "mask=causal", "debug=fast", "logger=none", "threads=1", f"hydra.run.dir='{out}'"]
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    summary = json.loads((out / "summary.json").read_text())
+    run_train(*args, wandb="disabled", full_error=True, returncode=0)
+    summary = read_summary(out)
     assert summary["status"] == "ok" and summary["task"] == "text" and summary["mask"] == "causal"
     metrics = summary["metrics"]
     assert 0.0 <= metrics["test/acc"] <= 1.0

@@ -6,31 +6,28 @@ Every run folder goes to tmp_path (``hydra.run.dir`` / ``hydra.sweep.dir`` / ``r
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose
+from helpers import REPO, SUBPROCESS_TIMEOUT, compose_cfg, read_summary, run_folders, train_cmd, train_env
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 import attnlab
 from attnlab import training as T
 from attnlab.module import IGNORE_INDEX, EncoderModule
-from attnlab.runs import METRICS_FILE, SUMMARY_FILE, read_metrics
+from attnlab.runs import METRICS_FILE, read_metrics
 
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_PY = REPO / "train.py"
-VARIANTS = ("dot", "scaled_dot", "general", "additive", "relative_position", "t5_bias", "alibi")
-SUBPROCESS_TIMEOUT = 300
+VARIANTS = helpers.SCORES  # every registered built-in score is a variant (conf/variant/<name>.yaml)
 
 
 # ------------------------------------------------------------------------------------ fixtures and helpers
@@ -39,46 +36,9 @@ SUBPROCESS_TIMEOUT = 300
 pytestmark = pytest.mark.usefixtures("restore_process_state")
 
 
-def compose_cfg(*overrides: str) -> DictConfig:
-    """The job config as ``train.py`` receives it (no ``hydra`` node)."""
-    return compose(config_name="config", overrides=list(overrides))
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment for ``python train.py``: one thread, no W&B, and no inherited launch id (each launch must
-    draw its own)."""
-    env = {k: v for k, v in os.environ.items() if k != "ATTNLAB_UID"}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="disabled", HYDRA_FULL_ERROR="1")
-    env.update(extra)
-    return env
-
-
-def train_cmd(*args: str) -> list[str]:
-    return [sys.executable, str(TRAIN_PY), *args]
-
-
-def run_train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        train_cmd(*args),
-        cwd=REPO,
-        env=env or subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-    )
-    assert proc.returncode == 0, f"train.py {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return proc
-
-
-def load_summary(folder: Path) -> dict:
-    path = folder / SUMMARY_FILE
-    assert path.is_file(), f"no {SUMMARY_FILE} in {folder}: {sorted(p.name for p in folder.iterdir())}"
-    return json.loads(path.read_text())
-
-
-def run_folders(sweep_dir: Path) -> list[Path]:
-    """The job folders of a sweep (Hydra's own files, multirun.yaml and .hydra, are not job folders)."""
-    return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+# this file's runs: W&B disabled, and a run that fails shows its traceback; run_train asserts a clean exit
+subprocess_env = functools.partial(train_env, wandb="disabled", full_error=True)
+run_train = functools.partial(helpers.run_train, wandb="disabled", full_error=True, returncode=0)
 
 
 def assert_ok(summary: dict) -> None:
@@ -188,7 +148,7 @@ def test_run_in_process_writes_the_run_files(hydra_ctx: None, tmp_path: Path, re
     out = tmp_path / "run"
     value = T.run(cfg, out)
 
-    summary = load_summary(out)
+    summary = read_summary(out)
     assert_ok(summary)
     assert summary["variant"] == cfg.variant.name == "scaled_dot"
     assert summary["mask"] == cfg.mask.name
@@ -252,7 +212,7 @@ def test_two_sweeps_started_together_get_different_folders(tmp_path: Path, repo_
     for sweep in sweeps:
         folders = run_folders(sweep)
         assert len(folders) == 1, [f.name for f in folders]
-        summary = load_summary(folders[0])
+        summary = read_summary(folders[0])
         assert_ok(summary)
         assert summary["variant"] == "dot"
         # the folder is named after the launch id that the job saw
@@ -279,7 +239,7 @@ def test_joblib_launcher_runs_two_jobs_in_one_sweep(tmp_path: Path, repo_stays_c
     uid = sweeps[0].name.removeprefix("sweep_")
     folders = run_folders(sweeps[0])
     assert len(folders) == 2, [f.name for f in folders]
-    summaries = [load_summary(f) for f in folders]
+    summaries = [read_summary(f) for f in folders]
     for summary in summaries:
         assert_ok(summary)
         assert summary["launch_id"] == uid, "a joblib job did not inherit the launch id of its sweep"
@@ -321,7 +281,7 @@ def test_a_user_score_and_mask_are_selected_by_name_through_imports(tmp_path: Pa
         f"hydra.run.dir='{out}'",
         env=env,
     )
-    summary = load_summary(out)
+    summary = read_summary(out)
     assert_ok(summary)
     assert (summary["variant"], summary["variant_params"]) == (score_name, {"scale": 3.0})
     assert summary["mask"] == mask_name

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import REPO, read_summary, run_train, train_cmd, train_env
 from hydra import compose
 
 from attnlab import training as T
@@ -31,27 +32,9 @@ from attnlab.training import sweep
 from attnlab.training.cli import with_run_overrides
 from attnlab.training.config import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
 SMALL = ("debug=fast", "d_model=16", "num_heads=2", "num_layers=1", "logger=none", "results_table=false")
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_UID", "HYDRA_FULL_ERROR")}
-    env.update(OMP_NUM_THREADS="1", WANDB_MODE="offline", **extra)
-    return env
-
-
-def _train(*args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=cwd,
-        env=_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def _one_error_line(proc: subprocess.CompletedProcess | str) -> str:
@@ -76,9 +59,10 @@ def _snapshot(folder: Path) -> dict[str, bytes | str]:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished 5-step run made by ``python train.py`` (so that its summary holds its overrides)."""
+    """A finished 5-step run made by ``python train.py`` (so that its summary holds its overrides); a subprocess, so
+    every test that uses it is marked slow."""
     out = tmp_path_factory.mktemp("finished") / "run"
-    proc = _train(*SMALL, f"hydra.run.dir={out}")
+    proc = run_train(*SMALL, f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -115,7 +99,7 @@ def test_resume_never_imports_code_that_the_run_folder_names(finished: Path, tmp
 
     _edit_json(run / "summary.json", add_imports)
     before = _snapshot(run)
-    proc = _train("resume=true", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
+    proc = run_train("resume=true", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = _one_error_line(proc)
     assert f"imports=[{module}]" in line and "never imports code that a run folder names" in line
@@ -123,7 +107,7 @@ def test_resume_never_imports_code_that_the_run_folder_names(finished: Path, tmp
     assert _snapshot(run) == before
 
     (run / "config.yaml").write_text(config)  # only summary.json names the module now
-    proc = _train("resume=true", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
+    proc = run_train("resume=true", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is complete" in proc.stdout and not marker.exists()
 
@@ -184,7 +168,7 @@ def test_a_linked_file_in_a_run_folder_is_refused_and_its_target_never_written(f
     (run / "attention" / "maps.png").unlink()
     (run / "attention" / "maps.png").symlink_to(outside)
     before = _snapshot(run)
-    proc = _train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
+    proc = run_train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "attention/maps.png is a symbolic link" in _one_error_line(proc)
     assert outside.read_bytes() == b"precious bytes" and _snapshot(run) == before
@@ -193,6 +177,7 @@ def test_a_linked_file_in_a_run_folder_is_refused_and_its_target_never_written(f
 LINKED = ["train.log", "metrics.jsonl", "summary.json", "config.yaml", "checkpoints", ".attnlab.lock"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LINKED)
 def test_no_file_of_a_run_is_read_or_written_through_a_link(
     hydra_ctx: None, finished: Path, tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
@@ -231,6 +216,7 @@ def test_the_writers_replace_or_refuse_a_link_and_never_write_through_it(tmp_pat
     assert outside.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_no_reader_blocks_on_a_fifo_in_a_run_folder(
     hydra_ctx: None, finished: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -286,6 +272,7 @@ def test_a_checkpoint_cannot_make_lightning_delete_a_users_file(tmp_path: Path) 
     assert list(best.best_k_models) == [str(tmp_path / "best.ckpt")]
 
 
+@pytest.mark.slow
 def test_the_dashboard_skips_linked_files_with_a_warning(finished: Path, tmp_path: Path, capsys) -> None:
     """A run whose summary.json and attention/maps.png link to a secret: the page is built, one warning names each
     link, and the secret is nowhere in the page (neither as text nor as base64)."""
@@ -323,7 +310,7 @@ def test_overwrite_removes_nothing_from_a_folder_that_holds_no_run(hydra_ctx: No
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("mine")
     before = _snapshot(tmp_path)
-    proc = _train("debug=fast", "logger=none", "hydra.run.dir=.", "overwrite=true", cwd=tmp_path)
+    proc = run_train("debug=fast", "logger=none", "hydra.run.dir=.", "overwrite=true", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "holds no run that attnlab recognises" in _one_error_line(proc) and "nothing was removed" in proc.stderr
     assert _snapshot(tmp_path) == before
@@ -334,6 +321,7 @@ def test_overwrite_removes_nothing_from_a_folder_that_holds_no_run(hydra_ctx: No
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_overwrite_of_a_run_removes_what_it_wrote_and_keeps_the_users_files(
     hydra_ctx: None, finished: Path, tmp_path: Path
 ) -> None:
@@ -343,7 +331,7 @@ def test_overwrite_of_a_run_removes_what_it_wrote_and_keeps_the_users_files(
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text("mine")
     T.run(compose("config", overrides=[*SMALL, "overwrite=true", "seed=1"]), run)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = read_summary(run)
     assert summary["status"] == "ok" and summary["seed"] == 1 and len(summary["segments"]) == 1
     assert all((run / name).read_text() == "mine" for name in mine)
 
@@ -363,11 +351,11 @@ def test_a_score_named_with_rich_markup_trains_prints_and_resumes(tmp_path: Path
     )
     run = tmp_path / "run"
     args = ("imports=[markup_scores]", "variant=custom", "variant.name='[/x]'", f"hydra.run.dir={run}")
-    proc = _train(*SMALL, "results_table=true", *args, PYTHONPATH=str(tmp_path))
+    proc = run_train(*SMALL, "results_table=true", *args, PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+    assert read_summary(run)["status"] == "ok"
     assert "(new run) · [/x] · digits · " in proc.stdout and "│ [/x]" in proc.stdout
-    proc = _train("resume=true", "imports=[markup_scores]", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
+    proc = run_train("resume=true", "imports=[markup_scores]", f"hydra.run.dir={run}", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "is complete" in proc.stdout and "│ [/x]" in proc.stdout
 
@@ -376,7 +364,7 @@ def test_a_score_named_with_rich_markup_trains_prints_and_resumes(tmp_path: Path
 def hostile_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     """A two-job multirun whose tag holds markup and ``../``: job 0 is refused (lr=-1), job 1 trains."""
     sweep_dir = tmp_path_factory.mktemp("hostile") / "multirun" / "sweep"
-    proc = _train("-m", *SMALL, "lr=-1,0.003", "+tag='../../../escaped_[bold]'", f"hydra.sweep.dir={sweep_dir}")
+    proc = run_train("-m", *SMALL, "lr=-1,0.003", "+tag='../../../escaped_[bold]'", f"hydra.sweep.dir={sweep_dir}")
     return sweep_dir, proc
 
 
@@ -407,6 +395,7 @@ def test_a_failing_sweep_report_still_counts_the_failed_jobs(tmp_path: Path, mon
     assert f"sweep {tmp_path}: 1 ok, 1 failed" in out and "the table broke" in err
 
 
+@pytest.mark.slow
 def test_every_console_path_prints_markup_as_text(finished: Path, tmp_path: Path, capsys) -> None:
     """Results table, run log, sweep report, dashboard table and the bench's errors, fed ``[/x]``, ``[bold]`` and
     ``[link=...]``: each comes out literally, and nothing raises."""
@@ -451,11 +440,11 @@ def test_an_interrupted_extension_cannot_be_resumed_shorter(hydra_ctx: None, tmp
     run = tmp_path / "run"
     base = (*SMALL, "max_steps=10", "eval_every=5", f"hydra.run.dir={run}")
     T.run(compose("config", overrides=list(base[:-1])), run)  # (the commands below name every override)
-    assert json.loads((run / "summary.json").read_text())["status"] == "ok"
+    assert read_summary(run)["status"] == "ok"
     proc = subprocess.Popen(
-        [sys.executable, "train.py", *base, "resume=true", "max_steps=400"],
+        train_cmd(*base, "resume=true", "max_steps=400"),
         cwd=REPO,
-        env=_env(),
+        env=train_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -478,10 +467,10 @@ def test_an_interrupted_extension_cannot_be_resumed_shorter(hydra_ctx: None, tmp
         if proc.poll() is None:
             proc.kill()
     reached = step()
-    summary = json.loads((run / "summary.json").read_text())
+    summary = read_summary(run)
     assert summary["segments"][-1]["kind"] == "extend" and summary["segments"][-1]["target_steps"] == 400
     before = _snapshot(run)
-    proc = _train(*base, "resume=true", "max_steps=10")
+    proc = run_train(*base, "resume=true", "max_steps=10")
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = _one_error_line(proc)
     assert f"reached step {reached}" in line and "an extension to 400 was interrupted" in line
@@ -513,6 +502,7 @@ def _huge(path: Path) -> None:
     path.write_text(path.read_text().rstrip().removesuffix("}") + ', "x": ' + "9" * 5000 + "}")
 
 
+@pytest.mark.slow
 def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finished: Path, tmp_path: Path, capsys):
     root = tmp_path / "sweep"
     _copy(finished, root / "good")
@@ -534,6 +524,7 @@ def test_the_dashboard_warns_once_per_bad_file_and_still_builds_the_page(finishe
     assert "good" in page and "odd-config" in page and f"attnlab · {len(CORRUPT) + 2} runs" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CORRUPT))
 def test_resume_refuses_a_bad_file_in_one_line(hydra_ctx: None, finished: Path, tmp_path: Path, case: str, capsys):
     file, corrupt, field = CORRUPT[case]
@@ -594,9 +585,9 @@ def test_an_interrupted_multirun_prints_its_report_and_exits_130(tmp_path: Path,
     exit code 130, no traceback; the interrupted job's summary says so."""
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.Popen(
-        [sys.executable, "train.py", "-m", *SMALL, "max_steps=5,2000", "eval_every=5", f"hydra.sweep.dir={sweep_dir}"],
+        train_cmd("-m", *SMALL, "max_steps=5,2000", "eval_every=5", f"hydra.sweep.dir={sweep_dir}"),
         cwd=REPO,
-        env=_env(),
+        env=train_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -617,4 +608,4 @@ def test_an_interrupted_multirun_prints_its_report_and_exits_130(tmp_path: Path,
     assert "Traceback" not in out + err
     assert f"sweep {sweep_dir}: interrupted: 1 ok, 1 failed" in out
     (job,) = sweep_dir.glob("1_*")
-    assert json.loads((job / "summary.json").read_text())["status"] == "interrupted"
+    assert read_summary(job)["status"] == "interrupted"

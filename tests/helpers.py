@@ -1,0 +1,188 @@
+"""Plain helpers shared by the test files (fixtures live in conftest.py, which imports this module first).
+
+- The built-in names, read from attnlab's registries when this module is first imported (conftest imports it
+  before any test module, so names a test registers for itself are never among them), and ONE table of the
+  parameters each built-in is tested with: a name the table does not know is tested with no parameters, so a new
+  built-in is covered without editing a test list.
+- Tensors and modules: :func:`grid` (a bool mask from a predicate), :func:`randomize_`, :func:`make_mha`.
+- Runs: :func:`compose_cfg`, :func:`small` (a small task), :func:`train_env` and :func:`run_train` (a real
+  ``python train.py``), :func:`read_summary`, :func:`run_folders`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnlab
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_PY = REPO / "train.py"
+SUBPROCESS_TIMEOUT = 300
+
+# ---------------------------------------------------------------------------------------------- the built-ins
+
+SCORES: tuple[str, ...] = tuple(attnlab.list_scores())
+POSITION_BIASES: tuple[str, ...] = tuple(attnlab.list_position_biases())
+MASKS: tuple[str, ...] = tuple(attnlab.list_masks())
+NORMALIZERS: tuple[str, ...] = tuple(attnlab.list_normalizers())
+
+T5_PARAMS = {"num_buckets": 8, "max_distance": 16}
+WINDOW_2 = {"name": "sliding_window", "window": 2}
+
+# The parameters each built-in is built with in the tests (beside d_k / num_heads), chosen so that the small
+# sequences of the tests (L = 5..7) reach clipping and T5's log buckets. Not listed: built with no parameters.
+TEST_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "score": {
+        "additive": {"d_attn": 3},
+        "relative_position": {"clip": 2},
+        "t5_bias": T5_PARAMS,
+    },
+    "position_bias": {
+        "shaw": {"clip": 2},
+        "t5": T5_PARAMS,
+    },
+    "mask": {
+        "sliding_window": {"window": 2},
+        "and": {"masks": ["causal", WINDOW_2]},
+        "or": {"masks": ["causal", WINDOW_2]},
+    },
+    "normalizer": {},
+}
+
+
+def params_of(kind: str, name: str) -> dict[str, Any]:
+    """The test parameters of built-in ``name`` of ``kind`` (score, position_bias, mask, normalizer); a copy."""
+    return copy.deepcopy(TEST_PARAMS[kind].get(name, {}))
+
+
+def score_cases() -> list[tuple[str, str, dict[str, Any]]]:
+    """(id, name, params) for every built-in score, with its test parameters."""
+    return [(name, name, params_of("score", name)) for name in SCORES]
+
+
+def mask_cases() -> list[tuple[str, dict[str, Any]]]:
+    """(name, params) for every built-in mask, with its test parameters."""
+    return [(name, params_of("mask", name)) for name in MASKS]
+
+
+# ---------------------------------------------------------------------------------------------- tensors and modules
+
+
+def grid(lq: int, lk: int, pred) -> torch.Tensor:
+    """(lq, lk) bool tensor: ``pred(i, j)`` for query i and key j."""
+    return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
+
+
+def randomize_(module, seed=0, scale=1.0):
+    """Overwrite every parameter of ``module`` with N(0, scale^2) noise: no term hides behind a zero init."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+    return module
+
+
+def make_mha(
+    d_model: int,
+    num_heads: int,
+    d_k: int,
+    d_v: int | None = None,
+    *,
+    seed: int = 0,
+    train: bool = False,
+    **options: Any,
+) -> attnlab.MultiHeadAttention:
+    """A float64 MultiHeadAttention (eval mode unless ``train``) with every parameter drawn from N(0, 0.5²)."""
+    mha = attnlab.MultiHeadAttention(d_model, num_heads, d_k, d_v=d_v, **options).double().train(train)
+    return randomize_(mha, seed, scale=0.5)
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+
+def compose_cfg(*overrides: str, hydra_cfg: bool = False):
+    """The config of ``conf/`` with ``overrides`` (inside the ``hydra_ctx`` fixture); ``hydra_cfg`` keeps the
+    ``hydra`` node (without it: the job config as ``train.py`` receives it)."""
+    from hydra import compose
+
+    return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def small(name: str, sizes: dict[str, Any] | None = None, **kwargs: Any):
+    """Task ``name`` built with ``sizes`` (small splits and batches) and ``kwargs`` on top, set up."""
+    from attnlab.tasks import build_task
+
+    task = build_task(name, **{**(sizes or {}), **kwargs})
+    task.setup()
+    return task
+
+
+def train_env(*, wandb: str | None = "offline", full_error: bool = False, **extra: str) -> dict[str, str]:
+    """The environment for ``python train.py``: one thread, no inherited launch id (each launch draws its own), W&B
+    in mode ``wandb`` (None: as the environment and the config say), tracebacks only with ``full_error``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_UID", "HYDRA_FULL_ERROR")}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if wandb is None:
+        env.pop("WANDB_MODE", None)
+    else:
+        env["WANDB_MODE"] = wandb
+    if full_error:
+        env["HYDRA_FULL_ERROR"] = "1"
+    env.update(extra)
+    return env
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [sys.executable, str(TRAIN_PY), *args]
+
+
+def run_train(
+    *args: str,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    timeout: float = SUBPROCESS_TIMEOUT,
+    returncode: int | None = None,
+    wandb: str | None = "offline",
+    full_error: bool = False,
+    **extra_env: str,
+) -> subprocess.CompletedProcess:
+    """``python train.py *args`` in ``cwd``, with ``env`` (default: :func:`train_env` with ``wandb`` and
+    ``full_error``) and ``extra_env`` on top; with ``returncode``, asserts that it exited with it."""
+    proc = subprocess.run(
+        train_cmd(*args),
+        cwd=cwd,
+        env={**(train_env(wandb=wandb, full_error=full_error) if env is None else env), **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if returncode is not None:
+        assert proc.returncode == returncode, (
+            f"train.py {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def read_summary(folder: Path) -> dict:
+    """The summary.json of run folder ``folder``."""
+    from attnlab.runs import SUMMARY_FILE
+
+    folder = Path(folder)
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else "no such folder"
+        raise AssertionError(f"no {SUMMARY_FILE} in {folder}: {found}")
+    return json.loads(path.read_text())
+
+
+def run_folders(sweep_dir: Path) -> list[Path]:
+    """The job folders of a sweep (Hydra's own files, multirun.yaml and .hydra, are not job folders)."""
+    return sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
