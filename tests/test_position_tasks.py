@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from attnlab.encoder import Encoder
 from attnlab.tasks import IGNORE_INDEX, Reverse, Shift, Sort, build_task, list_tasks, task_class
 from attnlab.tasks.base import split_rng
+from attnlab.tasks.position import PositionTask
 
 SPLITS = ("train", "val", "test")
 NAMES = tuple(n for n in list_tasks() if issubclass(task_class(n), PositionTask))  # shift, reverse, sort
