@@ -99,23 +99,27 @@ class MultiHeadAttention(nn.Module):
         score: a registered score or preset name, or a built score module.
         bias: biases in the four projections.
         dropout: dropout on the attention weights (training only).
-        config: an :class:`~attnlab.config.AttentionConfig`; then ``score`` and the options below stay unset.
-        num_kv_heads: G key/value heads, a divisor of H (default H); ``k_proj`` maps d_model → G·d_k.
-        rope: rotary positions on q and k: True, or a dict of :class:`~attnlab.positions.RotaryEmbedding`
-            parameters (``base``, ``fraction``, ``spectrum``), or a built module; None (default) = off.
-        qk_norm: ``layernorm`` or ``rmsnorm`` of each head's q and k over d_k (Dehghani et al. 2023), before rope.
-        softcap: c > 0: logits ← c·tanh(logits / c) before the mask (Gemma 2 uses 50); None = off.
-        position_bias: a registered position bias (``shaw``, ``t5``, ``alibi``) added to any score, or None/``none``
-            (or a built module); ``position_bias_params`` its parameters.
-        normalizer: a registered normalizer (default ``softmax``) or a built one, ``normalizer_params`` its
-            parameters.
-        differential: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
-            λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init).
-            q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
-        backend: ``auto`` or a registered backend (:mod:`attnlab.backends`), refused in one line where it cannot
-            compute this configuration.
+        config: an :class:`~attnlab.config.AttentionConfig`; then ``score`` and ``options`` stay unset.
         layer: this layer's depth l = 1, 2, … (differential attention's λ_init).
-        **score_params: passed to the score (``clip=4`` for relative_position, ...).
+        **options: the other stages, as :class:`~attnlab.config.AttentionConfig` fields (listed below), and the
+            score's parameters (``clip=4`` for relative_position, ...).
+
+    The stage options:
+
+    * ``num_kv_heads``: G key/value heads, a divisor of H (default H); ``k_proj`` maps d_model → G·d_k.
+    * ``rope``: rotary positions on q and k: True, or a dict of :class:`~attnlab.positions.RotaryEmbedding`
+      parameters (``base``, ``fraction``, ``spectrum``), or a built module; None (default) = off.
+    * ``qk_norm``: ``layernorm`` or ``rmsnorm`` of each head's q and k over d_k (Dehghani et al. 2023), before rope.
+    * ``softcap``: c > 0: logits ← c·tanh(logits / c) before the mask (Gemma 2 uses 50); None = off.
+    * ``position_bias``: a registered position bias (``shaw``, ``t5``, ``alibi``) added to any score, or None
+      (or a built module); ``position_bias_params`` its parameters.
+    * ``normalizer``: a registered normalizer (default ``softmax``) or a built one, ``normalizer_params`` its
+      parameters.
+    * ``differential``: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
+      λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init);
+      q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
+    * ``backend``: ``auto`` or a registered backend (:mod:`attnlab.backends`), refused in one line where it cannot
+      compute this configuration.
 
     A score or position bias that takes ``bidirectional`` (T5's buckets) and leaves it unset gets False when the
     config's mask hides every later key (causal, causal & window: T5's decoder bucketing) and True otherwise.
