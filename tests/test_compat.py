@@ -11,6 +11,7 @@ without the fields added since. (A run made by commit 928ac7c itself was resumed
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -68,35 +69,33 @@ def _as_0_2(folder: Path) -> None:
         torch.save(state, ckpt)
 
 
-def test_a_run_folder_of_0_2_extends_and_shows_beside_new_runs(hydra_ctx: None, tmp_path: Path) -> None:
-    old, new = tmp_path / "runs" / "old", tmp_path / "runs" / "new"
-    T.run(compose("config", overrides=list(SMALL)), old)
-    before = {k: v.clone() for k, v in torch.load(old / "checkpoints" / "last.ckpt")["state_dict"].items()}
-    _as_0_2(old)
-    T.run(compose("config", overrides=[*SMALL, "resume=true", "max_steps=18"]), old)
-    summary = json.loads((old / "summary.json").read_text())
-    assert summary["status"] == "ok" and summary["steps"] == 18
-    assert [s["kind"] for s in summary["segments"]] == ["new", "extend"]
-    assert summary["attention"] == "relative_position · score(clip=3) · normalizer=softmax1"
-    # the extension started from the saved weights: the bias table moved back under position_bias, unchanged
-    extended = torch.load(old / "checkpoints" / "last.ckpt")["state_dict"]
-    table = "encoder.layers.0.self_attn.position_bias.rel_k"
-    assert table in extended and not torch.equal(extended[table], before[table])  # trained on from the table
-    T.run(compose("config", overrides=list(SMALL)), new)
-    runs = load_runs(tmp_path / "runs")
-    assert len(runs) == 2 and Sweep(runs).dims == []  # same settings: nothing varies between 0.2 and today
-
-
-def test_a_0_2_run_resumed_with_another_setting_is_refused_in_one_line(
+def test_a_run_folder_of_0_2_extends_refuses_a_change_and_shows_beside_new_runs(
     hydra_ctx: None, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """The settings check still sees a real change (the normalizer), and only that, in a 0.2 folder."""
-    old = tmp_path / "old"
-    T.run(compose("config", overrides=list(SMALL)), old)
+    """One run of today, copied and rewritten as 0.2 wrote it: a resume with another normalizer is refused in one
+    line that names only that change; an extension continues from its checkpoint; both folders show on one page
+    with nothing varying between them."""
+    new, old = tmp_path / "runs" / "new", tmp_path / "runs" / "old"
+    T.run(compose("config", overrides=list(SMALL)), new)
+    shutil.copytree(new, old)
+    before = {k: v.clone() for k, v in torch.load(old / "checkpoints" / "last.ckpt")["state_dict"].items()}
     _as_0_2(old)
+
     capsys.readouterr()
     T.run(compose("config", overrides=[*SMALL, "resume=true", "max_steps=18", "normalizer=softmax"]), old)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "with other settings than it was started with: normalizer.name: 'softmax1'" in err[0]
     assert "attention" not in err[0] and "model." not in err[0]
     assert json.loads((old / "summary.json").read_text())["steps"] == 12
+
+    T.run(compose("config", overrides=[*SMALL, "resume=true", "max_steps=18"]), old)
+    summary = json.loads((old / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["steps"] == 18
+    assert [s["kind"] for s in summary["segments"]] == ["new", "extend"]
+    assert summary["attention"] == "relative_position · score(clip=3) · normalizer=softmax1"
+    # the extension started from the saved weights: the bias table moved back under position_bias, trained on
+    extended = torch.load(old / "checkpoints" / "last.ckpt")["state_dict"]
+    table = "encoder.layers.0.self_attn.position_bias.rel_k"
+    assert table in extended and not torch.equal(extended[table], before[table])
+    runs = load_runs(tmp_path / "runs")
+    assert len(runs) == 2 and Sweep(runs).dims == []  # same settings: nothing varies between 0.2 and today
