@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import read_summary, run_folders
 from hydra import compose, initialize_config_dir
 
 from attnlab.runs import RunFolder, SweepJournal, read_metrics
@@ -55,6 +56,9 @@ def test_the_sweep_table_lists_the_jobs_in_job_order_not_finish_order(tmp_path: 
 
 @pytest.mark.slow
 def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_order(tmp_path: Path) -> None:
+    """Two parallel jobs under hydra/launcher=joblib: each progress line names its job, the final table is in job
+    order (not the order they finished in), both jobs finish in one sweep folder, share the launch id drawn by the
+    parent, and split the cores between them (threads=auto)."""
     # job #0 trains 6 times longer than job #1, so that #1 finishes first
     proc = _train(
         "-m",
@@ -65,16 +69,22 @@ def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_o
         "results_table=false",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
-        f"hydra.sweep.dir={tmp_path}",
+        f"hydra.sweep.dir='{tmp_path}/sweep_${{attnlab_uid:}}'",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = re.findall(r"^(\S*) · step (\d+)/(\d+) · ", proc.stdout, re.M)
     assert {(job, total) for job, _, total in steps} == {("#0", "30"), ("#1", "5")}
     assert len(steps) == 6 + 1
-    _, finished = SweepJournal(tmp_path).read()
+    (sweep_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("sweep_")]
+    _, finished = SweepJournal(sweep_dir).read()
     assert [job["job"].split("_")[0] for job in finished] == ["1", "0"]  # (the order they finished in)
     table = re.findall(r"^│ (\d+)_\S+ +│ ok ", proc.stdout, re.M)
     assert table == ["0", "1"]
+    summaries = [read_summary(f) for f in run_folders(sweep_dir)]
+    assert sorted(s["steps"] for s in summaries) == [5, 30]
+    for summary in summaries:
+        assert summary["launch_id"] == sweep_dir.name.removeprefix("sweep_"), "a job did not inherit the launch id"
+        assert summary["threads"] == max(1, (os.cpu_count() or 1) // 2)
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -124,29 +134,6 @@ def test_pyproject_declares_its_license_as_an_spdx_expression_without_a_deprecat
 
 
 # ------------------------------------------------------------------------------------------ DDP
-
-
-@pytest.mark.slow
-def test_ddp_logs_its_epoch_level_values_without_lightnings_sync_dist_warning(tmp_path: Path) -> None:
-    """Two CPU processes (gloo) on the text task: val/acc_best, val/bpc, test/bpc and test/bpc@L are computed from
-    torchmetrics (reduced already) and logged with sync_dist, as Lightning asks under DDP."""
-    proc = _train(
-        "trainer=ddp",
-        "trainer.devices=2",
-        "trainer.accelerator=cpu",
-        "task=text",
-        "task.datamodule.resample=false",  # (its per-epoch windows follow one sampler)
-        "task.datamodule.test_lengths=[160]",
-        "debug=fast",
-        "logger=none",
-        "results_table=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sync_dist" not in proc.stdout + proc.stderr
-    summary = RunFolder(tmp_path / "run").read_summary()
-    assert summary.world_size == 2
-    assert {"val/acc_best", "val/bpc", "test/bpc", "test/bpc@160"} <= summary.metrics.keys()
 
 
 # ------------------------------------------------------------------------------------------ W&B

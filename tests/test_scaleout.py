@@ -173,9 +173,10 @@ def test_submitit_local_launcher_runs_a_sweep(tmp_path: Path) -> None:
 def test_ddp_on_two_cpu_processes_has_one_writer_and_reduced_metrics(tmp_path: Path) -> None:
     """``trainer=ddp`` with two CPU processes (gloo): one summary, one metrics.jsonl without duplicated rows, one W&B
     run, and test/acc equal to an independent one-process evaluation of the best checkpoint on the whole test set
-    (33 sequences: not a multiple of 2, so a sample counted twice or missed would show)."""
+    (33 sequences: not a multiple of 2, so a sample counted twice or missed would show). The values computed at an
+    epoch's end (val/acc_best, the milestones) are logged with sync_dist, so Lightning does not warn."""
     run = tmp_path / "run"
-    run_train(
+    proc = run_train(
         "trainer=ddp",
         "trainer.accelerator=cpu",
         "trainer.devices=2",
@@ -191,9 +192,11 @@ def test_ddp_on_two_cpu_processes_has_one_writer_and_reduced_metrics(tmp_path: P
         f"hydra.run.dir={run}",
         returncode=0,
     )
+    assert "sync_dist" not in proc.stdout + proc.stderr
     summary = read_summary(run)
     assert summary["status"] == "ok", summary.get("reason")
     assert summary["world_size"] == 2 and summary["steps"] == 20
+    assert "val/acc_best" in summary["metrics"]
     rows = read_metrics(run / METRICS_FILE)
     pairs = [(r["step"], k) for r in rows for k in r if k not in ("step", "epoch")]
     assert len(pairs) == len(set(pairs)), "metrics.jsonl has rows from more than one process"

@@ -222,32 +222,6 @@ def test_two_sweeps_started_together_get_different_folders(tmp_path: Path, repo_
 
 
 @pytest.mark.slow
-def test_joblib_launcher_runs_two_jobs_in_one_sweep(tmp_path: Path, repo_stays_clean: None) -> None:
-    """Two parallel jobs under hydra/launcher=joblib: both finish in the same sweep folder, share the launch id
-    drawn by the parent, and split the cores between them (threads=auto)."""
-    run_train(
-        "-m",
-        "hydra/launcher=joblib",
-        "hydra.launcher.n_jobs=2",
-        "variant=dot,scaled_dot",
-        "debug=fast",
-        "logger=none",
-        f"hydra.sweep.dir='{tmp_path}/sweep_${{attnlab_uid:}}'",
-    )
-    sweeps = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("sweep_")]
-    assert len(sweeps) == 1, sweeps
-    uid = sweeps[0].name.removeprefix("sweep_")
-    folders = run_folders(sweeps[0])
-    assert len(folders) == 2, [f.name for f in folders]
-    summaries = [read_summary(f) for f in folders]
-    for summary in summaries:
-        assert_ok(summary)
-        assert summary["launch_id"] == uid, "a joblib job did not inherit the launch id of its sweep"
-        assert summary["threads"] == max(1, (os.cpu_count() or 1) // 2)
-    assert {s["variant"] for s in summaries} == {"dot", "scaled_dot"}
-
-
-@pytest.mark.slow
 def test_a_user_score_and_mask_are_selected_by_name_through_imports(tmp_path: Path, repo_stays_clean: None) -> None:
     """The README's route for code of your own: register in your module, name the module in ``imports``, select
     with ``variant=custom variant.name=...`` and ``mask=custom mask.name=...`` (parameters with ``+...``)."""
