@@ -143,21 +143,31 @@ def list_backends() -> list[str]:
 def choose_backend(attn: MultiHeadAttention, when: Conditions) -> Backend:
     """The backend that computes ``attn`` under ``when``: ``eager`` when the weights are asked for, the layer's
     forced backend (:class:`RuntimeError` in one line when it cannot run under ``when``), or the first of
-    :data:`ORDER` that supports it."""
+    :data:`ORDER` that supports it. What a layer's configuration allows is found once per layer (and again only
+    when :data:`ORDER` changes); a call checks only its own conditions."""
     if when.need_weights:
         return build_backend("eager")
     forced = attn.config.backend
     if forced != "auto":
-        backend = build_backend(forced)
-        reason = backend.supports(attn, when)
+        backend = build_backend(forced)  # (its configuration was checked when the layer was built)
+        reason = backend.call_reason(attn, when)
         if reason is not None:
             raise RuntimeError(f"attention.backend={forced} cannot run here: {reason}")
         return backend
-    for name in ORDER:
-        backend = build_backend(name)
-        if backend.supports(attn, when) is None:
+    for backend in _candidates(attn):
+        if backend.call_reason(attn, when) is None:
             return backend
     raise RuntimeError("no attention backend supports this layer")  # pragma: no cover - eager always does
+
+
+def _candidates(attn: MultiHeadAttention) -> list[Backend]:
+    """The backends of :data:`ORDER` whose :meth:`Backend.config_reason` allows ``attn``, cached on the layer."""
+    order = tuple(ORDER)
+    cached = attn.__dict__.get("_backend_candidates")
+    if cached is None or cached[0] != order:
+        allowed = [b for b in map(build_backend, order) if b.config_reason(attn) is None]
+        cached = attn.__dict__["_backend_candidates"] = (order, allowed)
+    return cached[1]
 
 
 from attnlab.backends import eager, relative, sdpa  # noqa: E402, F401  (registration)
