@@ -539,24 +539,24 @@ def _layer_key(cfg: DictConfig, index: int) -> str:
 
 
 def _check_attention(cfg: DictConfig, configs: list[Any]) -> list[Any]:
-    """Build each distinct layer's attention once (on the meta device, see :func:`_on_meta`): the score (or
-    preset), mask, normalizer, position bias, rotary positions and backend. An unknown name or parameter, or a bad
-    value, is one line naming the config key. Returns the built layers."""
+    """Build each distinct layer's attention once (on the meta device, see :func:`_on_meta`). Where a build fails,
+    the stages are checked one by one (:func:`_check_stages`: the configured attention's, then the layer's own) so
+    that the one line names the config key; else the build's own message is given. Returns the built layers."""
     from attnlab.attention import MultiHeadAttention
 
     base = base_attention(cfg)
-    _check_stages(cfg, base, "")
     built: dict[int, Any] = {}
     layers = []
     for index, config in enumerate(configs):
         first = next(i for i, c in enumerate(configs) if c == config)
         if first not in built:
-            where = "" if config == base else _layer_key(cfg, index)
-            if where:
-                _check_stages(cfg, config, where)
             try:
                 built[first] = MultiHeadAttention(cfg.d_model, cfg.num_heads, config=config, layer=index + 1)
             except (TypeError, ValueError) as exc:
+                where = "" if config == base else _layer_key(cfg, index)
+                _check_stages(cfg, base, "")
+                if where:
+                    _check_stages(cfg, config, where)
                 raise _field_error(exc, f"{where.rstrip('.')}: " if where else "") from None
         layers.append(built[first])
     return layers
