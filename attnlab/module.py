@@ -97,33 +97,17 @@ def set_deterministic_flags(flags: tuple[bool, bool, bool]) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def layer_attention(
-    attention: Any,
-    num_layers: int,
-    score: str = "scaled_dot",
-    score_params: dict[str, Any] | None = None,
-    mask: Any = None,
-    d_v: int | None = None,
-    pos_encoding: str = "sinusoidal",
-    rope: dict[str, Any] | None = None,
-) -> list[AttentionConfig]:
-    """Each layer's :class:`AttentionConfig` from :class:`EncoderModule`'s arguments: ``attention`` as a config
-    (or its fields as a dict, or one of either per layer), or (the hyperparameters of a run of attnlab 0.2) the
-    score, its parameters, the mask and a dict of the other stages."""
+def given_configs(attention: Any) -> list[AttentionConfig] | AttentionConfig | None:
+    """``attention`` as :class:`AttentionConfig` (one for every layer, or a list of them), from configs or their
+    fields as dicts; None when it is the 0.2 form (a dict of the stages beside ``score``), which the encoder's
+    keyword arguments take as they are."""
     if isinstance(attention, list | tuple):
-        configs = [c if isinstance(c, AttentionConfig) else AttentionConfig(**dict(c)) for c in attention]
-        if len(configs) != num_layers:
-            raise ValueError(f"attention lists {len(configs)} layer configs, but num_layers is {num_layers}")
-        return configs
+        return [c if isinstance(c, AttentionConfig) else AttentionConfig(**dict(c)) for c in attention]
     if isinstance(attention, AttentionConfig):
-        return [attention] * num_layers
-    options = dict(attention or {})
-    if "score" in options or "mask" in options:  # a config's fields
-        return [AttentionConfig(**options)] * num_layers
-    if pos_encoding == "rope" and options.get("rope") is None:
-        options["rope"] = dict(rope or {})
-    base = AttentionConfig(score=score, score_params=dict(score_params or {}), mask=mask, d_v=d_v, **options)
-    return [base] * num_layers
+        return attention
+    if isinstance(attention, dict) and ("score" in attention or "mask" in attention):  # a config's fields
+        return AttentionConfig(**attention)
+    return None
 
 
 class EncoderModule(L.LightningModule):
@@ -176,10 +160,11 @@ class EncoderModule(L.LightningModule):
         chance_accuracy: float | None = None,
     ) -> None:
         super().__init__()
-        configs = layer_attention(attention, num_layers, score, score_params, mask, d_v, pos_encoding)
+        configs = given_configs(attention)
         self.save_hyperparameters(ignore=["attention", "score", "score_params", "mask", "d_v"])
-        self.hparams["attention"] = [c.to_dict() for c in configs]
-        self.pattern = pattern_name(configs, pattern)
+        old = {} if configs is not None else dict(attention or {})  # 0.2's hyperparameters: the stages as options
+        if configs is None:
+            old |= {"score": score, "score_params": dict(score_params or {}), "mask": mask, "d_v": d_v}
         self.encoder = Encoder(
             vocab_size,
             d_model,
@@ -193,7 +178,10 @@ class EncoderModule(L.LightningModule):
             dropout=dropout,
             norm_first=norm_first,
             attention=configs,
+            **old,
         )
+        self.hparams["attention"] = [c.to_dict() for c in self.encoder.attention_configs]
+        self.pattern = pattern_name(self.encoder.attention_configs, pattern)
         self.head = nn.Linear(d_model, num_classes)
         self.per_token = per_token
         self.pad_id = pad_id
