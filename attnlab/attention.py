@@ -30,18 +30,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.backends import Backend, Conditions, build_backend, choose_backend
+from attnlab.backends import Backend, Conditions, build_backend, check_backend_params, choose_backend
 from attnlab.checks import check_int, check_prob, default_d_k
 from attnlab.config import AttentionConfig
-from attnlab.masks import Mask, PreparedMask, build_mask, hides_later_keys, prepare_mask
+from attnlab.masks import Mask, PreparedMask, build_mask, hides_later_keys, mask_form, prepare_mask
 from attnlab.normalizers import build_normalizer
 from attnlab.position_bias import build_position_bias, resolve_direction
 from attnlab.positions import RotaryEmbedding
 from attnlab.scores import DotProductScore, build_score
 
-__all__ = ["QK_NORMS", "AttentionOutput", "MultiHeadAttention", "PreparedMask", "prepare_mask"]
+__all__ = ["QK_NORMS", "AttentionOutput", "MultiHeadAttention", "PreparedMask", "ShortConvolution", "prepare_mask"]
 
 QK_NORMS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
+
+
+class ShortConvolution(nn.Module):
+    """A depthwise causal convolution of width k over the sequence, one filter per channel, no bias (the short
+    convolution that Zoology, Based and fla put on q, k and v): x (B, L, C) → y (B, L, C) with
+    y_t = Σ_{s<k} w_s ⊙ x_{t−s} (zeros before the start), so output t reads inputs t−k+1 … t only."""
+
+    def __init__(self, channels: int, width: int) -> None:
+        super().__init__()
+        self.width = width
+        self.conv = nn.Conv1d(channels, channels, width, groups=channels, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (B, L, C) → (B, L, C)."""
+        y = self.conv(F.pad(x.transpose(1, 2), (self.width - 1, 0)))  # left padding only: causal
+        return y.transpose(1, 2)
 
 
 class AttentionOutput(NamedTuple):
@@ -68,7 +84,9 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "normalizer": "softmax",
     "normalizer_params": None,
     "differential": False,
+    "short_conv": None,
     "backend": "auto",
+    "backend_params": None,
 }
 
 
@@ -194,6 +212,13 @@ class MultiHeadAttention(nn.Module):
         self.k_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
         self.rope = built.get("rope") or (None if config.rope is None else RotaryEmbedding(self.d_k, **config.rope))
 
+        # short convolutions on the projections (causal, depthwise)
+        self.short_conv = config.short_conv
+        if self.short_conv is not None:
+            self.q_conv = ShortConvolution(self.query_heads * self.d_k, self.short_conv)
+            self.k_conv = ShortConvolution(self.key_heads * self.d_k, self.short_conv)
+            self.v_conv = ShortConvolution(G * self.d_v, self.short_conv)
+
         # logit transform and normalizer
         self.softcap = config.softcap
         self.normalizer = built.get("normalizer") or build_normalizer(
@@ -209,12 +234,13 @@ class MultiHeadAttention(nn.Module):
             )
             self.sub_norm = nn.RMSNorm(self.d_v, eps=1e-5)
 
-        # the backend: a forced one must support this configuration
+        # the backend: a forced one must support this configuration and its mask
         self.backend: Backend | None = None if config.backend == "auto" else build_backend(config.backend)
         if self.backend is not None:
-            reason = self.backend.config_reason(self)
+            reason = self.backend.config_reason(self) or self.backend.mask_reason(self.mask_form)
             if reason is not None:
                 raise ValueError(f"attention.backend={config.backend} cannot compute this layer: {reason}")
+        check_backend_params(config.backend_params, config.backend)
         self._register_load_state_dict_pre_hook(self._rename_old_keys)
 
     @staticmethod
@@ -248,7 +274,9 @@ class MultiHeadAttention(nn.Module):
             num_kv_heads=opts["num_kv_heads"],
             d_v=d_v,
             differential=opts["differential"],
+            short_conv=opts["short_conv"],
             backend=opts["backend"],
+            backend_params=opts["backend_params"] or {},
         )
 
     def _rename_old_keys(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -268,9 +296,12 @@ class MultiHeadAttention(nn.Module):
         kv = x if key_value is None else key_value
         B, Lq, _ = x.shape
         Lk = kv.shape[1]
-        q = self.q_proj(x).view(B, Lq, self.query_heads, self.d_k).transpose(1, 2)  # (B, Hq, Lq, d_k)
-        k = self.k_proj(kv).view(B, Lk, self.key_heads, self.d_k).transpose(1, 2)  # (B, Gk, Lk, d_k)
-        v = self.v_proj(kv).view(B, Lk, self.num_kv_heads, self.d_v).transpose(1, 2)  # (B, G, Lk, d_v)
+        q, k, v = self.q_proj(x), self.k_proj(kv), self.v_proj(kv)  # (B, L, channels)
+        if self.short_conv is not None:
+            q, k, v = self.q_conv(q), self.k_conv(k), self.v_conv(v)
+        q = q.view(B, Lq, self.query_heads, self.d_k).transpose(1, 2)  # (B, Hq, Lq, d_k)
+        k = k.view(B, Lk, self.key_heads, self.d_k).transpose(1, 2)  # (B, Gk, Lk, d_k)
+        v = v.view(B, Lk, self.num_kv_heads, self.d_v).transpose(1, 2)  # (B, G, Lk, d_v)
         return (*self.transform_qk(q, k), v)
 
     def transform_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -369,11 +400,52 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         training: bool = True,
         grad: bool = True,
+        mask: str | None = None,
     ) -> str:
         """The name of the backend a call under these conditions runs (:func:`~attnlab.backends.choose_backend`);
-        by default, a training step on the CPU in float32."""
-        when = Conditions(torch.device(device).type, dtype, need_weights, training, grad)
+        by default, a training step on the CPU in float32 with this layer's configured mask (``mask``: a
+        :attr:`~attnlab.masks.PreparedMask.form`, ``causal+padding`` ...)."""
+        form = self.mask_form if mask is None else mask
+        when = Conditions(torch.device(device).type, dtype, need_weights, training, grad, form)
         return choose_backend(self, when).name
+
+    @property
+    def mask_form(self) -> str:
+        """The configured mask's form (:func:`~attnlab.masks.mask_form`): ``none``, ``causal``, ``padding``,
+        ``causal+padding`` or ``other``."""
+        return mask_form(None if self.config.mask is None else build_mask(self.config.mask))
+
+    @property
+    def is_linear(self) -> bool:
+        """Whether this layer is linear attention that the O(L) backends compute (a ``linear`` score with the
+        ``rowsum`` or ``none`` normalizer, no position bias, soft-cap or differential maps)."""
+        from attnlab.backends.linear import linear_reason
+
+        return linear_reason(self) is None
+
+    def state_size(self, length: int) -> int:
+        """The floats per sequence that this layer's recurrent (token-by-token) form carries after ``length``
+        tokens: linear attention's state H·(d_φ·d_v + d_φ) (S and z; H·d_φ·d_v without the row-sum normaliser),
+        whatever the length; any other layer's key/value cache, (Gk·d_k + G·d_v) per cached key, where a causal
+        sliding window caches the window and any other mask every key; plus the short convolutions' last k − 1
+        inputs."""
+        if self.is_linear:
+            phi = self.score.feature_dim
+            size = self.num_heads * phi * (self.d_v + (1 if self.normalizer.normalize_rows else 0))
+        else:
+            size = self._cached_keys(length) * (self.key_heads * self.d_k + self.num_kv_heads * self.d_v)
+        if self.short_conv is not None:
+            channels = (self.query_heads + self.key_heads) * self.d_k + self.num_kv_heads * self.d_v
+            size += (self.short_conv - 1) * channels
+        return int(size)
+
+    def _cached_keys(self, length: int) -> int:
+        """How many keys a token-by-token form must keep after ``length`` tokens: the most any query sees under a
+        position-only mask that hides later keys (a causal window: the window), else ``length``."""
+        mask = None if self.config.mask is None else build_mask(self.config.mask)
+        if mask is None or not mask.position_only or not hides_later_keys(mask):
+            return length
+        return int(mask.dense(length, length)[0, 0].sum(-1).max())
 
     @property
     def uses_fast_path(self) -> bool:
@@ -392,8 +464,10 @@ class MultiHeadAttention(nn.Module):
         (B, H, Lq, Lk) with True = may attend (or a Mask, or a PreparedMask) → (out (B, Lq, d_model), weights
         (B, H, Lq, Lk) if ``need_weights`` else None). The backend is chosen per call
         (:func:`~attnlab.backends.choose_backend`); asking for the weights runs ``eager``."""
-        backend = choose_backend(self, Conditions.of(self, x, need_weights))
-        out, weights = backend.attend(self, x, key_value, mask)
+        num_keys = x.shape[1] if key_value is None else key_value.shape[1]
+        pm = prepare_mask(mask, x.shape[1], num_keys, x.device)
+        backend = choose_backend(self, Conditions.of(self, x, need_weights, pm))
+        out, weights = backend.attend(self, x, key_value, pm)
         return out, (weights if need_weights else None)
 
     def attend(
@@ -418,6 +492,8 @@ class MultiHeadAttention(nn.Module):
             extra.append(f"softcap={self.softcap:g}")
         if self.differential:
             extra.append(f"differential, layer={self.layer}, lambda_init={self.lambda_init:.3f}")
+        if self.short_conv is not None:
+            extra.append(f"short_conv={self.short_conv}")
         if self.config.backend != "auto":
             extra.append(f"backend={self.config.backend}")
         return ", ".join(extra)

@@ -80,9 +80,13 @@ class AttentionConfig:
         d_k: per-head query/key size (``d_k``); None = d_model // num_heads. d_v: per-head value size
             (``model.d_v``); None = d_k.
         differential: differential attention, two maps per head (``model.differential``).
+        short_conv: k ≥ 1: a depthwise causal convolution of width k on each channel of q, k and v after their
+            projections (Zoology, Based and fla give every linear mixer one), or None (off) (``model.short_conv``).
         backend: what computes the layer (``attention.backend``): ``auto`` (the first backend of
             :func:`~attnlab.backends.list_backends` that supports it) or a backend's name, which is then refused
             in one line where it cannot compute this configuration.
+        backend_params: the backends' parameters (``attention.backend_params``: ``chunk_size`` of ``chunked``);
+            each must be one a registered backend takes.
     """
 
     score: str = "scaled_dot"
@@ -99,7 +103,9 @@ class AttentionConfig:
     d_k: int | None = None
     d_v: int | None = None
     differential: bool = False
+    short_conv: int | None = None
     backend: str = "auto"
+    backend_params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from attnlab.checks import check_int, check_number
@@ -107,7 +113,7 @@ class AttentionConfig:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        for name in ("score_params", "position_bias_params", "normalizer_params"):
+        for name in ("score_params", "position_bias_params", "normalizer_params", "backend_params"):
             value = _plain(getattr(self, name))
             if value is None:
                 value = {}
@@ -142,6 +148,10 @@ class AttentionConfig:
                 put(name, check_int(name, getattr(self, name), minimum=1))
         if not isinstance(self.differential, bool):
             raise ValueError(f"differential must be true or false, got {self.differential!r}")
+        if self.short_conv in (0, False):
+            put("short_conv", None)
+        if self.short_conv is not None:
+            put("short_conv", check_int("short_conv", self.short_conv, minimum=1))
 
     # ------------------------------------------------------------------------------------------ views
 

@@ -265,6 +265,11 @@ class Encoder(nn.Module):
             if padding is None:
                 padding = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
             allowed = padding
+            if structural.position_only and not structural.is_trivial:
+                alone = structural.prepare(L, L, device)
+                if alone is not None and alone.structure == "causal":  # causal AND padding, its parts recorded
+                    prepared[key] = alone.with_key_padding(padding)
+                    continue
             if not structural.is_trivial:
                 allowed = allowed & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
             prepared[key] = prepare_mask(allowed, L, L, device)

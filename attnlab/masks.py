@@ -39,6 +39,7 @@ __all__ = [
     "build_mask",
     "hides_later_keys",
     "list_masks",
+    "mask_form",
     "prepare_mask",
     "register_mask",
 ]
@@ -57,6 +58,10 @@ class PreparedMask:
         all_visible: every row sees a key (the fast path then skips zeroing rows). Both facts are found only for
             position-only masks, once per shape; for a per-batch mask they are False (no host sync per step).
         derived: tensors derived from this mask and cached with it (the fast path's masked position biases).
+        structure: what the mask is made of, for the O(L) backends of linear attention: ``causal`` (exactly
+            j ≤ i, with or without ``keys``), ``none`` (only ``keys``), or ``dense`` (anything else).
+        keys: (B, 1, 1, Lk) the key-padding part (True = a real key) when the mask is ``structure`` AND it; else
+            None. The O(L) backends hide such keys by zeroing their features.
     """
 
     allowed: Tensor
@@ -66,9 +71,32 @@ class PreparedMask:
     all_visible: bool = False
     hidden: Tensor = field(init=False, repr=False)
     derived: BoundedCache = field(default_factory=BoundedCache, repr=False)
+    structure: str = "dense"
+    keys: Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden", ~self.safe)
+        if self.structure == "dense" and self.is_causal:
+            object.__setattr__(self, "structure", "causal")
+        elif self.structure == "dense" and self.allowed.shape[-2] == 1 and self.allowed.shape[1] == 1:
+            object.__setattr__(self, "structure", "none")  # a key mask (B, 1, 1, Lk): padding
+            object.__setattr__(self, "keys", self.allowed)
+
+    @property
+    def form(self) -> str:
+        """``causal``, ``causal+padding``, ``padding`` or ``other``: the mask as the O(L) backends see it."""
+        if self.structure == "causal":
+            return "causal" if self.keys is None else "causal+padding"
+        return "padding" if self.structure == "none" else "other"
+
+    def with_key_padding(self, keys: Tensor) -> PreparedMask:
+        """This mask (a structural one: causal) AND the key padding ``keys`` (B, 1, 1, Lk), prepared, with its
+        parts recorded (``structure``, ``keys``) so that the O(L) backends can compute it."""
+        combined = PreparedMask.from_tensor(self.allowed & keys)
+        structure = self.structure if self.structure in ("causal", "none") else "dense"
+        object.__setattr__(combined, "structure", structure)
+        object.__setattr__(combined, "keys", keys if structure != "dense" else None)
+        return combined
 
     @classmethod
     def from_tensor(cls, allowed: Tensor, find_facts: bool = False) -> PreparedMask:
@@ -387,6 +415,24 @@ class AnyOf(_Composite):
     @property
     def is_causal(self) -> bool:
         return all(m.is_causal for m in self.masks)
+
+
+def mask_form(mask: Mask | None) -> str:
+    """What a (structural) mask is, as the O(L) backends see it: ``none`` (every key visible), ``causal``,
+    ``padding`` (key padding only), ``causal+padding``, or ``other``."""
+    if mask is None or mask.is_trivial:
+        return "none"
+    if mask.is_causal:
+        return "causal"
+    if isinstance(mask, Padding):
+        return "padding"
+    if isinstance(mask, AllOf):
+        forms = {mask_form(m) for m in mask.masks} - {"none"}
+        if forms <= {"padding"}:
+            return "padding"
+        if forms <= {"causal", "padding", "causal+padding"} and any(f.startswith("causal") for f in forms):
+            return "causal+padding" if forms & {"padding", "causal+padding"} else "causal"
+    return "other"
 
 
 def hides_later_keys(mask: Mask) -> bool:

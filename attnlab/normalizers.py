@@ -14,6 +14,8 @@ sigmoid     σ(s_j + b), b = −log n (n visible keys) by default    Ramapuram e
 sparsemax   [s_j − τ]₊, τ such that Σ w = 1                        Martins & Astudillo 2016
 entmax15    [s_j/2 − τ]₊², τ such that Σ w = 1 (α = 1.5)           Peters et al. 2019
 softpick    ReLU(e^{s_j} − 1) / (Σ |e^{s} − 1| + ε)                Zuhri et al. 2025
+rowsum      s_j / (Σ s + ε), for non-negative s                    Katharopoulos et al. 2020 (linear attention)
+none        s_j (the masked logits, not normalised)                un-normalised linear attention
 ==========  =====================================================  ===========================================
 
 Register your own with ``@register_normalizer("name")`` on a :class:`Normalizer` subclass (``__init__`` may take
@@ -38,12 +40,14 @@ from attnlab.registry import Registry, check_params
 __all__ = [
     "Entmax15",
     "Normalizer",
+    "RowSum",
     "Sigmoid",
     "Sink",
     "Softmax",
     "Softmax1",
     "Softpick",
     "Sparsemax",
+    "Unnormalized",
     "build_normalizer",
     "entmax15",
     "list_normalizers",
@@ -59,10 +63,12 @@ class Normalizer(nn.Module):
     ``is_softmax``: the weights are exactly ``softmax`` of the masked logits, so that attention may hand the whole
     computation to ``scaled_dot_product_attention`` (the fast path). :meth:`extra_logit` not None: the weights are a
     softmax over the keys and one extra logit that is then dropped, which attention also runs in SDPA, with one
-    extra key.
+    extra key. ``is_linear``: the weights are the masked logits, divided by their row sum plus ``eps`` when
+    ``normalize_rows`` (linear attention's ``rowsum``; ``none``), which the O(L) backends compute from features.
     """
 
     is_softmax: bool = False
+    is_linear: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -198,6 +204,46 @@ class Sink(Normalizer):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
+
+
+# --------------------------------------------------------------------------------------------- linear
+
+
+@register_normalizer("rowsum")
+class RowSum(Normalizer):
+    """w_j = s_j / (Σ_visible s + ε): linear attention's normalisation by the row sum (Katharopoulos et al. 2020,
+    eq. 6), for non-negative logits (the ``linear`` score's φ(q)·φ(k)). ``eps`` (default 1e-6, as their code) keeps
+    a row whose similarities are all 0 (a row that sees no key) at w = 0.
+
+    ``is_linear``: the weights are the masked logits scaled per row, which the ``chunked``, ``recurrent`` and
+    ``global`` backends compute in O(L) from the feature map."""
+
+    is_linear = True
+    normalize_rows = True
+
+    def __init__(self, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = check_number("eps", eps, low=0.0)
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        s = logits if allowed is None else logits.masked_fill(~allowed, 0.0)
+        return s / (s.sum(dim=-1, keepdim=True) + self.eps)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps:g}"
+
+
+@register_normalizer("none")
+class Unnormalized(Normalizer):
+    """w_j = s_j over the visible keys, 0 elsewhere: no normalisation (the un-normalised linear attention that some
+    papers pair with a norm on the output). Rows do not sum to 1."""
+
+    is_linear = True
+    normalize_rows = False
+    eps = 0.0
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        return logits if allowed is None else logits.masked_fill(~allowed, 0.0)
 
 
 @register_normalizer("sigmoid")

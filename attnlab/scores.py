@@ -44,6 +44,7 @@ __all__ = [
     "DotProductScore",
     "DotScore",
     "GeneralScore",
+    "LinearScore",
     "ScaledDotScore",
     "Score",
     "ScoreWithBias",
@@ -408,6 +409,49 @@ class CosineScore(DotProductScore):
 
     def key_map(self, k: Tensor) -> Tensor:
         return F.normalize(k, dim=-1)
+
+
+# --------------------------------------------------------------------------------------------- linear
+
+
+@register_score("linear")
+class LinearScore(Score):
+    """Linear attention (Katharopoulos et al. 2020): logits = φ(q) · φ(k)ᵀ with a feature map φ
+    (:mod:`attnlab.feature_maps`: ``elu`` by default, ``taylor``, ``performer``, ...), (B, H, Lq, Lk), ≥ 0 for the
+    built-in maps. Paired with the ``rowsum`` normalizer (weights = logits / their row sum; ``variant=linear``
+    selects both) it is linear attention, which the ``chunked``, ``recurrent`` and ``global`` backends compute in
+    O(L) from the features (:meth:`features`), never forming the (Lq, Lk) logits.
+
+    Args:
+        feature_map: a registered feature map.
+        **params: the feature map's parameters (``feature_dim`` for taylor, ``num_features`` for performer ...).
+    """
+
+    def __init__(self, d_k: int, num_heads: int, feature_map: str = "elu", **params: Any) -> None:
+        super().__init__(d_k, num_heads)
+        from attnlab.feature_maps import build_feature_map
+
+        self.feature_map_name = feature_map
+        self.feature_map = build_feature_map(feature_map, d_k, num_heads, **params)
+
+    @property
+    def feature_dim(self) -> int:
+        """d_φ, the size of the features."""
+        return self.feature_map.feature_dim
+
+    def features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q (B, H, Lq, d_k), k (B, H, Lk, d_k) → φ(q) (B, H, Lq, d_φ), φ(k) (B, H, Lk, d_φ). A training call
+        first lets the map take its step (Performer's redraws)."""
+        if self.training:
+            self.feature_map.step()
+        return self.feature_map(q), self.feature_map(k)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        phi_q, phi_k = self.features(q, k)
+        return torch.matmul(phi_q, phi_k.transpose(-2, -1))  # (B, H, Lq, Lk)
+
+    def extra_repr(self) -> str:
+        return f"d_k={self.d_k}, num_heads={self.num_heads}, feature_map={self.feature_map_name}"
 
 
 # Position biases moved to attnlab.position_bias (0.3); these names stay importable from here.

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -42,12 +42,14 @@ from attnlab.registry import Registry
 
 if TYPE_CHECKING:
     from attnlab.attention import MultiHeadAttention
+    from attnlab.masks import PreparedMask
 
 __all__ = [
     "ORDER",
     "Backend",
     "Conditions",
     "build_backend",
+    "check_backend_params",
     "choose_backend",
     "list_backends",
     "register_backend",
@@ -63,11 +65,16 @@ class Conditions:
     need_weights: bool = False
     training: bool = True
     grad: bool = True
+    mask: str = "none"
+    """the call's mask as :attr:`~attnlab.masks.PreparedMask.form` gives it (``none`` when there is none)."""
 
     @classmethod
-    def of(cls, attn: MultiHeadAttention, x: Tensor, need_weights: bool) -> Conditions:
-        """The conditions of calling ``attn`` on ``x`` now."""
-        return cls(x.device.type, x.dtype, need_weights, attn.training, torch.is_grad_enabled())
+    def of(
+        cls, attn: MultiHeadAttention, x: Tensor, need_weights: bool, mask: PreparedMask | None = None
+    ) -> Conditions:
+        """The conditions of calling ``attn`` on ``x`` with the prepared ``mask`` now."""
+        form = "none" if mask is None else mask.form
+        return cls(x.device.type, x.dtype, need_weights, attn.training, torch.is_grad_enabled(), form)
 
 
 class Backend:
@@ -77,6 +84,8 @@ class Backend:
     configuration allows), :meth:`call_reason` (what a call's conditions allow) and :meth:`attend`."""
 
     name: str = ""
+    params: ClassVar[dict[str, Any]] = {}
+    """the parameters it takes (``attention.backend_params``), with their defaults."""
 
     def config_reason(self, attn: MultiHeadAttention) -> str | None:
         """None when this backend can compute ``attn``'s configuration, else why not (one line)."""
@@ -84,6 +93,11 @@ class Backend:
 
     def call_reason(self, attn: MultiHeadAttention, when: Conditions) -> str | None:
         """None when this backend can compute ``attn`` under ``when``, else why not (one line)."""
+        return None
+
+    def mask_reason(self, form: str) -> str | None:
+        """None when this backend computes a mask of this form (:attr:`~attnlab.masks.PreparedMask.form`: ``none``,
+        ``causal``, ``padding``, ``causal+padding``, ``other``), else why not (one line). Default: any mask."""
         return None
 
     def supports(self, attn: MultiHeadAttention, when: Conditions | None = None) -> str | None:
@@ -113,14 +127,15 @@ ORDER: list[str] = []
 """The automatic order: ``auto`` takes the first backend here that supports a layer and a call."""
 
 
-def register_backend(name: str, position: int | None = None) -> Callable[[Any], Any]:
+def register_backend(name: str, position: int | None = None, auto: bool = True) -> Callable[[Any], Any]:
     """Decorator registering a :class:`Backend` subclass as ``name``, at ``position`` of :data:`ORDER` (default:
-    just before ``eager``, the one that always applies)."""
+    just before ``eager``, the one that always applies); ``auto=False`` keeps it out of the automatic order (it
+    then runs only when forced: ``recurrent``)."""
     register = _BACKENDS.register(name)
 
     def decorator(cls: Any) -> Any:
         register(cls)
-        if name not in ORDER:
+        if auto and name not in ORDER:
             at = position if position is not None else (ORDER.index("eager") if "eager" in ORDER else len(ORDER))
             ORDER.insert(at, name)
         return cls
@@ -136,8 +151,22 @@ def build_backend(name: str) -> Backend:
 
 
 def list_backends() -> list[str]:
-    """The registered backends, in the automatic order."""
-    return list(ORDER)
+    """The registered backends: the automatic order, then those that run only when forced."""
+    return [*ORDER, *(n for n in _BACKENDS.names() if n not in ORDER)]
+
+
+def check_backend_params(params: dict[str, Any], backend: str = "auto") -> None:
+    """One line for a parameter that no registered backend takes (``backend``: ``auto``), or that the forced
+    ``backend`` does not take."""
+    names = list_backends() if backend == "auto" else [backend]
+    takes = {p for n in names for p in build_backend(n).params}
+    for key in params:
+        if key not in takes:
+            allowed = ", ".join(f"{p} ({n})" for n in names for p in build_backend(n).params) or "(none)"
+            raise ValueError(
+                f"attention.backend_params: no backend {'' if backend == 'auto' else backend + ' '}"
+                f"takes '{key}'; allowed: {allowed}"
+            )
 
 
 def choose_backend(attn: MultiHeadAttention, when: Conditions) -> Backend:
@@ -170,6 +199,6 @@ def _candidates(attn: MultiHeadAttention) -> list[Backend]:
     return cached[1]
 
 
-from attnlab.backends import eager, relative, sdpa  # noqa: E402, F401  (registration)
+from attnlab.backends import eager, linear, relative, sdpa  # noqa: E402, F401  (registration)
 
-ORDER[:] = ["relative", "biased_softmax", "sdpa", "eager"]  # the built-ins' order: the most specific first
+ORDER[:] = ["relative", "biased_softmax", "sdpa", "chunked", "global", "eager"]  # the most specific first

@@ -1,0 +1,198 @@
+"""The ``chunked``, ``recurrent`` and ``global`` backends: linear attention in O(L) (Katharopoulos et al. 2020).
+
+A layer whose score is ``linear`` (φ(q)·φ(k), :class:`~attnlab.scores.LinearScore`) and whose normalizer is
+``rowsum`` or ``none`` computes, for each query i over the keys j the mask lets it see,
+
+    out_i = Σ_j (φ(q_i)·φ(k_j)) v_j / (Σ_j φ(q_i)·φ(k_j) + ε)          (without the denominator for ``none``)
+
+which the ``eager`` backend computes from the (Lq, Lk) logits (the reference, and what the diagnostics read: the
+effective lower-triangular matrix from v to the output). These backends never form it:
+
+============  ===================================================================================  ================
+backend       computes                                                                             masks
+============  ===================================================================================  ================
+``recurrent`` one token at a time: S_i = S_{i−1} + φ(k_i) v_iᵀ, z_i = z_{i−1} + φ(k_i),             causal
+              out_i = φ(q_i) S_i / (φ(q_i)·z_i + ε): the reference of the chunked form, and the
+              form that decodes; forced only (a Python loop over L)
+``chunked``   chunks of ``chunk_size`` tokens (``attention.backend_params.chunk_size``, default 64):  causal
+              within a chunk the masked quadratic form, across chunks the running state S, z
+              (exclusive prefix sums over chunks); O(L·C) memory, no (L, L) tensor
+``global``    φ(Q) (φ(K)ᵀ V) once, normaliser φ(Q) Σ_j φ(k_j)                                       none, padding
+============  ===================================================================================  ================
+
+Key padding (``padding``, ``causal+padding``: a :class:`~attnlab.masks.PreparedMask` whose ``keys`` are recorded)
+hides a key by zeroing its features, which is exactly what the masked quadratic form computes. A row that sees no
+key gets 0 (0 / ε). Any other mask is refused in one line (``auto`` then chooses ``eager``). Attention dropout on
+the weights has no O(L) form: a layer with ``dropout > 0`` trains on ``eager``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.backends import Backend, Conditions, register_backend
+from attnlab.checks import check_int
+
+__all__ = [
+    "linear_attention_chunked",
+    "linear_attention_global",
+    "linear_attention_recurrent",
+    "linear_reason",
+]
+
+
+def linear_attention_recurrent(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Causal linear attention one token at a time. phi_q, phi_k (B, H, L, F), v (B, H, L, D) → (B, H, L, D)."""
+    B, H, L, Fd = phi_q.shape
+    S = phi_q.new_zeros(B, H, Fd, v.shape[-1])  # Σ_{j≤i} φ(k_j) v_jᵀ
+    z = phi_q.new_zeros(B, H, Fd)  # Σ_{j≤i} φ(k_j)
+    outs = []
+    for i in range(L):
+        S = S + phi_k[:, :, i, :, None] * v[:, :, i, None, :]  # (B, H, F, D)
+        out = torch.einsum("bhf,bhfd->bhd", phi_q[:, :, i], S)
+        if normalize:
+            z = z + phi_k[:, :, i]
+            out = out / ((phi_q[:, :, i] * z).sum(-1, keepdim=True) + eps)
+        outs.append(out)
+    return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1])
+
+
+def _exclusive_cumsum(t: Tensor, dim: int) -> Tensor:
+    """Σ over the entries before each one along ``dim`` (0 for the first)."""
+    total = t.cumsum(dim).narrow(dim, 0, t.shape[dim] - 1)
+    return torch.cat([torch.zeros_like(t.narrow(dim, 0, 1)), total], dim)
+
+
+def linear_attention_chunked(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size: int = 64, normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Causal linear attention in chunks of ``chunk_size`` tokens. phi_q, phi_k (B, H, L, F), v (B, H, L, D) →
+    (B, H, L, D). The sequence is padded with zero features to a multiple of the chunk (they add nothing)."""
+    B, H, L, Fd = phi_q.shape
+    D = v.shape[-1]
+    C = max(1, min(chunk_size, L))
+    N = -(-L // C)
+    pad = N * C - L
+    if pad:
+        phi_q, phi_k, v = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, phi_k, v))
+    q = phi_q.view(B, H, N, C, Fd)
+    k = phi_k.view(B, H, N, C, Fd)
+    vc = v.view(B, H, N, C, D)
+    states = _exclusive_cumsum(torch.matmul(k.transpose(-1, -2), vc), dim=2)  # (B, H, N, F, D): before chunk n
+    scores = torch.matmul(q, k.transpose(-1, -2)).tril()  # (B, H, N, C, C): within the chunk, j ≤ i
+    out = torch.matmul(q, states) + torch.matmul(scores, vc)  # (B, H, N, C, D)
+    if normalize:
+        z = _exclusive_cumsum(k.sum(-2), dim=2)  # (B, H, N, F)
+        den = torch.matmul(q, z.unsqueeze(-1)).squeeze(-1) + scores.sum(-1)  # (B, H, N, C)
+        out = out / (den + eps).unsqueeze(-1)
+    return out.reshape(B, H, N * C, D)[:, :, :L]
+
+
+def linear_attention_global(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """Linear attention with every key visible: φ(Q) (φ(K)ᵀ V). phi_q (B, H, Lq, F), phi_k (B, H, Lk, F),
+    v (B, H, Lk, D) → (B, H, Lq, D)."""
+    out = torch.matmul(phi_q, torch.matmul(phi_k.transpose(-1, -2), v))  # (B, H, Lq, D)
+    if normalize:
+        out = out / (torch.matmul(phi_q, phi_k.sum(-2).unsqueeze(-1)) + eps)
+    return out
+
+
+def linear_reason(attn: Any) -> str | None:
+    """None when ``attn`` is linear attention that the O(L) backends compute, else the first stage that is not."""
+    from attnlab.scores import LinearScore
+
+    if not isinstance(attn.score, LinearScore):
+        return f"it computes linear attention only (variant=linear), not {attn.config.score}"
+    if not getattr(attn.normalizer, "is_linear", False):
+        return f"it normalizes by the row sum or not at all (normalizer=rowsum|none), not {attn.config.normalizer}"
+    if attn.position_bias is not None:
+        return "it has no position bias"
+    if attn.softcap is not None:
+        return "it has no soft-capping"
+    if attn.differential:
+        return "it has no differential attention"
+    return None
+
+
+class _Linear(Backend):
+    """Shared by the three: the configuration check, the call check and the inputs."""
+
+    forms: tuple[str, ...] = ()
+
+    def config_reason(self, attn: Any) -> str | None:
+        return linear_reason(attn)
+
+    def mask_reason(self, form: str) -> str | None:
+        if form in self.forms:
+            return None
+        return f"it computes mask={' or '.join(self.forms)} only, not {form}"
+
+    def call_reason(self, attn: Any, when: Conditions) -> str | None:
+        if when.training and attn.dropout > 0:
+            return "it has no dropout on the weights (model.dropout > 0 trains on eager)"
+        return self.mask_reason(when.mask)
+
+    def inputs(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor, Tensor, Any]:
+        """→ φ(q) (B, H, Lq, F), φ(k) (B, H, Lk, F) with hidden keys zeroed, v (B, H, Lk, d_v), the prepared mask."""
+        q, k, v = attn.project(x, key_value)
+        pm = attn.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
+        form = "none" if pm is None else pm.form
+        reason = self.mask_reason(form)
+        if reason is not None:
+            raise ValueError(f"attention backend {self.name}: {reason}; use backend=eager (or auto) for this mask")
+        phi_q, phi_k = attn.score.features(q, attn.expand_heads(k, attn.query_heads))
+        if pm is not None and pm.keys is not None:
+            phi_k = phi_k * pm.keys.transpose(-1, -2).to(phi_k.dtype)  # (B, 1, Lk, 1): padded keys add nothing
+        return phi_q, phi_k, attn.expand_heads(v, attn.num_heads), pm
+
+    def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
+        phi_q, phi_k, v, _ = self.inputs(attn, x, key_value, mask)
+        z = self.compute(attn, phi_q, phi_k, v)  # (B, H, Lq, d_v)
+        return attn.merge(z.to(x.dtype)), None
+
+
+def _norm(attn: Any) -> dict[str, Any]:
+    return {"normalize": attn.normalizer.normalize_rows, "eps": float(attn.normalizer.eps)}
+
+
+@register_backend("chunked")
+class Chunked(_Linear):
+    """Causal linear attention in chunks (:func:`linear_attention_chunked`)."""
+
+    forms = ("causal", "causal+padding")
+    params: ClassVar[dict[str, Any]] = {"chunk_size": 64}
+
+    def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        chunk = check_int("chunk_size", attn.config.backend_params.get("chunk_size", 64), minimum=1)
+        return linear_attention_chunked(phi_q, phi_k, v, chunk, **_norm(attn))
+
+
+@register_backend("global")
+class Global(_Linear):
+    """Linear attention with every key visible, or key padding only (:func:`linear_attention_global`)."""
+
+    forms = ("none", "padding")
+
+    def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        return linear_attention_global(phi_q, phi_k, v, **_norm(attn))
+
+
+@register_backend("recurrent", auto=False)
+class Recurrent(_Linear):
+    """Causal linear attention one token at a time (:func:`linear_attention_recurrent`): forced only."""
+
+    forms = ("causal", "causal+padding")
+
+    def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        return linear_attention_recurrent(phi_q, phi_k, v, **_norm(attn))
