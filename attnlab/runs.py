@@ -89,9 +89,10 @@ WANDB_ID_FILE = "wandb_id.txt"
 LOCK_FILE = ".attnlab.lock"
 HOLDER_FILE = ".attnlab.lock.json"
 SWEEP_FILE = "sweep.jsonl"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """2: ``schema_version``, ``segments``, paths relative to the folder. Version 1 (no ``schema_version``) stored
-absolute paths; :meth:`Summary.from_dict` reads it."""
+absolute paths; :meth:`Summary.from_dict` reads it. 3: ``settings``, ``attention``, ``pattern``, ``layers``,
+``backends``. 4: ``state_size``."""
 
 LOCK_WAIT_S = 2.0  # how long a second writer waits for the lock (a dashboard may probe it for a moment)
 # the files and folders that make up a run (what overwrite=true removes); anything else in the folder is left alone
@@ -401,7 +402,10 @@ class Summary:
     level, and reads into ``settings``), ``attention`` the one
     line that describes the layers' configured attention (every field that differs from the defaults), ``pattern``
     the per-layer pattern (``LG``; null when every layer is alike), ``layers`` each layer's fields that differ from
-    the defaults (with a pattern), and ``backends`` what computes each layer's training step; ``metrics`` are the
+    the defaults (with a pattern), ``backends`` what computes each layer's training step, and ``state_size`` the
+    floats per sequence that each layer's token-by-token form carries at the task's longest sequence
+    (:meth:`~attnlab.attention.MultiHeadAttention.state_size`: linear attention's state, softmax's key/value
+    cache; empty for a summary before schema 4); ``metrics`` are the
     final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics;
     ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes).
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
@@ -428,6 +432,7 @@ class Summary:
     pattern: str | None = None
     layers: list[dict[str, Any]] = field(default_factory=list)
     backends: list[str] = field(default_factory=list)
+    state_size: list[int] = field(default_factory=list)
     smoke: bool = False
     chance_accuracy: float | None = None
     params: int | None = None

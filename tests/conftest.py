@@ -185,7 +185,24 @@ def score_logits(name, params, score, q, k, bias=None):
         tau = torch.exp(torch.minimum(score.log_scale, cap))
         norms = torch.sqrt((q * q).sum(-1))[..., :, None] * torch.sqrt((k * k).sum(-1))[..., None, :]
         return tau[None, :, None, None] * qk(q, k) / norms
+    if name == "linear":  # Katharopoulos et al. 2020: phi(q_i) . phi(k_j), phi(x) = elu(x) + 1 by default
+        phi = LINEAR_FEATURE_MAPS[params.get("feature_map", "elu")]
+        return torch.einsum("bhif,bhjf->bhij", phi(q), phi(k))
     raise AssertionError(f"no reference for {name}")
+
+
+def elu_plus_one(x):
+    """elu(x) + 1, written out: x + 1 for x > 0, e^x otherwise (Katharopoulos et al. 2020, eq. 7)."""
+    return torch.where(x > 0, x + 1, torch.exp(torch.clamp(x, max=0)))
+
+
+def relu_features(x):
+    """max(x, 0), coordinate-wise."""
+    return torch.where(x > 0, x, torch.zeros_like(x))
+
+
+# the parameter-free feature maps of the linear score, written out (the others are checked in test_linear_attention)
+LINEAR_FEATURE_MAPS = {"elu": elu_plus_one, "relu": relu_features}
 
 
 def shaw_value_term(weights, rel_v, clip):

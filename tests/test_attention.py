@@ -29,7 +29,8 @@ SCORES = [
     ),
 ]
 SCORE_IDS = [s[0] for s in SCORES]
-NOT_SDPA = ["additive", "additive_chunk2", "shaw_value"]  # every other case (a new built-in too) must take SDPA
+# every other case (a new built-in too) must take SDPA; linear: a softmax over φ(q)·φ(k) (no O(L) form) is eager
+NOT_SDPA = ["additive", "additive_chunk2", "shaw_value", "linear"]
 SDPA_SCORES = [s for s in SCORES if s[0] not in NOT_SDPA]
 NON_SDPA_SCORES = [s for s in SCORES if s[0] in NOT_SDPA]
 
@@ -203,7 +204,7 @@ def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
 
 @pytest.mark.parametrize("case", NON_SDPA_SCORES, ids=[s[0] for s in NON_SDPA_SCORES])
 def test_non_sdpa_scores_give_eager_result_without_weights(case, ref):
-    """additive and Shaw-with-value-term cannot use SDPA, but need_weights=False must still be correct."""
+    """additive, Shaw-with-value-term and linear cannot use SDPA, but need_weights=False must still be correct."""
     mha = make_mha(case)
     x = ref.randn(B, L, D_MODEL, seed=1)
     with SDPACalls() as spy:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 ATOL = 1e-10
 B, L, D_MODEL, H = 2, 7, 12, 3
-NOT_SDPA = ("additive",)  # every other built-in (a new one too) must take SDPA
+NOT_SDPA = ("additive", "linear")  # every other built-in (a new one too) must take SDPA
 SDPA_SCORES = [(name, params) for _, name, params in score_cases() if name not in NOT_SDPA]
 
 

@@ -1,7 +1,7 @@
 """Normalizers (logits → attention weights) against references written plainly here, row by row.
 
 The references never call attnlab: softmax, softmax1, sink, sigmoid and softpick are their textbook formulas with
-``exp``; sparsemax is the sort-and-threshold rule of Martins & Astudillo (2016, Alg. 1); entmax15 finds τ by a plain
+``exp``; rowsum (s_j / (Σ s + ε)) and none (s_j) are linear attention's normalisations; sparsemax is the sort-and-threshold rule of Martins & Astudillo (2016, Alg. 1); entmax15 finds τ by a plain
 bisection on Σ_j max(x_j/2 − τ, 0)² = 1. Each reference is written once over Python numbers, so the same loops run on
 floats (values) and on 0-d float64 tensors (gradients, through autograd; for entmax15 τ is then taken in closed form
 on the support the bisection found).
@@ -30,7 +30,10 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 NAMES = list(NORMALIZERS)  # every registered built-in
 SHAPES = [(2, 3, 4, 5), (1, 2, 3, 1), (2, 1, 5, 3), (1, 1, 1, 4)]
 MASKS = ["none", "random", "padding", "causal"]
-EPS = 1e-6  # softpick's default ε
+EPS = 1e-6  # softpick's and rowsum's default ε
+# Normalizers of linear attention (rowsum, none) are defined for non-negative logits only (they normalise the
+# similarities φ(q)·φ(k) ≥ 0 of a feature map): every test here feeds them |logits| (see logits_for).
+NONNEGATIVE = {name for name in NAMES if build_normalizer(name, num_heads=1).is_linear}
 
 
 # --------------------------------------------------------------------------------------------- references
@@ -96,6 +99,11 @@ def reference_row(name, s, visible, *, exp=math.exp, sqrt=math.sqrt, sink=0.0, b
         d = [exp(v) - 1 for v in vs]
         denom = sum(abs(x) for x in d) + eps
         w = [(x if num(x) > 0 else 0.0) / denom for x in d]
+    elif name == "rowsum":  # Katharopoulos et al. 2020, eq. 6: the similarities over their row sum
+        denom = sum(vs) + eps
+        w = [v / denom for v in vs]
+    elif name == "none":
+        w = list(vs)
     elif name == "sparsemax":
         tau = sparsemax_tau(vs)
         w = [v - tau if num(v) > num(tau) else 0.0 for v in vs]
@@ -161,6 +169,13 @@ def random_logits(shape, seed, scale=2.0):
     return scale * torch.randn(shape, generator=gen(seed), dtype=torch.float64)
 
 
+def logits_for(name, shape, seed, scale=2.0):
+    """Random logits for normalizer ``name``: non-negative (|logits|) for the normalizers of linear attention,
+    whose contract is for non-negative similarities."""
+    logits = random_logits(shape, seed, scale)
+    return logits.abs() if name in NONNEGATIVE else logits
+
+
 def make_mask(kind, shape, seed=0):
     """``random``: full shape, some keys hidden, the first query row of every (b, h) fully hidden; ``padding``:
     (B, 1, 1, Lk), the last batch element hides every key; ``causal``: (Lq, Lk), j ≤ i."""
@@ -201,7 +216,7 @@ def kink_free(name, logits, allowed, margin=1e-2):
 def smooth_logits(name, shape, allowed, seed):
     """Fresh random logits away from every kink of ``name`` (the first seed from ``seed`` on that gives some)."""
     for s in range(seed, seed + 200):
-        logits = random_logits(shape, s)
+        logits = logits_for(name, shape, s)
         if kink_free(name, logits, allowed):
             return logits
     raise AssertionError("no kink-free logits found")  # pragma: no cover
@@ -232,7 +247,7 @@ def cotangent(shape, seed=7):
 @pytest.mark.parametrize("name", NAMES)
 def test_normalizer_matches_the_plain_reference(name, shape, mask_kind):
     for seed in range(2):
-        logits = random_logits(shape, seed=seed)
+        logits = logits_for(name, shape, seed=seed)
         allowed = make_mask(mask_kind, shape, seed)
         norm = build(name, shape[1], seed)
         got = norm(logits, allowed)
@@ -400,6 +415,36 @@ def test_only_softmax_declares_itself_softmax_for_the_fast_path():
     assert flags == {name: name == "softmax" for name in NAMES}
 
 
+def test_only_rowsum_and_none_declare_themselves_linear_and_only_rowsum_normalizes_rows():
+    """The O(L) backends of linear attention compute exactly the normalizers that say ``is_linear``."""
+    assert NONNEGATIVE == {"rowsum", "none"}
+    assert build_normalizer("rowsum").normalize_rows is True and build_normalizer("rowsum").eps == EPS
+    assert build_normalizer("none").normalize_rows is False
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "random", "causal"])
+def test_rowsum_rows_sum_to_one_up_to_eps_and_its_eps_is_a_parameter(mask_kind):
+    shape = (2, 3, 4, 5)
+    logits, allowed = logits_for("rowsum", shape, seed=13), make_mask(mask_kind, shape, seed=13)
+    mask = full_mask(allowed, shape)
+    sums = build_normalizer("rowsum")(logits, allowed).sum(-1)
+    row_sums = (logits * mask).sum(-1)
+    torch.testing.assert_close(sums, row_sums / (row_sums + EPS), rtol=1e-12, atol=0)
+    assert (sums[mask.any(-1)] > 1 - 1e-5).all() and (sums[~mask.any(-1)] == 0).all()
+    w = build_normalizer("rowsum", eps=0.5)(logits, allowed)
+    torch.testing.assert_close(w, reference("rowsum", logits, allowed, eps=0.5), rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="eps"):
+        build_normalizer("rowsum", eps=-1.0)
+
+
+def test_none_gives_the_masked_logits_themselves():
+    shape = (2, 3, 4, 5)
+    logits, allowed = logits_for("none", shape, seed=14), make_mask("random", shape, seed=14)
+    w = build_normalizer("none")(logits, allowed)
+    torch.testing.assert_close(w, torch.where(allowed, logits, torch.zeros(())), rtol=0, atol=0)
+    assert torch.equal(build_normalizer("none")(logits, None), logits)
+
+
 # --------------------------------------------------------------------------------------------- gradients
 
 
@@ -482,7 +527,7 @@ def test_every_normalizer_gives_zero_weight_to_masked_keys_and_no_nan_for_empty_
     ]
     for shape, allowed in cases:
         norm = build(name, shape[1], seed=40)
-        logits = random_logits(shape, seed=41, scale=3.0).requires_grad_()
+        logits = logits_for(name, shape, seed=41, scale=3.0).requires_grad_()
         w = norm(logits, allowed)
         mask = full_mask(allowed, shape)
         empty = ~mask.any(-1)
@@ -499,7 +544,7 @@ def test_every_normalizer_gives_zero_weight_to_masked_keys_and_no_nan_for_empty_
 def test_every_normalizer_ignores_the_logits_of_masked_keys(name):
     shape = (2, 3, 4, 5)
     allowed = make_mask("random", shape, seed=42)
-    logits = random_logits(shape, seed=42)
+    logits = logits_for(name, shape, seed=42)
     norm = build(name, 3, seed=42)
     wild = logits.masked_fill(~allowed, 1e4)  # a masked key that would take all the weight if it were seen
     torch.testing.assert_close(norm(wild, allowed), norm(logits, allowed), rtol=0, atol=0)
@@ -514,7 +559,7 @@ def test_every_normalizer_treats_a_broadcast_mask_as_its_expanded_form(name, mas
     allowed = torch.rand(mask_shape, generator=gen(43)) < 0.7
     if allowed.numel() == 1:
         allowed[...] = True
-    logits = random_logits(shape, seed=43)
+    logits = logits_for(name, shape, seed=43)
     norm = build(name, 3, seed=43)
     expanded = allowed.expand(shape).clone()
     torch.testing.assert_close(norm(logits, allowed), norm(logits, expanded), rtol=1e-12, atol=1e-15)
@@ -534,6 +579,9 @@ LIMITS = {
     "softpick": [[1, 0, 0, 0], [0] * 4, [0.5, 0.5, 0, 0]],
     "sparsemax": [[1, 0, 0, 0], [0.25] * 4, [0.5, 0.5, 0, 0]],
     "entmax15": [[1, 0, 0, 0], [0.25] * 4, [0.5, 0.5, 0, 0]],
+    # linear attention's normalizers get |HUGE|: [1e4, 1e4, 0, 5], [1e4] * 4, [1e4, 1e4, 1e4, 0] (ε is negligible)
+    "rowsum": [[1e4 / 20005, 1e4 / 20005, 0, 5 / 20005], [0.25] * 4, [1 / 3, 1 / 3, 1 / 3, 0]],
+    "none": [[1e4, 1e4, 0, 5], [1e4] * 4, [1e4, 1e4, 1e4, 0]],
 }
 
 
@@ -541,6 +589,8 @@ LIMITS = {
 @pytest.mark.parametrize("name", NAMES)
 def test_every_normalizer_stays_finite_on_huge_logits(name, dtype):
     logits = torch.tensor([[HUGE, [[-x for x in row] for row in HUGE]]], dtype=dtype)  # (1, 2, 3, 4)
+    if name in NONNEGATIVE:  # defined for non-negative logits only: both heads then see |HUGE|
+        logits = logits.abs()
     norm = build_normalizer(name, num_heads=2).to(dtype)
     for allowed in (None, torch.tensor([True, True, False, True]), make_mask("random", (1, 2, 3, 4), seed=50)):
         s = logits.clone().requires_grad_()
@@ -607,6 +657,8 @@ ALLOWED = {
     "sparsemax": "(none)",
     "entmax15": "(none)",
     "softpick": "eps",
+    "rowsum": "eps",
+    "none": "(none)",
 }
 
 

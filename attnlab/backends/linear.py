@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from attnlab.backends import Backend, Conditions, register_backend
 from attnlab.checks import check_int
@@ -69,29 +70,68 @@ def _exclusive_cumsum(t: Tensor, dim: int) -> Tensor:
     return torch.cat([torch.zeros_like(t.narrow(dim, 0, 1)), total], dim)
 
 
+def _causal_chunks(q: Tensor, k: Tensor, v: Tensor, C: int) -> Tensor:
+    """The un-normalised causal form o_i = Σ_{j≤i} (q_i·k_j) v_j in chunks of C tokens (L a multiple of C):
+    q, k (B, H, L, F), v (B, H, L, D) → (B, H, L, D). Within a chunk the masked quadratic form, across chunks the
+    running state Σ k_j v_jᵀ (an exclusive prefix sum over chunks)."""
+    B, H, L, Fd = q.shape
+    D, N = v.shape[-1], L // C
+    qc, kc, vc = q.view(B, H, N, C, Fd), k.view(B, H, N, C, Fd), v.view(B, H, N, C, D)
+    states = _exclusive_cumsum(torch.matmul(kc.transpose(-1, -2), vc), dim=2)  # (B, H, N, F, D): before chunk n
+    scores = torch.matmul(qc, kc.transpose(-1, -2)).tril_()  # (B, H, N, C, C): within the chunk, j ≤ i
+    return torch.baddbmm(
+        torch.matmul(qc, states).view(-1, C, D), scores.view(-1, C, C), vc.reshape(-1, C, D)
+    ).view(B, H, L, D)
+
+
+class _CausalLinear(torch.autograd.Function):
+    """o = causal_linear(q, k, v), o_i = Σ_{j≤i} (q_i·k_j) v_j, keeping only q, k and v for the backward pass,
+    which is three more passes of the same chunked form (nothing of size (C, C) or (F, D) per chunk is kept):
+
+        ∂q_i = Σ_{j≤i} (g_i·v_j) k_j      = causal_linear(g, v, k)
+        ∂k_j = Σ_{i≥j} (g_i·v_j) q_i      = reversed causal_linear(v, g, q)
+        ∂v_j = Σ_{i≥j} (q_i·k_j) g_i      = reversed causal_linear(k, q, g)
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.chunk = chunk
+        return _causal_chunks(q, k, v, chunk)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        C = ctx.chunk
+        g = g.contiguous()
+
+        def reverse(t: Tensor) -> Tensor:
+            return t.flip(2)
+
+        dq = _causal_chunks(g, v, k, C)
+        dk = reverse(_causal_chunks(reverse(v), reverse(g), reverse(q), C))
+        dv = reverse(_causal_chunks(reverse(k), reverse(q), reverse(g), C))
+        return dq, dk, dv, None
+
+
 def linear_attention_chunked(
     phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size: int = 64, normalize: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """Causal linear attention in chunks of ``chunk_size`` tokens. phi_q, phi_k (B, H, L, F), v (B, H, L, D) →
-    (B, H, L, D). The sequence is padded with zero features to a multiple of the chunk (they add nothing)."""
-    B, H, L, Fd = phi_q.shape
-    D = v.shape[-1]
+    (B, H, L, D). The sequence is padded with zero features to a multiple of the chunk (they add nothing); the
+    normaliser Σ_{j≤i} φ(q_i)·φ(k_j) is the same form with a column of ones beside v."""
+    L, D = phi_q.shape[2], v.shape[-1]
     C = max(1, min(chunk_size, L))
-    N = -(-L // C)
-    pad = N * C - L
+    pad = -L % C
+    if normalize:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # (B, H, L, D + 1)
     if pad:
         phi_q, phi_k, v = (F.pad(t, (0, 0, 0, pad)) for t in (phi_q, phi_k, v))
-    q = phi_q.view(B, H, N, C, Fd)
-    k = phi_k.view(B, H, N, C, Fd)
-    vc = v.view(B, H, N, C, D)
-    states = _exclusive_cumsum(torch.matmul(k.transpose(-1, -2), vc), dim=2)  # (B, H, N, F, D): before chunk n
-    scores = torch.matmul(q, k.transpose(-1, -2)).tril()  # (B, H, N, C, C): within the chunk, j ≤ i
-    out = torch.matmul(q, states) + torch.matmul(scores, vc)  # (B, H, N, C, D)
-    if normalize:
-        z = _exclusive_cumsum(k.sum(-2), dim=2)  # (B, H, N, F)
-        den = torch.matmul(q, z.unsqueeze(-1)).squeeze(-1) + scores.sum(-1)  # (B, H, N, C)
-        out = out / (den + eps).unsqueeze(-1)
-    return out.reshape(B, H, N * C, D)[:, :, :L]
+    out = _CausalLinear.apply(phi_q.contiguous(), phi_k.contiguous(), v.contiguous(), C)[:, :, :L]
+    if not normalize:
+        return out
+    return out[..., :D] / (out[..., D:] + eps)
 
 
 def linear_attention_global(

@@ -817,7 +817,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     a, b = flatten_config(old), flatten_config(new)
     absent = "<absent>"
     defaults = config_defaults()
-    added = _added_defaults() if "attention" not in old else {}
+    added = {**_ADDED_IN_0_4, **(_added_defaults() if "attention" not in old else {})}
     changes = [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
@@ -854,6 +854,14 @@ def _added_default(added: dict[str, Any], key: str) -> Any:
 
 
 _DERIVED = object()
+
+_ADDED_IN_0_4: dict[str, Any] = {
+    "model.short_conv": None,
+    "attention.short_conv": _DERIVED,
+    "attention.backend_params": {},
+}
+"""The keys that a run of attnlab 0.3 lacks, with the value it ran with (no short convolution, no backend
+parameters)."""
 
 
 @functools.cache

@@ -659,6 +659,8 @@ class Run:
         s.threads, s.torch = self.threads, torch.__version__
         s.device, s.world_size = str(self.trainer.strategy.root_device), self.trainer.world_size
         s.backends = self._backends()
+        length = self.module.hparams.get("max_len") or 0
+        s.state_size = [layer.self_attn.state_size(length) for layer in self.module.encoder.layers]
         s.wandb_id = self.wandb_id if self.cfg.logger.name == "wandb" else None
         if self.ckpt_path is not None:
             s.resumed_from, s.resumed_at_step = self.folder.relative(self.ckpt_path), step
@@ -713,7 +715,7 @@ class Run:
             f"run {shown(self.folder.path)} ({what[self.kind]})",
             f"{s.attention or s.variant} · {layers}{s.task}",
             f"d_model {s.d_model}, {_n(s.num_heads, 'head')} × d_k {s.d_k}, {_n(s.num_layers, 'layer')}, "
-            f"{s.params:,} params, backend {backend}",
+            f"{s.params:,} params, backend {backend}, state {sum(s.state_size):,} floats/seq",
             f"{cfg.max_steps} steps of batch {cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}",
             f"{s.device}" + (f", {_n(s.threads, 'thread')}" if s.device == "cpu" else ""),
         ]
