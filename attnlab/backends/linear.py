@@ -79,9 +79,9 @@ def _causal_chunks(q: Tensor, k: Tensor, v: Tensor, C: int) -> Tensor:
     qc, kc, vc = q.view(B, H, N, C, Fd), k.view(B, H, N, C, Fd), v.view(B, H, N, C, D)
     states = _exclusive_cumsum(torch.matmul(kc.transpose(-1, -2), vc), dim=2)  # (B, H, N, F, D): before chunk n
     scores = torch.matmul(qc, kc.transpose(-1, -2)).tril_()  # (B, H, N, C, C): within the chunk, j ≤ i
-    return torch.baddbmm(
-        torch.matmul(qc, states).view(-1, C, D), scores.view(-1, C, C), vc.reshape(-1, C, D)
-    ).view(B, H, L, D)
+    return torch.baddbmm(torch.matmul(qc, states).view(-1, C, D), scores.view(-1, C, C), vc.reshape(-1, C, D)).view(
+        B, H, L, D
+    )
 
 
 class _CausalLinear(torch.autograd.Function):

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
+from attnlab.config import AttentionConfig
 from attnlab.encoder import Encoder, EncoderLayer, SinusoidalPositionalEncoding
 from attnlab.scores import AdditiveScore
 
@@ -18,6 +19,8 @@ __all__ = [
     "ATTENTION_VARIANTS",
     "BLOCK_GOALS",
     "BLOCK_MODELS",
+    "LINEAR_GOALS",
+    "LINEAR_MODELS",
     "NUM_CLASSES",
     "VARIANTS",
     "VARIANT_GOALS",
@@ -29,6 +32,7 @@ __all__ = [
     "Shape",
     "TorchEncoder",
     "build_blocks",
+    "build_causal_model",
     "build_model",
     "full_plan",
     "quick_plan",
@@ -209,6 +213,9 @@ class Plan:
     # the ``blocks`` section: (shape, names of BLOCK_MODELS) timed together; the goals read ``target_block_length``
     block_groups: list[tuple[Shape, tuple[str, ...]]] = field(default_factory=list)
     target_block_length: int = 512
+    # the ``linear`` section: causal scaled_dot (SDPA) against each of LINEAR_MODELS, one group per shape
+    linear_shapes: list[Shape] = field(default_factory=list)
+    target_linear_lengths: tuple[int, int] = (1024, 4096)
 
 
 def full_plan(warmup: int = 2, reps: int = 7) -> Plan:
@@ -241,6 +248,8 @@ def full_plan(warmup: int = 2, reps: int = 7) -> Plan:
         target_additive_length=1024,
         variant_shapes=[Shape(b, n, 128, 4, 32) for n, b in ((128, 32), (512, 8), (1024, 4))],
         target_variant_length=512,
+        linear_shapes=[Shape(4096 // n, n, 128, 4, 32) for n in (256, 512, 1024, 2048, 4096)],
+        target_linear_lengths=(1024, 4096),
         block_groups=[
             (Shape(4, 512, 128, 4, 32), ("scaled_dot", "relative_position", "t5_bias")),
             (Shape(2, 512, 128, 4, 32), ("scaled_dot", "additive", "additive_chunked", "additive_naive")),
@@ -276,7 +285,38 @@ def quick_plan() -> Plan:
         target_variant_length=32,
         block_groups=[(Shape(2, 32, 32, 2, 16), tuple(BLOCK_MODELS))],
         target_block_length=32,
+        linear_shapes=[Shape(2, 32, 32, 2, 16), Shape(1, 64, 32, 2, 16)],
+        target_linear_lengths=(32, 64),
     )
+
+
+# ============================================================================================ linear attention
+
+# The ``linear`` section's models: name → the causal attention of every layer. scaled_dot runs SDPA's causal kernel
+# (flash on the CPU), the linear ones the ``chunked`` backend.
+LINEAR_MODELS: dict[str, AttentionConfig] = {
+    "scaled_dot": AttentionConfig(mask="causal"),
+    "linear_elu": AttentionConfig(score="linear", normalizer="rowsum", mask="causal"),
+    "linear_taylor": AttentionConfig(
+        score="linear", score_params={"feature_map": "taylor"}, normalizer="rowsum", mask="causal"
+    ),
+}
+# Issue 27's goals: linear (elu) ÷ scaled_dot step time at the two target lengths, and peak memory at the longer.
+LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
+    ("27a", "time", 0, 1.0),
+    ("27b", "time", 1, 0.35),
+    ("27c", "memory", 1, 0.5),
+)
+
+
+def build_causal_model(name: str, shape: Shape, seed: int = 0) -> nn.Module:
+    """The benchmarked network with every layer's attention ``LINEAR_MODELS[name]``: tokens (B, L) → logits."""
+    torch.manual_seed(seed)
+    s = shape
+    encoder = Encoder(
+        VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, d_k=s.d_k, attention=LINEAR_MODELS[name], max_len=s.length
+    )
+    return _Tagger(encoder, s.d_model)
 
 
 # ============================================================================================ bare block stacks

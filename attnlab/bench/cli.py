@@ -32,6 +32,7 @@ from attnlab.bench.sections import (
     bench_default_run,
     bench_diagnostics,
     bench_encoder,
+    bench_linear,
     bench_mha,
     bench_variants,
     check_fused_sdpa,
@@ -39,7 +40,17 @@ from attnlab.bench.sections import (
 
 __all__ = ["DTYPES", "SECTIONS", "Options", "main", "parse_args", "run_bench"]
 
-SECTIONS = ("fused", "encoder", "mha", "variants", "blocks", "diagnostics", "additive_memory", "default_run")
+SECTIONS = (
+    "fused",
+    "encoder",
+    "mha",
+    "variants",
+    "blocks",
+    "linear",
+    "diagnostics",
+    "additive_memory",
+    "default_run",
+)
 
 
 @dataclass
@@ -89,7 +100,13 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
                 raise
             results["fused"] = {"kernel": None, "error": str(exc)}
         lap("fused")
-    timed = {"encoder": bench_encoder, "mha": bench_mha, "variants": bench_variants, "blocks": bench_blocks}
+    timed = {
+        "encoder": bench_encoder,
+        "mha": bench_mha,
+        "variants": bench_variants,
+        "blocks": bench_blocks,
+        "linear": bench_linear,
+    }
     for name, section in timed.items():
         if name in opts.only:
             results[name] = section(plan, device, dtype, log)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.cases import BLOCK_GOALS, VARIANT_GOALS, Plan, Shape
+from attnlab.bench.cases import BLOCK_GOALS, LINEAR_GOALS, VARIANT_GOALS, Plan, Shape
 
 __all__ = [
     "CSV_FIELDS",
@@ -22,8 +22,10 @@ __all__ = [
     "RESULTS_ROOT",
     "TARGET_FIELDS",
     "evaluate_targets",
+    "format_linear",
     "format_tables",
     "format_variants",
+    "linear_crossover",
     "machine_info",
     "new_results_dir",
     "write_results",
@@ -53,6 +55,9 @@ CSV_FIELDS = (
     "ratio_torch",
     "ratio_scaled_dot",
     "ratio_naive",
+    "backend",
+    "memory_ratio",
+    "state_size",
 )
 TARGET_FIELDS = ("id", "what", "value", "limit", "met", "note")
 
@@ -154,6 +159,29 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                 "note": "",
             }
         )
+    linear = results.get("linear")
+    if linear is not None:
+        lengths = plan.target_linear_lengths
+        for tid, kind, which, limit in LINEAR_GOALS:
+            r = next((r for r in linear if r["variant"] == "linear_elu" and r["length"] == lengths[which]), None)
+            if kind == "time":
+                add(
+                    tid,
+                    f"linear (elu, chunked) step ÷ scaled_dot causal (L={lengths[which]})",
+                    r and r["ratio_scaled_dot"],
+                    limit,
+                )
+            else:
+                note = "" if r is None else f"{r['peak_mb']:.0f} MB; SDPA's CPU flash kernel is O(L) too"
+                add(
+                    tid,
+                    f"linear (elu, chunked) peak memory ÷ scaled_dot causal (L={lengths[which]})",
+                    r and r["memory_ratio"],
+                    limit,
+                    note,
+                )
+        crossover = linear_crossover(linear)
+        add("27d", "crossover: shortest L where linear (elu) steps faster than scaled_dot", crossover, None)
     variants = results.get("variants")
     if variants is not None:
         length = plan.target_variant_length
@@ -163,6 +191,33 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                 note = "" if r is None else ("fast path" if r["fast_path"] else "eager")
                 add(tid, f"{name} step ÷ scaled_dot (L={length})", r and r["ratio_scaled_dot"], limit, note)
     return targets
+
+
+def linear_crossover(rows: list[dict], model: str = "linear_elu") -> float | None:
+    """The shortest measured length from which ``model`` steps faster than scaled_dot at every longer measured
+    length (None: at none)."""
+    ratios = sorted((r["length"], r["ratio_scaled_dot"]) for r in rows if r["variant"] == model)
+    for i, (length, _) in enumerate(ratios):
+        if all(ratio < 1.0 for _, ratio in ratios[i:]):
+            return float(length)
+    return None
+
+
+def format_linear(rows: list[dict]) -> list[str]:
+    """The linear-attention table: per length, each model's step, ratio, peak memory and state size."""
+    lines = [
+        "linear: causal encoder training step (2 layers, forward + backward + AdamW; the full plan: 4096 tokens per batch)",
+        "",
+        "| model | backend | L | B | step ms | ÷ scaled_dot | peak MB | ÷ scaled_dot | state (floats/seq/layer) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['backend']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | "
+            f"{_fmt(r['ratio_scaled_dot'])} | {_fmt(r['peak_mb'], 0)} | {_fmt(r['memory_ratio'])} | "
+            f"{r['state_size']:,} |"
+        )
+    return lines
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
@@ -220,6 +275,9 @@ def format_tables(results: dict[str, Any]) -> str:
                 f"| {r['variant']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | {_fmt(r['peak_mb'], 0)} | "
                 f"{r['sdpa_kernel']} | {_fmt(r['ratio_scaled_dot'])} | {_fmt(r['ratio_naive'])} |"
             )
+    linear = results.get("linear") or []
+    if linear:
+        lines += ["", *format_linear(linear)]
     mha = results.get("mha") or []
     if mha:
         lines += ["", "| module | shape | step ms | ÷ torch |", "| --- | --- | --- | --- |"]
@@ -288,6 +346,7 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
             *results.get("encoder", []),
             *results.get("variants", []),
             *results.get("blocks", []),
+            *results.get("linear", []),
             *results.get("mha", []),
         ]:
             writer.writerow(row)

@@ -24,11 +24,13 @@ from attnlab.attention import MultiHeadAttention
 from attnlab.bench.cases import (
     ATTENTION_VARIANTS,
     BLOCK_MODELS,
+    LINEAR_MODELS,
     ModelSpec,
     Plan,
     Shape,
     _fast_path,
     build_blocks,
+    build_causal_model,
     build_model,
 )
 from attnlab.bench.harness import (
@@ -50,6 +52,7 @@ __all__ = [
     "bench_default_run",
     "bench_diagnostics",
     "bench_encoder",
+    "bench_linear",
     "bench_mha",
     "bench_variants",
     "check_fused_sdpa",
@@ -214,6 +217,49 @@ def bench_blocks(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
                 }
             )
         del steps
+    return rows
+
+
+def bench_linear(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """Causal language-model training steps (2 layers, forward + backward + AdamW) of every one of
+    :data:`~attnlab.bench.cases.LINEAR_MODELS` at each of ``plan.linear_shapes`` (4096 tokens per batch): the
+    models of a length timed together, interleaved, then one profiled step each → one row per model with
+    ``ratio_scaled_dot`` (median step ÷ scaled_dot's, SDPA's causal kernel) and ``memory_ratio`` (peak MB ÷
+    scaled_dot's), the backend and the state size of the first layer (floats per sequence)."""
+    rows: list[dict] = []
+    for shape in plan.linear_shapes:
+        models = {name: build_causal_model(name, shape) for name in LINEAR_MODELS}
+        steps = {name: make_train_step(m, shape.batch, shape.length, device, dtype) for name, m in models.items()}
+        log(f"linear: {shape.tag()}, {', '.join(models)} ...")
+        times = interleaved_times(steps, plan.warmup, plan.reps, device)
+        medians = {name: statistics.median(ts) for name, ts in times.items()}
+        peaks = {name: profile_step(steps[name], device) for name in models}
+        for name, model in models.items():
+            attn = model.encoder.layers[0].self_attn
+            stats = _summary(times[name])
+            rows.append(
+                {
+                    "section": "linear",
+                    "group": f"L{shape.length}",
+                    "label": f"{name} {shape.tag()}",
+                    "impl": "attnlab",
+                    "score": attn.config.score,
+                    "variant": name,
+                    "options": attn.config.describe(),
+                    "backend": attn.backend_for(device, dtype),
+                    "state_size": attn.state_size(shape.length),
+                    **asdict(shape),
+                    **stats,
+                    "reps": len(times[name]),
+                    "tokens_per_s": shape.tokens / (stats["median_ms"] / 1e3),
+                    "peak_mb": peaks[name][0],
+                    "sdpa_kernel": peaks[name][1],
+                    "ratio_torch": None,
+                    "ratio_scaled_dot": medians[name] / medians["scaled_dot"],
+                    "memory_ratio": peaks[name][0] / peaks["scaled_dot"][0] if peaks["scaled_dot"][0] else None,
+                }
+            )
+        del steps, models
     return rows
 
 

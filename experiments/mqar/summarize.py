@@ -21,11 +21,14 @@ def label(config: dict, summary: dict) -> str:
     """The variant as the ladder names it: the score preset plus any attention stage that is not the default."""
     parts = [str(summary.get("variant"))]
     settings = summary.get("settings") or {}  # layer 1's attention config (schema 3; older summaries read into it)
+    feature_map = (settings.get("score_params") or {}).get("feature_map")
+    if settings.get("score") == "linear":
+        parts = [f"linear({feature_map or 'elu'})"]
     if summary.get("pos_encoding") not in (None, "sinusoidal"):
         parts.append(f"pos={summary['pos_encoding']}")
     if settings.get("differential"):
         parts.append("differential")
-    if settings.get("normalizer") not in (None, "softmax"):
+    if settings.get("normalizer") not in (None, "softmax", "rowsum" if settings.get("score") == "linear" else None):
         parts.append(f"normalizer={settings['normalizer']}")
     if settings.get("qk_norm"):
         parts.append(f"qk_norm={settings['qk_norm']}")
