@@ -206,7 +206,7 @@ def linear_crossover(rows: list[dict], model: str = "linear_elu") -> float | Non
 def format_linear(rows: list[dict]) -> list[str]:
     """The linear-attention table: per length, each model's step, ratio, peak memory and state size."""
     lines = [
-        "linear: causal encoder training step (2 layers, forward + backward + AdamW; the full plan: 4096 tokens per batch)",
+        "linear: causal encoder training step (2 layers, forward + backward + AdamW; full plan: 4096 tokens a batch)",
         "",
         "| model | backend | L | B | step ms | ÷ scaled_dot | peak MB | ÷ scaled_dot | state (floats/seq/layer) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
