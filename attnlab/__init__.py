@@ -1,8 +1,9 @@
 """attnlab: a lab bench for comparing attention mechanisms.
 
 The public API: one description of a layer's attention (:class:`AttentionConfig`, its presets and per-layer
-patterns), the registries of scores, position biases, masks, normalizers and backends (three verbs each: register,
-build, list), multi-head attention with a free per-head key size and pluggable stages, and the encoder.
+patterns), the registries of scores, position biases, masks, normalizers, linear attention's feature maps and
+backends (three verbs each: register, build, list), multi-head attention with a free per-head key size and
+pluggable stages, and the encoder.
 """
 
 from attnlab.attention import AttentionOutput, MultiHeadAttention
@@ -14,6 +15,7 @@ from attnlab.encoder import (
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
 )
+from attnlab.feature_maps import FeatureMap, build_feature_map, list_feature_maps, register_feature_map
 from attnlab.masks import Mask, PreparedMask, build_mask, list_masks, prepare_mask, register_mask
 from attnlab.normalizers import Normalizer, build_normalizer, list_normalizers, register_normalizer
 from attnlab.positions import RotaryEmbedding
@@ -40,6 +42,7 @@ __all__ = [
     "DotProductScore",
     "Encoder",
     "EncoderLayer",
+    "FeatureMap",
     "LearnedPositionalEncoding",
     "Mask",
     "MultiHeadAttention",
@@ -51,6 +54,7 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "UnknownNameError",
     "build_backend",
+    "build_feature_map",
     "build_mask",
     "build_normalizer",
     "build_position_bias",
@@ -59,6 +63,7 @@ __all__ = [
     "build_task",
     "layer_configs",
     "list_backends",
+    "list_feature_maps",
     "list_masks",
     "list_normalizers",
     "list_position_biases",
@@ -67,6 +72,7 @@ __all__ = [
     "list_tasks",
     "prepare_mask",
     "register_backend",
+    "register_feature_map",
     "register_mask",
     "register_normalizer",
     "register_position_bias",

@@ -16,7 +16,7 @@ that is built, and what a run records, say what the preset is (``alibi`` = ``sca
 **Per-layer attention.** :func:`layer_configs` gives each of ``num_layers`` layers its own config: from a
 ``pattern`` of layer kinds that repeats (``"LG"``: a local layer then a global one; ``"LLLLLG"``: Gemma 3's 5:1), each
 kind a set of field changes (:data:`DEFAULT_LAYER_KINDS`: ``G`` global = the base config, ``L`` local = the base
-mask AND a sliding window), or an explicit list of per-layer changes.
+mask AND a sliding window, ``S`` a softmax layer), or an explicit list of per-layer changes.
 """
 
 from __future__ import annotations
@@ -348,9 +348,17 @@ def relative_position(clip: int = 16, value_term: bool = False) -> dict[str, Any
 DEFAULT_LAYER_KINDS: dict[str, dict[str, Any]] = {
     "G": {},
     "L": {"mask": {"name": "and", "masks": ["base", {"name": "sliding_window", "window": 16}]}},
+    "S": {
+        "score": "scaled_dot",
+        "score_params": {},
+        "normalizer": "softmax",
+        "normalizer_params": {},
+        "short_conv": None,
+    },
 }
-"""The layer kinds a ``pattern`` names, when the config does not define its own: ``G`` global (the base config)
-and ``L`` local (the base mask AND a sliding window of 16: causal stays causal). ``base`` in a kind's mask
+"""The layer kinds a ``pattern`` names, when the config does not define its own: ``G`` global (the base config),
+``L`` local (the base mask AND a sliding window of 16: causal stays causal) and ``S`` softmax (a ``scaled_dot``
+softmax layer whatever the base score: the global layer of a linear hybrid). ``base`` in a kind's mask
 stands for the base config's mask."""
 
 

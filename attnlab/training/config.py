@@ -859,6 +859,7 @@ _ADDED_IN_0_4: dict[str, Any] = {
     "model.short_conv": None,
     "attention.short_conv": _DERIVED,
     "attention.backend_params": {},
+    "model.layer_kinds.S": _DERIVED,
 }
 """The keys that a run of attnlab 0.3 lacks, with the value it ran with (no short convolution, no backend
 parameters)."""
