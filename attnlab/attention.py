@@ -238,6 +238,10 @@ class MultiHeadAttention(nn.Module):
         self.backend: Backend | None = None if config.backend == "auto" else build_backend(config.backend)
         if self.backend is not None:
             reason = self.backend.config_reason(self) or self.backend.mask_reason(self.mask_form)
+            if reason is not None and reason.endswith("not other"):  # name the mask
+                from attnlab.config import _mask_text
+
+                reason = f"{reason.removesuffix('not other')}not mask={_mask_text(config.mask)}"
             if reason is not None:
                 raise ValueError(f"attention.backend={config.backend} cannot compute this layer: {reason}")
         check_backend_params(config.backend_params, config.backend)

@@ -68,6 +68,10 @@ class FeatureMap(nn.Module):
         self.d_k, self.num_heads = d_k, num_heads
         self.feature_dim = d_k
 
+    positional: bool = False
+    """the map reads positions 0 … L−1 and takes ``forward(x, length)``: the length of the longer of the query and
+    key sequences (cosformer's M)."""
+
     def step(self) -> None:
         """Called once per training forward of the layer, before the queries and keys are mapped (Performer's
         redraws count these)."""
@@ -217,7 +221,8 @@ class Performer(FeatureMap):
         d, m = self.d_k, self.num_features
         blocks = []
         for _ in range(math.ceil(m / d)):
-            q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen))
+            q, r = torch.linalg.qr(torch.randn(d, d, generator=gen))
+            q = q * torch.sign(torch.diagonal(r))  # Haar-uniform: QR's Q alone has sign-biased coordinates
             blocks.append(q.T)  # d orthonormal rows
         directions = torch.cat(blocks)[:m]  # (m, d)
         norms = torch.randn(m, d, generator=gen).norm(dim=1, keepdim=True)  # chi(d): rows marginally N(0, I)
@@ -252,9 +257,13 @@ class CosFormer(FeatureMap):
         self.max_len = None if max_len is None else check_int("max_len", max_len, minimum=1)
         self.feature_dim = 2 * d_k
 
-    def forward(self, x: Tensor) -> Tensor:
+    positional = True
+
+    def forward(self, x: Tensor, length: int | None = None) -> Tensor:
+        """x (B, H, L, d) → (B, H, L, 2d); ``length``: the M to use when ``max_len`` is None (default L; the
+        ``linear`` score passes max(Lq, Lk))."""
         L = x.shape[-2]
-        M = self.max_len or L
+        M = self.max_len or length or L
         theta = (math.pi / (2 * M)) * torch.arange(L, device=x.device, dtype=x.dtype)[:, None]  # (L, 1)
         r = F.relu(x)
         return torch.cat([r * torch.cos(theta), r * torch.sin(theta)], dim=-1)  # (B, H, L, 2d)
@@ -262,8 +271,8 @@ class CosFormer(FeatureMap):
 
 @register_feature_map("hedgehog")
 class Hedgehog(FeatureMap):
-    """Zhang et al. 2024 (Hedgehog): a learned map φ(x) = softmax([W x, −W x]) over its 2d features, one W (d, d)
-    per head initialised to the identity (so that φ starts as a spiky, softmax-like kernel), d_φ = 2d."""
+    """Zhang et al. 2024 (Hedgehog): a learned map φ(x) = softmax([x W, −x W]) over its 2d features (x a row), one
+    W (d, d) per head initialised to the identity (so that φ starts as a spiky, softmax-like kernel), d_φ = 2d."""
 
     def __init__(self, d_k: int, num_heads: int) -> None:
         super().__init__(d_k, num_heads)

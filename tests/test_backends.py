@@ -1,5 +1,6 @@
-"""Backends: every registered backend computes what the eager path computes, wherever it says it can; the choice
-is one ordered lookup, reported; a forced backend is refused in one line where it cannot compute the layer."""
+"""Backends: every registered backend computes what the eager path computes, wherever it says it can (for the
+configuration and the mask's form); the choice is one ordered lookup, reported; a forced backend is refused in one
+line where it cannot compute the layer, and a backend given a mask it cannot compute refuses it in one line."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.backends import ORDER, Backend, Conditions, build_backend, list_backends, register_backend
+from attnlab.backends import (
+    _BACKENDS,
+    _INSTANCES,
+    ORDER,
+    Backend,
+    Conditions,
+    build_backend,
+    list_backends,
+    register_backend,
+)
 from attnlab.config import AttentionConfig
-from attnlab.masks import build_mask
+from attnlab.masks import build_mask, prepare_mask
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -23,8 +33,45 @@ CONFIGS = {
     "cosine_rope": AttentionConfig(score="cosine", rope={}, qk_norm="rmsnorm"),
     "additive": AttentionConfig(score="additive"),
     "softcap": AttentionConfig(softcap=5.0),
+    # linear attention (the O(L) backends compute these under the mask forms they support)
+    "linear_rowsum": AttentionConfig(score="linear", normalizer="rowsum"),
+    "linear_taylor_none": AttentionConfig(score="linear", score_params={"feature_map": "taylor"}, normalizer="none"),
+    "linear_conv_gqa": AttentionConfig(score="linear", normalizer="rowsum", short_conv=3, num_kv_heads=2),
 }
-MASKS = {"none": None, "causal": "causal", "window": {"name": "sliding_window", "window": 2}}
+LINEAR = ["linear_rowsum", "linear_taylor_none", "linear_conv_gqa"]
+L = 6
+# key padding (B, 1, 1, L): sequence 1 pads its first and last two tokens (under causal, its row 0 sees no key)
+PAD = torch.tensor([[True] * L, [False, True, True, True, False, False]])[:, None, None, :]
+MASKS = {
+    "none": None,
+    "causal": "causal",
+    "window": {"name": "sliding_window", "window": 2},
+    "padding": PAD,
+    "causal+padding": "causal+padding",
+}
+FORMS = {
+    "none": "none",
+    "causal": "causal",
+    "window": "other",
+    "padding": "padding",
+    "causal+padding": "causal+padding",
+}
+
+
+def make_mask(kind):
+    """The mask ``kind`` as attention takes it: None, a Mask, a bool tensor or (causal AND key padding, its parts
+    recorded, as the encoder builds it) a PreparedMask."""
+    spec = MASKS[kind]
+    if spec is None or isinstance(spec, torch.Tensor):
+        return spec
+    if spec == "causal+padding":
+        return build_mask("causal").prepare(L, L).with_key_padding(PAD)
+    return build_mask(spec)
+
+
+def form_of(kind):
+    pm = prepare_mask(make_mask(kind), L, L)
+    return "none" if pm is None else pm.form
 
 
 def randn(*shape, seed):
@@ -32,38 +79,65 @@ def randn(*shape, seed):
 
 
 def test_the_automatic_order_puts_the_most_specific_first_and_eager_last():
-    assert list_backends()[:4] == ["relative", "biased_softmax", "sdpa", "eager"]
-    assert list_backends()[-1] == "eager"
+    assert ORDER == ["relative", "biased_softmax", "sdpa", "chunked", "global", "eager"]
+    assert list_backends() == [*ORDER, "recurrent"]  # then those that run only when forced
 
 
-TRAINING_STEP = Conditions("cpu", torch.float64, need_weights=False, training=True, grad=True)
+def training_step(mask: str = "none") -> Conditions:
+    """A CPU float64 training step with a mask of this form."""
+    return Conditions("cpu", torch.float64, need_weights=False, training=True, grad=True, mask=mask)
 
 
-def _supported() -> list[tuple[str, str]]:
-    """(backend, config) for every pair where the backend says it computes the config (a CPU float64 training step):
-    each is checked below, the others are refused (see the refusal tests)."""
-    pairs = []
+def _supported() -> list[tuple[str, str, str]]:
+    """(backend, config, mask) for every triple where the backend says it computes the config under a mask of that
+    form (a CPU float64 training step): each is checked below, the others are refused (see the refusal tests)."""
+    triples = []
     for name, config in CONFIGS.items():
         mha = attnlab.MultiHeadAttention(16, 4, 4, config=config)
-        pairs += [(b, name) for b in list_backends() if build_backend(b).supports(mha, TRAINING_STEP) is None]
-    return pairs
+        for mask in MASKS:
+            when = training_step(FORMS[mask])
+            triples += [(b, name, mask) for b in list_backends() if build_backend(b).supports(mha, when) is None]
+    return triples
+
+
+def _refused_masks() -> list[tuple[str, str, str]]:
+    """(backend, config, mask) where the backend computes the config but not a mask of that form."""
+    triples = []
+    for name, config in CONFIGS.items():
+        mha = attnlab.MultiHeadAttention(16, 4, 4, config=config)
+        for mask in MASKS:
+            for b in list_backends():
+                backend = build_backend(b)
+                if backend.config_reason(mha) is None and backend.mask_reason(FORMS[mask]) is not None:
+                    triples.append((b, name, mask))
+    return triples
+
+
+def test_the_test_masks_have_the_forms_they_are_paired_by():
+    assert {kind: form_of(kind) for kind in MASKS} == FORMS
 
 
 def test_every_backend_and_every_configuration_are_checked():
-    """The pairs below cover every backend and every configuration (eager computes all of them)."""
-    pairs = _supported()
-    assert {b for b, _ in pairs} == set(list_backends()) and {n for b, n in pairs if b == "eager"} == set(CONFIGS)
+    """The triples below cover every backend and every configuration (eager computes all of them, under every
+    mask); each O(L) backend computes every linear configuration under each mask form it supports."""
+    triples = _supported()
+    assert {b for b, _, _ in triples} == set(list_backends())
+    assert {(n, m) for b, n, m in triples if b == "eager"} == {(n, m) for n in CONFIGS for m in MASKS}
+    linear = {(b, n, m) for b, n, m in triples if b in ("chunked", "recurrent", "global")}
+    expected_masks = {"chunked": ["causal", "causal+padding"], "recurrent": ["causal", "causal+padding"]}
+    expected_masks["global"] = ["none", "padding"]
+    assert linear == {(b, n, m) for b, masks in expected_masks.items() for n in LINEAR for m in masks}
+    assert {b for b, _, _ in _refused_masks()} == {"chunked", "recurrent", "global"}
 
 
-@pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize(("backend", "name"), _supported())
+@pytest.mark.parametrize(("backend", "name", "mask"), _supported())
 def test_every_backend_equals_eager_where_it_supports_the_layer(backend, name, mask):
     """Outputs and the gradients of the input and every parameter, float64, fresh random inputs."""
     torch.manual_seed(7)
     mha = attnlab.MultiHeadAttention(16, 4, 4, config=CONFIGS[name]).double()
-    x = randn(2, 6, 16, seed=1).requires_grad_()
-    m = None if MASKS[mask] is None else build_mask(MASKS[mask])
-    c = randn(2, 6, 16, seed=2)
+    x = randn(2, L, 16, seed=1).requires_grad_()
+    m = make_mask(mask)
+    c = randn(2, L, 16, seed=2)
     params = [x, *mha.parameters()]
     got, _ = build_backend(backend).attend(mha, x, None, m)
     got_grads = torch.autograd.grad((got * c).sum(), params, allow_unused=True)
@@ -77,6 +151,16 @@ def test_every_backend_equals_eager_where_it_supports_the_layer(backend, name, m
             torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize(("backend", "name", "mask"), _refused_masks())
+def test_a_backend_given_a_mask_it_cannot_compute_refuses_it_in_one_line(backend, name, mask):
+    mha = attnlab.MultiHeadAttention(16, 4, 4, config=CONFIGS[name]).double()
+    with pytest.raises(ValueError) as info:
+        build_backend(backend).attend(mha, randn(2, L, 16, seed=1), None, make_mask(mask))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"attention backend {backend}: it computes mask=")
+    assert msg.endswith(f"not {FORMS[mask]}; use backend=eager (or auto) for this mask")
+
+
 @pytest.mark.parametrize(
     ("name", "training_step", "inference"),
     [
@@ -86,6 +170,8 @@ def test_every_backend_equals_eager_where_it_supports_the_layer(backend, name, m
         ("t5_softmax1", "biased_softmax", "sdpa"),
         ("additive", "eager", "eager"),
         ("softcap", "eager", "eager"),
+        ("linear_rowsum", "global", "global"),  # no mask: every key visible
+        ("linear_taylor_none", "global", "global"),
     ],
 )
 def test_the_choice_follows_the_configuration_and_the_call(name, training_step, inference):
@@ -102,6 +188,14 @@ def test_the_choice_follows_the_configuration_and_the_call(name, training_step, 
         (AttentionConfig(softcap=5.0, backend="sdpa"), r"sdpa cannot compute this layer: it has no soft-capping$"),
         (AttentionConfig(backend="relative"), r"relative cannot .*exactly one relative-position table"),
         (AttentionConfig(score="alibi", backend="biased_softmax"), r"biased_softmax cannot .*learned position bias"),
+        (
+            AttentionConfig(score="linear", normalizer="rowsum", mask="causal", backend="global"),
+            r"global cannot compute this layer: it computes mask=none or padding only, not causal$",
+        ),
+        (
+            AttentionConfig(score="linear", mask="causal", backend="chunked"),
+            r"chunked cannot compute this layer: it normalizes by the row sum or not at all .*not softmax$",
+        ),
     ],
 )
 def test_a_forced_backend_that_cannot_compute_the_layer_is_refused_in_one_line(config, message):
@@ -141,3 +235,5 @@ def test_a_registered_backend_joins_the_automatic_order_before_eager():
         assert attnlab.MultiHeadAttention(16, 4, 4).backend_for() == "sdpa"
     finally:
         ORDER.remove("test_backend_counting")
+        _BACKENDS._entries.pop("test_backend_counting", None)  # list_backends() also lists forced-only backends
+        _INSTANCES.pop("test_backend_counting", None)

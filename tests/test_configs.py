@@ -20,7 +20,11 @@ from attnlab.tasks import SequenceTask
 
 CONF_DIR: Path = T.CONF_DIR
 # variant presets that are a registered score plus a model setting: option -> (score, model key, value)
-PIPELINE_PRESETS = {"rope": ("scaled_dot", "pos_encoding", "rope"), "diff": ("scaled_dot", "differential", True)}
+PIPELINE_PRESETS = {
+    "rope": ("scaled_dot", "pos_encoding", "rope"),
+    "diff": ("scaled_dot", "differential", True),
+    "based": ("linear", "pattern", "TW"),  # Based: taylor linear layers (short convolutions) and window softmax layers
+}
 RELATIVE_VARIANTS = ("relative_position", "t5_bias", "alibi")
 ABSOLUTE_VARIANTS = ("dot", "scaled_dot", "general", "additive")
 FAST = "debug=fast"

@@ -1,10 +1,11 @@
 """Normalizers (logits → attention weights) against references written plainly here, row by row.
 
 The references never call attnlab: softmax, softmax1, sink, sigmoid and softpick are their textbook formulas with
-``exp``; rowsum (s_j / (Σ s + ε)) and none (s_j) are linear attention's normalisations; sparsemax is the sort-and-threshold rule of Martins & Astudillo (2016, Alg. 1); entmax15 finds τ by a plain
-bisection on Σ_j max(x_j/2 − τ, 0)² = 1. Each reference is written once over Python numbers, so the same loops run on
-floats (values) and on 0-d float64 tensors (gradients, through autograd; for entmax15 τ is then taken in closed form
-on the support the bisection found).
+``exp``; rowsum (s_j / (Σ s + ε)) and none (s_j) are linear attention's, fed non-negative logits; sparsemax is the
+sort-and-threshold rule of Martins & Astudillo (2016, Alg. 1); entmax15 finds τ by a plain bisection on
+Σ_j max(x_j/2 − τ, 0)² = 1. Each reference is written once over Python numbers, so the same loops run on floats
+(values) and on 0-d float64 tensors (gradients, through autograd; for entmax15 τ is then taken in closed form on the
+support the bisection found).
 """
 
 import math

@@ -95,6 +95,10 @@ class Backend:
         """None when this backend can compute ``attn`` under ``when``, else why not (one line)."""
         return None
 
+    def check_params(self, params: dict[str, Any]) -> None:
+        """Raise ValueError (one line) for a value of ``params`` (``attention.backend_params``) this backend
+        cannot take; the names were checked already."""
+
     def mask_reason(self, form: str) -> str | None:
         """None when this backend computes a mask of this form (:attr:`~attnlab.masks.PreparedMask.form`: ``none``,
         ``causal``, ``padding``, ``causal+padding``, ``other``), else why not (one line). Default: any mask."""
@@ -167,6 +171,9 @@ def check_backend_params(params: dict[str, Any], backend: str = "auto") -> None:
                 f"attention.backend_params: no backend {'' if backend == 'auto' else backend + ' '}"
                 f"takes '{key}'; allowed: {allowed}"
             )
+    for name in names:
+        backend_obj = build_backend(name)
+        backend_obj.check_params({k: v for k, v in params.items() if k in backend_obj.params})
 
 
 def choose_backend(attn: MultiHeadAttention, when: Conditions) -> Backend:

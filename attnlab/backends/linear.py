@@ -23,7 +23,9 @@ backend       computes                                                          
 Key padding (``padding``, ``causal+padding``: a :class:`~attnlab.masks.PreparedMask` whose ``keys`` are recorded)
 hides a key by zeroing its features, which is exactly what the masked quadratic form computes. A row that sees no
 key gets 0 (0 / ε). Any other mask is refused in one line (``auto`` then chooses ``eager``). Attention dropout on
-the weights has no O(L) form: a layer with ``dropout > 0`` trains on ``eager``.
+the weights has no O(L) form: a layer with ``dropout > 0`` trains on ``eager``. The chunked form's backward pass
+is written by hand (:class:`_CausalLinear`), so it has no second derivative (``create_graph=True``): use ``eager``
+or ``recurrent`` for that.
 """
 
 from __future__ import annotations
@@ -213,8 +215,12 @@ class Chunked(_Linear):
     forms = ("causal", "causal+padding")
     params: ClassVar[dict[str, Any]] = {"chunk_size": 64}
 
+    def check_params(self, params: dict[str, Any]) -> None:
+        if "chunk_size" in params:
+            check_int("attention.backend_params.chunk_size", params["chunk_size"], minimum=1)
+
     def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
-        chunk = check_int("chunk_size", attn.config.backend_params.get("chunk_size", 64), minimum=1)
+        chunk = int(attn.config.backend_params.get("chunk_size", self.params["chunk_size"]))
         return linear_attention_chunked(phi_q, phi_k, v, chunk, **_norm(attn))
 
 
