@@ -30,6 +30,8 @@ def label(config: dict, summary: dict) -> str:
         parts.append("differential")
     if settings.get("normalizer") not in (None, "softmax", "rowsum" if settings.get("score") == "linear" else None):
         parts.append(f"normalizer={settings['normalizer']}")
+    if settings.get("short_conv"):
+        parts.append(f"short_conv={settings['short_conv']}")
     if settings.get("qk_norm"):
         parts.append(f"qk_norm={settings['qk_norm']}")
     if settings.get("position_bias") not in (None, "none") and summary.get("variant") not in ("alibi", "t5_bias"):

@@ -1,0 +1,80 @@
+"""Linear attention trains end to end: every feature map under every mask the O(L) backends compute (none, causal,
+padding) runs ``debug=fast`` to status ok on ListOps (right-padded sequences of several lengths), on the backend the
+mask calls for, with the state size recorded; Based's preset trains its two kinds of layer; and a multirun over
+feature maps finishes (a subprocess)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import read_summary, run_folders, run_train
+from hydra import compose, initialize_config_dir
+
+from attnlab.feature_maps import list_feature_maps
+from attnlab.training import CONF_DIR, run
+
+pytestmark = pytest.mark.usefixtures("restore_process_state")
+
+MAPS = sorted(set(list_feature_maps()) - {"square"})  # (square is taylor)
+BACKEND = {"none": "global", "padding": "global", "causal": "chunked"}
+
+
+def _train(tmp_path, *overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                "task=listops",
+                "debug=fast",
+                "logger=none",
+                "results_table=false",
+                "d_model=16",
+                "num_heads=2",
+                *overrides,
+            ],
+        )
+    run(cfg, tmp_path)
+    return read_summary(tmp_path)
+
+
+@pytest.mark.parametrize("mask", sorted(BACKEND))
+@pytest.mark.parametrize("feature_map", MAPS)
+def test_every_feature_map_trains_under_every_mask_an_o_of_l_backend_computes(tmp_path, feature_map, mask):
+    summary = _train(
+        tmp_path, "variant=linear", f"variant.params.feature_map={feature_map}", f"mask={mask}", "num_layers=1"
+    )
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["backends"] == [BACKEND[mask]]
+    assert summary["settings"]["score_params"]["feature_map"] == feature_map
+    assert summary["settings"]["normalizer"] == "rowsum"
+    assert len(summary["state_size"]) == 1 and summary["state_size"][0] > 0
+    assert 0.0 <= summary["metrics"]["attn/entropy_norm"] <= 1.0  # the diagnostics read the quadratic weights
+
+
+def test_based_trains_taylor_linear_layers_with_short_convolutions_beside_windowed_softmax(tmp_path):
+    summary = _train(tmp_path, "variant=based", "mask=causal", "num_layers=3", "model.local_window=8")
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["pattern"] == "TW"
+    assert summary["backends"] == ["chunked", "sdpa", "chunked"]
+    linear, softmax = summary["layers"][0], summary["layers"][1]
+    assert linear["score_params"] == {"feature_map": "taylor", "feature_dim": 16} and linear["short_conv"] == 3
+    assert softmax.get("score", "scaled_dot") == "scaled_dot" and "short_conv" not in softmax and "mask" in softmax
+    # the windowed softmax layer caches its 8 keys, the linear layer its fixed state
+    assert summary["state_size"][1] == 8 * 2 * 16
+
+
+@pytest.mark.slow
+def test_a_multirun_over_feature_maps_finishes(tmp_path):
+    sweep = tmp_path / "sweep"
+    run_train(
+        "-m",
+        "variant=linear",
+        "variant.params.feature_map=elu,taylor,performer",
+        "mask=causal",
+        "debug=fast",
+        "logger=none",
+        f"hydra.sweep.dir={sweep}",
+        returncode=0,
+    )
+    summaries = [read_summary(folder) for folder in run_folders(sweep)]
+    assert sorted(s["settings"]["score_params"]["feature_map"] for s in summaries) == ["elu", "performer", "taylor"]
+    assert all(s["status"] == "ok" and s["backends"] == ["chunked", "chunked"] for s in summaries)
