@@ -1,5 +1,6 @@
-"""A run folder of attnlab 0.2 (before AttentionConfig, the attention node and per-layer attention) still resumes,
-its checkpoints load, and it shows on the dashboard beside new runs without a dimension of its own.
+"""A run folder of attnlab 0.2 (before AttentionConfig, the attention node and per-layer attention) or 0.3 (before
+short convolutions and backend parameters) still resumes, its checkpoints load, and it shows on the dashboard beside
+new runs without a dimension of its own.
 
 The 0.2 folder is made from a run of today by undoing, file by file, what 0.3 changed in what a run writes:
 config.yaml without the ``attention`` node, ``model.pattern`` / ``local_window`` / ``layer_kinds`` / ``layers`` and
@@ -38,14 +39,14 @@ SMALL = (
     "max_steps=12",
     "eval_every=6",
 )
-NEW_SUMMARY_FIELDS = ("backend", "attention", "pattern", "layers", "backends")
+NEW_SUMMARY_FIELDS = ("backend", "attention", "pattern", "layers", "backends", "state_size")
 
 
 def _as_0_2(folder: Path) -> None:
     """Rewrite a run folder of today as attnlab 0.2 wrote it."""
     config = yaml.safe_load((folder / "config.yaml").read_text())
     config.pop("attention")
-    for key in ("pattern", "local_window", "layer_kinds", "layers"):
+    for key in ("pattern", "local_window", "layer_kinds", "layers", "short_conv"):
         config["model"].pop(key)
     config["model"]["rope"].pop("spectrum")
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -99,3 +100,33 @@ def test_a_run_folder_of_0_2_extends_refuses_a_change_and_shows_beside_new_runs(
     assert table in extended and not torch.equal(extended[table], before[table])
     runs = load_runs(tmp_path / "runs")
     assert len(runs) == 2 and Sweep(runs).dims == []  # same settings: nothing varies between 0.2 and today
+
+
+def _as_0_3(folder: Path) -> None:
+    """Rewrite a run folder of today as attnlab 0.3 wrote it: no short convolution, backend parameters, layer kind
+    S or state size."""
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config["model"].pop("short_conv")
+    config["model"]["layer_kinds"].pop("S")
+    for key in ("short_conv", "backend_params"):
+        config["attention"].pop(key)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.pop("state_size")
+    summary["schema_version"] = 3
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_a_run_folder_of_0_3_extends_and_shows_beside_new_runs(hydra_ctx: None, tmp_path: Path) -> None:
+    """A run of 0.3 (before short convolutions, backend parameters and state sizes) extends with nothing reported
+    as changed, and shows beside a new run with nothing varying between them."""
+    new, old = tmp_path / "runs" / "new", tmp_path / "runs" / "old"
+    T.run(compose("config", overrides=list(SMALL)), new)
+    shutil.copytree(new, old)
+    _as_0_3(old)
+    T.run(compose("config", overrides=[*SMALL, "resume=true", "max_steps=18"]), old)
+    summary = json.loads((old / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["steps"] == 18 and summary["schema_version"] == 4
+    assert len(summary["state_size"]) == 2
+    runs = load_runs(tmp_path / "runs")
+    assert len(runs) == 2 and Sweep(runs).dims == []

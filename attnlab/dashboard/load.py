@@ -266,6 +266,8 @@ class Run:
         config = self.config
         if config and "attention" not in config:  # a run older than the attention node: its fields as they were
             config = {**config, "attention": _attention_node(config)}
+        elif config and isinstance(config["attention"], dict):  # a field added since (0.4: short_conv) as it ran
+            config = {**config, "attention": {**_attention_node(config), **config["attention"]}}
         leaves = flatten_config(config) if config else {}
         return {k: MISSING if v == {} else _hashable(v) for k, v in leaves.items()}
 
@@ -493,6 +495,8 @@ def _attention_node(config: dict[str, Any]) -> dict[str, Any]:
         if key.startswith("attention."):
             continue
         value = _dig(config, key)
+        if value is None and key.startswith("model."):
+            value = config_defaults().get(key)  # a model key added since (model.short_conv), as the run ran
         if name == "rope":
             value = value if _dig(config, "model.pos_encoding") == "rope" else None
         if value is not None or name not in node:
