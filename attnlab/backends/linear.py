@@ -23,7 +23,8 @@ backend       computes                                                          
 Key padding (``padding``, ``causal+padding``: a :class:`~attnlab.masks.PreparedMask` whose ``keys`` are recorded)
 hides a key by zeroing its features, which is exactly what the masked quadratic form computes. A row that sees no
 key gets 0 (0 / ε). Any other mask is refused in one line (``auto`` then chooses ``eager``). Attention dropout on
-the weights has no O(L) form: a layer with ``dropout > 0`` trains on ``eager``. The chunked form's backward pass
+the weights has no O(L) form: a layer with ``dropout > 0`` trains on ``eager``. In half precision (or under
+autocast) the sums run in float32. The chunked form's backward pass
 is written by hand (:class:`_CausalLinear`), so it has no second derivative (``create_graph=True``): use ``eager``
 or ``recurrent`` for that.
 """
@@ -200,8 +201,14 @@ class _Linear(Backend):
 
     def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
         phi_q, phi_k, v, _ = self.inputs(attn, x, key_value, mask)
-        z = self.compute(attn, phi_q, phi_k, v)  # (B, H, Lq, d_v)
-        return attn.merge(z.to(x.dtype)), None
+        device = x.device.type
+        if phi_q.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(device):
+            # the running sums in float32, as the softmax normalizes half-precision logits in float32
+            with torch.autocast(device, enabled=False):
+                z = self.compute(attn, phi_q.float(), phi_k.float(), v.float())
+        else:
+            z = self.compute(attn, phi_q, phi_k, v)  # (B, H, Lq, d_v)
+        return attn.merge(z.to(v.dtype)), None
 
 
 def _norm(attn: Any) -> dict[str, Any]:
