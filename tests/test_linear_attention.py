@@ -21,7 +21,12 @@ import attnlab
 import attnlab.backends.linear as linear_backends
 from attnlab.attention import ShortConvolution
 from attnlab.backends import build_backend
-from attnlab.backends.linear import linear_attention_chunked, linear_attention_global, linear_attention_recurrent
+from attnlab.backends.linear import (
+    linear_attention_chunked,
+    linear_attention_global,
+    linear_attention_recurrent,
+    recurrent_step,
+)
 from attnlab.config import AttentionConfig
 from attnlab.feature_maps import build_feature_map, list_feature_maps
 from attnlab.masks import build_mask, prepare_mask
@@ -790,3 +795,21 @@ def test_the_layer_puts_a_short_convolution_on_each_of_q_k_and_v():
     torch.testing.assert_close(q, ref_q.reshape(2, 5, HEADS, HEAD_DIM).transpose(1, 2), rtol=ATOL, atol=ATOL)
     torch.testing.assert_close(v, ref_v.reshape(2, 5, 1, HEAD_DIM).transpose(1, 2), rtol=ATOL, atol=ATOL)
     assert k.shape == (2, 1, 5, HEAD_DIM)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_decoding_one_token_at_a_time_gives_the_chunked_outputs(normalize):
+    """The recurrent step, fed one token at a time and its state carried, is the causal form: what a decoder
+    computes equals what training computed."""
+    phi_q, phi_k = (
+        torch.rand(B, H, 9, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(s)) for s in (1, 2)
+    )
+    v = randn(B, H, 9, 4, seed=3)
+    state, outs = None, []
+    for t in range(9):
+        out, state = recurrent_step(state, phi_q[:, :, t], phi_k[:, :, t], v[:, :, t], normalize)
+        outs.append(out)
+    torch.testing.assert_close(torch.stack(outs, 2), linear_attention_chunked(phi_q, phi_k, v, 4, normalize))
+    S, z = state  # the state after the sequence: Σ φ(k_j) v_jᵀ and Σ φ(k_j)
+    torch.testing.assert_close(S, torch.einsum("bhlf,bhld->bhfd", phi_k, v))
+    torch.testing.assert_close(z, phi_k.sum(2))

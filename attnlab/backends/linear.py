@@ -46,23 +46,43 @@ __all__ = [
     "linear_attention_global",
     "linear_attention_recurrent",
     "linear_reason",
+    "recurrent_step",
 ]
+
+
+def recurrent_step(
+    state: tuple[Tensor, Tensor] | None,
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    normalize: bool = True,
+    eps: float = 1e-6,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One token of causal linear attention, the form that decodes: state (S (B, H, F, D), z (B, H, F)) or None
+    (the start), the token's phi_q, phi_k (B, H, F) and v (B, H, D) → (out (B, H, D), the new state):
+    S ← S + φ(k) vᵀ, z ← z + φ(k), out = φ(q) S / (φ(q)·z + ε)."""
+    if state is None:
+        S = phi_q.new_zeros(*phi_q.shape, v.shape[-1])
+        z = phi_q.new_zeros(phi_q.shape)
+    else:
+        S, z = state
+    S = S + phi_k.unsqueeze(-1) * v.unsqueeze(-2)  # (B, H, F, D)
+    z = z + phi_k
+    out = torch.einsum("bhf,bhfd->bhd", phi_q, S)
+    if normalize:
+        out = out / ((phi_q * z).sum(-1, keepdim=True) + eps)
+    return out, (S, z)
 
 
 def linear_attention_recurrent(
     phi_q: Tensor, phi_k: Tensor, v: Tensor, normalize: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """Causal linear attention one token at a time. phi_q, phi_k (B, H, L, F), v (B, H, L, D) → (B, H, L, D)."""
-    B, H, L, Fd = phi_q.shape
-    S = phi_q.new_zeros(B, H, Fd, v.shape[-1])  # Σ_{j≤i} φ(k_j) v_jᵀ
-    z = phi_q.new_zeros(B, H, Fd)  # Σ_{j≤i} φ(k_j)
-    outs = []
+    """Causal linear attention one token at a time (:func:`recurrent_step` over the sequence).
+    phi_q, phi_k (B, H, L, F), v (B, H, L, D) → (B, H, L, D)."""
+    B, H, L, _ = phi_q.shape
+    state, outs = None, []
     for i in range(L):
-        S = S + phi_k[:, :, i, :, None] * v[:, :, i, None, :]  # (B, H, F, D)
-        out = torch.einsum("bhf,bhfd->bhd", phi_q[:, :, i], S)
-        if normalize:
-            z = z + phi_k[:, :, i]
-            out = out / ((phi_q[:, :, i] * z).sum(-1, keepdim=True) + eps)
+        out, state = recurrent_step(state, phi_q[:, :, i], phi_k[:, :, i], v[:, :, i], normalize, eps)
         outs.append(out)
     return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1])
 
