@@ -429,8 +429,8 @@ def test_page_is_self_contained_escaped_and_lists_every_run(page: Path, sweeps: 
     assert rows.count("failed") == 2 and rows.count("ok") == 13
     assert 'title="NaN loss at step 37"' in table and "failed (no summary)" in table
     headers = re.findall(r'data-key="([^"]+)"', table)
-    assert headers == ["run", "status", "wall time", "variant", "d_k", "seed", "params", "val/acc_best", "test/acc",
-                       "attn/entropy_norm", "attn/saturation"]  # fmt: skip
+    assert headers == ["run", "status", "wall time", "variant", "d_k", "seed", "params", "state", "val/acc_best",
+                       "test/acc", "attn/entropy_norm", "attn/saturation"]  # fmt: skip
     # sections: the headline first, then the charts; no length chart (no run has test/acc@L)
     sections = re.findall(r'<section id="([\w-]+)">', html)
     assert sections == ["headline", "final", "init", "curves", "heads", "maps", "runs"]

@@ -9,6 +9,7 @@ import pytest
 from helpers import read_summary, run_folders, run_train
 from hydra import compose, initialize_config_dir
 
+from attnlab.dashboard import load_run
 from attnlab.feature_maps import list_feature_maps
 from attnlab.training import CONF_DIR, run
 
@@ -60,6 +61,7 @@ def test_based_trains_taylor_linear_layers_with_short_convolutions_beside_window
     assert softmax.get("score", "scaled_dot") == "scaled_dot" and "short_conv" not in softmax and "mask" in softmax
     # the windowed softmax layer caches its 8 keys, the linear layer its fixed state
     assert summary["state_size"][1] == 8 * 2 * 16
+    assert load_run(tmp_path).state_size == sum(summary["state_size"])  # the dashboard's state column
 
 
 @pytest.mark.slow

@@ -101,7 +101,7 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     swept = [d.key for d in sweep.dims if d.key not in known]
     final = metrics_in("csv")
     init = [m for m in final if m.startswith("attn/")]  # the diagnostics, also logged at step 0
-    columns = ["run", *fixed, *swept, "seed", "params", "status", "reason", "wall_time_s", *final]
+    columns = ["run", *fixed, *swept, "seed", "params", "state_size", "status", "reason", "wall_time_s", *final]
     columns += [f"init/{m}" for m in init]
     columns += list(CSV_SETTINGS)
     lengths = [f"{m}@{n}" for m in metrics_in("length") for n in sorted({n for r in runs for n in r.by_length(m)})]
@@ -115,7 +115,7 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
             row += [run.mask, run.task, run.setting("pos_encoding", "model.pos_encoding"), run.d_k, run.num_heads]
             row += [run.d_model]
             row += [None if run.value(k) == MISSING else run.value(k) for k in swept]
-            row += [run.seed, run.params, run.status, run.reason or ""]
+            row += [run.seed, run.params, run.state_size, run.status, run.reason or ""]
             row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
             row += [run.final(m) for m in final]
             row += [run.init(m) for m in init]

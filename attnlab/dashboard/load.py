@@ -345,6 +345,15 @@ class Run:
         return _int(self.summary.get("params")) if self.summary else None
 
     @property
+    def state_size(self) -> int | None:
+        """The floats per sequence its layers' token-by-token forms carry (the sum of summary.json's
+        ``state_size``: linear attention's state, softmax's key/value cache); None for a run before schema 4."""
+        sizes = self.summary.get("state_size") if self.summary else None
+        if not isinstance(sizes, list) or not sizes or not all(_int(s) is not None for s in sizes):
+            return None
+        return sum(_int(s) for s in sizes)
+
+    @property
     def wall_time_s(self) -> float | None:
         """Wall time in seconds (from the summary)."""
         return finite(self.summary.get("wall_time_s")) if self.summary else None

@@ -207,10 +207,11 @@ def _headline_html(table: Headline) -> str:
 
 
 def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> str:
-    """Sortable, one row per run: name, status, wall time, the varying keys, seed, params and a few metrics."""
+    """Sortable, one row per run: name, status, wall time, the varying keys, seed, params, state size (floats per
+    sequence, summed over the layers) and a few metrics."""
     columns: list[tuple[str, str]] = [("run", "t name"), ("status", "t status"), ("wall time", "")]
     columns += [(d.name, "t" if not d.numeric else "") for d in sweep.dims]
-    columns += [("seed", ""), ("params", "")]
+    columns += [("seed", ""), ("params", ""), ("state", "")]
     columns += [(m, "") for m in metrics]
     header = "".join(f'<th class="{cls}" data-key="{_e(name)}">{_e(name)}</th>' for name, cls in columns)
     rows = []
@@ -229,6 +230,8 @@ def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> st
             cells.append(f'<td class="{"" if d.numeric else "t"}" data-v="{_e(sort)}">{_e(d.format(value))}</td>')
         cells.append(f'<td data-v="{_e(run.seed if run.seed is not None else "")}">{_e(run.seed)}</td>')
         cells.append(f'<td data-v="{_e(run.params or "")}">{_e(f"{run.params:,}" if run.params else "-")}</td>')
+        state = run.state_size
+        cells.append(f'<td data-v="{_e(state or "")}">{_e(f"{state:,}" if state else "-")}</td>')
         for m in metrics:
             v = run.final(m)
             cells.append(f'<td data-v="{"" if v is None else v}">{_e(spec_for(m).format(v))}</td>')
