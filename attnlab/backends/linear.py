@@ -99,6 +99,8 @@ def _causal_chunks(q: Tensor, k: Tensor, v: Tensor, C: int) -> Tensor:
     running state Σ k_j v_jᵀ (an exclusive prefix sum over chunks)."""
     B, H, L, Fd = q.shape
     D, N = v.shape[-1], L // C
+    if N == 1:  # one chunk: the masked quadratic form alone (no state before it)
+        return torch.matmul(torch.matmul(q, k.transpose(-1, -2)).tril_(), v)
     qc, kc, vc = q.view(B, H, N, C, Fd), k.view(B, H, N, C, Fd), v.view(B, H, N, C, D)
     states = _exclusive_cumsum(torch.matmul(kc.transpose(-1, -2), vc), dim=2)  # (B, H, N, F, D): before chunk n
     scores = torch.matmul(qc, kc.transpose(-1, -2)).tril_()  # (B, H, N, C, C): within the chunk, j ≤ i
