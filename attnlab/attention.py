@@ -47,7 +47,8 @@ QK_NORMS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": nn
 class ShortConvolution(nn.Module):
     """A depthwise causal convolution of width k over the sequence, one filter per channel, no bias (the short
     convolution that Zoology, Based and fla put on q, k and v): x (B, L, C) → y (B, L, C) with
-    y_t = Σ_{s<k} w_s ⊙ x_{t−s} (zeros before the start), so output t reads inputs t−k+1 … t only."""
+    y_t = Σ_{m<k} w_m ⊙ x_{t−k+1+m} (``conv.weight`` (C, 1, k) is w; zeros before the start), so output t reads
+    inputs t−k+1 … t only."""
 
     def __init__(self, channels: int, width: int) -> None:
         super().__init__()
@@ -444,12 +445,13 @@ class MultiHeadAttention(nn.Module):
         return int(size)
 
     def _cached_keys(self, length: int) -> int:
-        """How many keys a token-by-token form must keep after ``length`` tokens: the most any query sees under a
-        position-only mask that hides later keys (a causal window: the window), else ``length``."""
+        """How many keys a token-by-token form must keep after ``length`` tokens: under a position-only mask that
+        hides later keys, those the last query sees (a causal window: the window), else ``length``."""
         mask = None if self.config.mask is None else build_mask(self.config.mask)
-        if mask is None or not mask.position_only or not hides_later_keys(mask):
-            return length
-        return int(mask.dense(length, length)[0, 0].sum(-1).max())
+        if length <= 0 or mask is None or not mask.position_only or not hides_later_keys(mask):
+            return max(length, 0)
+        last = torch.tensor([[length - 1]])  # (1, 1): one query row, not the (L, L) mask
+        return int(torch.as_tensor(mask.mask_mod(last, torch.arange(length)[None, :], None, None)).sum())
 
     @property
     def uses_fast_path(self) -> bool:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnlab.attention import AttentionOutput, MultiHeadAttention
 from attnlab.checks import check_choice, check_int, default_d_k
 from attnlab.config import AttentionConfig
-from attnlab.masks import Mask, Padding, PreparedMask, build_mask, prepare_mask
+from attnlab.masks import AllOf, Mask, Padding, PreparedMask, build_mask, mask_form, prepare_mask
 from attnlab.positions import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 
 __all__ = [
@@ -126,6 +126,21 @@ class EncoderLayer(nn.Module):
             x = self.norm1(x + _dropout(a, drop))
             x = self.norm2(x + _dropout(self.ff(x), drop))
         return x, record
+
+
+def _causal_and_padding(mask: Mask) -> tuple[Mask, list[Mask]] | None:
+    """(the causal part, the key-padding parts) of a structural mask that is causal, or causal AND key padding
+    (:func:`~attnlab.masks.mask_form`); None for any other."""
+    if mask_form(mask) not in ("causal", "causal+padding"):
+        return None
+    parts = mask.masks if isinstance(mask, AllOf) else [mask]
+    forms = [mask_form(part) for part in parts]
+    if not set(forms) <= {"causal", "padding", "none"} or "causal" not in forms:
+        return None
+    causal = parts[forms.index("causal")]
+    if not causal.position_only:
+        return None
+    return causal, [part for part, form in zip(parts, forms, strict=True) if form == "padding"]
 
 
 class Encoder(nn.Module):
@@ -259,17 +274,27 @@ class Encoder(nn.Module):
         prepared: dict[str, PreparedMask | None] = {}
         padding = None
         for key, structural in self._structural.items():
-            if self.pad_id is None and lengths is None:
-                prepared[key] = prepare_mask(structural, L, L, device, tokens=tokens)
+            if padding is None and (self.pad_id is not None or lengths is not None):
+                padding = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
+            parts = _causal_and_padding(structural)
+            if parts is not None:  # causal (AND key padding): prepared with its parts, for the O(L) backends
+                causal, paddings = parts
+                keys = padding
+                for part in paddings:
+                    dense = part.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
+                    keys = dense if keys is None else keys & dense
+                alone = causal.prepare(L, L, device)
+                prepared[key] = alone if keys is None else alone.with_key_padding(keys)
                 continue
             if padding is None:
-                padding = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
-            allowed = padding
+                prepared[key] = prepare_mask(structural, L, L, device, tokens=tokens)
+                continue
             if structural.position_only and not structural.is_trivial:
                 alone = structural.prepare(L, L, device)
-                if alone is not None and alone.structure == "causal":  # causal AND padding, its parts recorded
+                if alone is not None and alone.structure == "causal":  # found causal when prepared (j ≤ i exactly)
                     prepared[key] = alone.with_key_padding(padding)
                     continue
+            allowed = padding
             if not structural.is_trivial:
                 allowed = allowed & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
             prepared[key] = prepare_mask(allowed, L, L, device)

@@ -12,7 +12,7 @@ name          φ(x)                                                        d_φ 
 ``taylor``    [1, x/d^¼, vec(x⊗x)/(√2·√d)] on x projected to d = 16     1 + d + d²     Arora et al. 2024 (Based)
 ``performer`` exp(ω·x' − |x'|²/2)/√m, x' = x/d^¼, m orthogonal ω (FAVOR+)  m              Choromanski et al. 2021
 ``cosformer`` [relu(x)·cos θ_i, relu(x)·sin θ_i], θ_i = π i / 2M          2d             Qin et al. 2022
-``hedgehog``  softmax([W x, −W x]), W per head, initialised to I          2d             Zhang et al. 2024
+``hedgehog``  [softmax(x W + b), softmax(−x W − b)], W per head (I at first)  2d          Zhang et al. 2024
 ``rebased``   vec(y⊗y), y = γ·norm(x) + β, on x projected to d = 16       d²             Aksenov et al. 2024
 ============  ==========================================================  =============  ============================
 
@@ -250,7 +250,9 @@ class CosFormer(FeatureMap):
     """Qin et al. 2022 (cosFormer): ReLU features re-weighted by cos(π/2 · (i − j)/M), in its decomposed form
     cos(θ_i − θ_j) = cos θ_i cos θ_j + sin θ_i sin θ_j with θ_i = π i / 2M:
     φ(x_i) = [relu(x_i)·cos θ_i, relu(x_i)·sin θ_i], d_φ = 2d. ``max_len``: M (None: the sequence length L, as
-    the paper's M = max(Lq, Lk) for self-attention); positions i − j < M keep a positive weight."""
+    the paper's M = max(Lq, Lk) for self-attention); positions i − j < M keep a positive weight, and a
+    ``max_len`` below the sequence length is refused. With M = L the weights depend on the sequence's length, so
+    a decoder, or a model tested at other lengths, should fix ``max_len``."""
 
     def __init__(self, d_k: int, num_heads: int, max_len: int | None = None) -> None:
         super().__init__(d_k, num_heads)
@@ -264,6 +266,11 @@ class CosFormer(FeatureMap):
         ``linear`` score passes max(Lq, Lk))."""
         L = x.shape[-2]
         M = self.max_len or length or L
+        if self.max_len is not None and max(L, length or 0) > self.max_len:
+            raise ValueError(
+                f"cosformer max_len ({self.max_len}) must be at least the sequence length ({max(L, length or 0)}): "
+                "beyond it the cosine weights turn negative"
+            )
         theta = (math.pi / (2 * M)) * torch.arange(L, device=x.device, dtype=x.dtype)[:, None]  # (L, 1)
         r = F.relu(x)
         return torch.cat([r * torch.cos(theta), r * torch.sin(theta)], dim=-1)  # (B, H, L, 2d)
@@ -271,17 +278,19 @@ class CosFormer(FeatureMap):
 
 @register_feature_map("hedgehog")
 class Hedgehog(FeatureMap):
-    """Zhang et al. 2024 (Hedgehog): a learned map φ(x) = softmax([x W, −x W]) over its 2d features (x a row), one
-    W (d, d) per head initialised to the identity (so that φ starts as a spiky, softmax-like kernel), d_φ = 2d."""
+    """Zhang et al. 2024 (Hedgehog): a learned map φ(x) = [softmax(x W + b), softmax(−(x W + b))], each softmax
+    over its d features (as their code's ``SoftmaxDim``), with one W (d, d) and b (d,) per head, W initialised to
+    the identity and b to 0 (so that φ starts as a spiky, exp-like kernel), d_φ = 2d."""
 
     def __init__(self, d_k: int, num_heads: int) -> None:
         super().__init__(d_k, num_heads)
         self.weight = nn.Parameter(torch.eye(d_k).repeat(num_heads, 1, 1))  # (H, d, d)
+        self.bias = nn.Parameter(torch.zeros(num_heads, 1, d_k))  # (H, 1, d)
         self.feature_dim = 2 * d_k
 
     def forward(self, x: Tensor) -> Tensor:
-        wx = per_head_matmul(x, self.weight)  # (B, H, L, d)
-        return torch.softmax(torch.cat([wx, -wx], dim=-1), dim=-1)  # (B, H, L, 2d)
+        wx = per_head_matmul(x, self.weight) + self.bias  # (B, H, L, d)
+        return torch.cat([torch.softmax(wx, dim=-1), torch.softmax(-wx, dim=-1)], dim=-1)  # (B, H, L, 2d)
 
 
 @register_feature_map("rebased")

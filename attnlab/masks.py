@@ -17,6 +17,7 @@ Register a new mask with ``@register_mask("name")`` on a :class:`Mask` subclass 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ __all__ = [
     "AllOf",
     "AnyOf",
     "Causal",
+    "KeyPaddedMask",
     "Mask",
     "NoMask",
     "Padding",
@@ -90,13 +92,12 @@ class PreparedMask:
         return "padding" if self.structure == "none" else "other"
 
     def with_key_padding(self, keys: Tensor) -> PreparedMask:
-        """This mask (a structural one: causal) AND the key padding ``keys`` (B, 1, 1, Lk), prepared, with its
-        parts recorded (``structure``, ``keys``) so that the O(L) backends can compute it."""
-        combined = PreparedMask.from_tensor(self.allowed & keys)
-        structure = self.structure if self.structure in ("causal", "none") else "dense"
-        object.__setattr__(combined, "structure", structure)
-        object.__setattr__(combined, "keys", keys if structure != "dense" else None)
-        return combined
+        """This mask AND the key padding ``keys`` (B, 1, 1, Lk), prepared. A causal mask keeps its parts
+        (``structure``, ``keys``), so that the O(L) backends compute it from them, and its dense (B, 1, Lq, Lk)
+        tensors are made only when a consumer reads them (:class:`KeyPaddedMask`); any other is combined now."""
+        if self.structure == "causal":
+            return KeyPaddedMask(self, keys)
+        return PreparedMask.from_tensor(self.allowed & keys)
 
     @classmethod
     def from_tensor(cls, allowed: Tensor, find_facts: bool = False) -> PreparedMask:
@@ -117,6 +118,42 @@ class PreparedMask:
             causal = lq == lk and allowed.shape[:2] == (1, 1) and torch.equal(allowed[0, 0], tril)
             all_visible = bool(visible.all())
         return cls(allowed, allowed | ~visible, visible, is_causal=causal, all_visible=all_visible)
+
+
+class KeyPaddedMask(PreparedMask):
+    """A causal mask AND key padding (B, 1, 1, Lk): ``structure`` ``causal``, ``keys`` the padding. The O(L)
+    backends read only these; ``allowed``, ``safe``, ``visible`` and ``hidden`` (B, 1, Lq, Lk) are computed on
+    first use (the eager path, SDPA) and kept."""
+
+    def __init__(self, base: PreparedMask, keys: Tensor) -> None:  # (not the dataclass's: nothing dense yet)
+        for name, value in (
+            ("is_causal", False),
+            ("all_visible", False),
+            ("derived", BoundedCache()),
+            ("structure", "causal"),
+            ("keys", keys),
+            ("base", base),
+        ):
+            object.__setattr__(self, name, value)
+
+    @functools.cached_property
+    def allowed(self) -> Tensor:  # type: ignore[override]
+        return self.base.allowed & self.keys
+
+    @functools.cached_property
+    def visible(self) -> Tensor:  # type: ignore[override]
+        return self.allowed.any(dim=-1, keepdim=True)
+
+    @functools.cached_property
+    def safe(self) -> Tensor:  # type: ignore[override]
+        return self.allowed | ~self.visible
+
+    @functools.cached_property
+    def hidden(self) -> Tensor:  # type: ignore[override]
+        return ~self.safe
+
+    def __repr__(self) -> str:
+        return f"KeyPaddedMask(causal, keys={tuple(self.keys.shape)})"
 
 
 def prepare_mask(

@@ -114,7 +114,14 @@ def test_square_is_another_name_for_taylor():
     assert type(fmap("square")) is type(fmap("taylor"))
 
 
-@pytest.mark.parametrize("max_len", [None, 8, 3])
+def test_cosformer_refuses_a_sequence_longer_than_its_max_len_in_one_line():
+    """Beyond M the cosine weights turn negative (and the row sum can vanish): refused, not computed."""
+    q, _ = qk(5, length=6)
+    with pytest.raises(ValueError, match=r"^cosformer max_len \(3\) must be at least the sequence length \(6\)"):
+        fmap("cosformer", max_len=3)(q)
+
+
+@pytest.mark.parametrize("max_len", [None, 8, 6])
 def test_cosformer_reweights_relu_similarities_by_the_cosine_of_the_distance(max_len):
     """φ(q_i)·φ(k_j) = relu(q_i)·relu(k_j)·cos(π(i − j)/(2M)), M = L by default (Qin et al. 2022)."""
     q, k = qk(5, length=6)
@@ -151,19 +158,21 @@ def softmax_last(z):
 
 
 @pytest.mark.parametrize("weights", ["identity", "random"])
-def test_hedgehog_map_is_a_softmax_over_plus_and_minus_a_per_head_linear_map(weights):
-    """φ(x) = softmax([x W_h, −x W_h]) over its 2d features, W_h = I at init (Zhang et al. 2024)."""
+def test_hedgehog_map_is_two_softmaxes_of_plus_and_minus_a_per_head_affine_map(weights):
+    """φ(x) = [softmax(x W_h + b_h), softmax(−x W_h − b_h)], each over its d features, W_h = I and b_h = 0 at init
+    (Zhang et al. 2024; their code's SoftmaxDim)."""
     fm = fmap("hedgehog")
     assert fm.feature_dim == 2 * D_K
     assert torch.equal(fm.weight.detach(), torch.eye(D_K, dtype=torch.float64).repeat(H, 1, 1))
+    assert not fm.bias.detach().any()
     if weights == "random":
         randomize_(fm, seed=6)
     x = randn(B, H, L, D_K, seed=7).requires_grad_()
     heads = []
     for h in range(H):
-        y = x[:, h] @ fm.weight[h]  # (B, L, d)
-        heads.append(softmax_last(torch.cat([y, -y], dim=-1)))
-    assert_same(fm(x), torch.stack(heads, dim=1), [x, fm.weight], atol=ATOL)
+        y = x[:, h] @ fm.weight[h] + fm.bias[h]  # (B, L, d)
+        heads.append(torch.cat([softmax_last(y), softmax_last(-y)], dim=-1))
+    assert_same(fm(x), torch.stack(heads, dim=1), [x, fm.weight, fm.bias], atol=ATOL)
 
 
 def layer_norm_plain(x, eps=1e-5):
@@ -813,3 +822,38 @@ def test_decoding_one_token_at_a_time_gives_the_chunked_outputs(normalize):
     S, z = state  # the state after the sequence: Σ φ(k_j) v_jᵀ and Σ φ(k_j)
     torch.testing.assert_close(S, torch.einsum("bhlf,bhld->bhfd", phi_k, v))
     torch.testing.assert_close(z, phi_k.sum(2))
+
+
+def test_a_configured_causal_and_padding_composition_runs_chunked_as_the_eager_path():
+    """``mask: {name: and, masks: [causal, padding]}`` (padding reads the tokens) keeps its parts in the encoder,
+    so the layer runs on ``chunked`` as its start line says, and equals the eager path; the dense (B, 1, L, L)
+    mask is never made for it."""
+    torch.manual_seed(0)
+    mask = {"name": "and", "masks": ["causal", {"name": "padding", "pad_id": 5}]}
+    enc = attnlab.Encoder(20, D_MODEL, HEADS, 2, attention=linear_config(mask=mask), pad_id=0).double()
+    tokens = torch.randint(1, 20, (3, 9), generator=torch.Generator().manual_seed(1))
+    tokens[0, 6:], tokens[1, :2], tokens[2, 3] = 0, 0, 5
+    (prepared, *_) = enc.build_masks(tokens)
+    assert prepared.form == "causal+padding" and "allowed" not in vars(prepared)  # nothing dense made yet
+    assert enc.layers[0].self_attn.backend_for() == "chunked"
+    with mock.patch.object(linear_backends.Chunked, "compute", wraps=linear_backends.Chunked().compute) as compute:
+        out = enc(tokens)
+    assert compute.call_count == 2 and "allowed" not in vars(prepared)
+    expected, _ = enc(tokens, need_weights=True)  # the eager path, with the dense mask
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    keys = torch.ones(3, 9, dtype=torch.bool)
+    keys[0, 6:], keys[1, :2], keys[2, 3] = False, False, False
+    dense = torch.ones(9, 9, dtype=torch.bool).tril() & keys[:, None, None, :]
+    assert torch.equal(prepared.allowed, dense)
+
+
+def test_the_chunked_form_of_an_empty_sequence_is_empty():
+    phi = torch.rand(1, 2, 0, 3, dtype=torch.float64)
+    assert linear_attention_chunked(phi, phi, torch.rand(1, 2, 0, 4, dtype=torch.float64)).shape == (1, 2, 0, 4)
+
+
+def test_state_size_needs_no_dense_mask_and_is_zero_at_length_zero():
+    window = {"name": "and", "masks": ["causal", {"name": "sliding_window", "window": 8}]}
+    mha = attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_DIM, config=AttentionConfig(mask=window))
+    assert mha.state_size(0) == 0
+    assert mha.state_size(1 << 20) == 8 * HEADS * 2 * HEAD_DIM  # a million tokens: the window, computed from one row

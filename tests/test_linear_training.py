@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from attnlab.dashboard import load_run
 from attnlab.feature_maps import list_feature_maps
 from attnlab.training import CONF_DIR, run
+from attnlab.training.config import ConfigError, validate_config
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
 
@@ -80,3 +81,12 @@ def test_a_multirun_over_feature_maps_finishes(tmp_path):
     summaries = [read_summary(folder) for folder in run_folders(sweep)]
     assert sorted(s["settings"]["score_params"]["feature_map"] for s in summaries) == ["elu", "performer", "taylor"]
     assert all(s["status"] == "ok" and s["backends"] == ["chunked", "chunked"] for s in summaries)
+
+
+def test_long_sequences_that_the_quadratic_form_cannot_hold_are_not_refused_for_o_of_l_linear_layers(hydra_ctx):
+    """The memory check charges a linear layer on chunked or global O(L), and the (B, H, L, L) weights only where
+    the quadratic form computes it (here: forced eager)."""
+    long = ["task=associative_recall", "task.datamodule.seq_len=20000", "mask=causal", "diagnostics.enabled=false"]
+    validate_config(compose("config", overrides=[*long, "variant=linear"]))
+    with pytest.raises(ConfigError, match=r"sequences of 20000 tokens need about .* a training batch's attention"):
+        validate_config(compose("config", overrides=[*long, "variant=linear", "attention.backend=eager"]))

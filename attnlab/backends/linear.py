@@ -147,6 +147,8 @@ def linear_attention_chunked(
     (B, H, L, D). The sequence is padded with zero features to a multiple of the chunk (they add nothing); the
     normaliser Σ_{j≤i} φ(q_i)·φ(k_j) is the same form with a column of ones beside v."""
     L, D = phi_q.shape[2], v.shape[-1]
+    if L == 0:
+        return v.new_zeros(*v.shape)
     C = max(1, min(chunk_size, L))
     pad = -L % C
     if normalize:

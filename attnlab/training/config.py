@@ -689,10 +689,13 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
     if cfg.diagnostics.enabled:  # the probe runs the eager path: weights and logits of every layer, float32
         needs.append((cfg.diagnostics.probe_size * heads * length**2 * 4 * 2 * layers, "the diagnostics probe"))
     fused = all(
-        attention.uses_fast_path
-        and type(attention.score).bias is DotProductScore.bias
-        and attention.position_bias is None
-        and not attention.differential
+        (
+            attention.uses_fast_path
+            and type(attention.score).bias is DotProductScore.bias
+            and attention.position_bias is None
+            and not attention.differential
+        )
+        or (attention.is_linear and attention.backend_for() in ("chunked", "global", "recurrent"))  # O(L)
         for attention in attention_layers
     )
     if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
