@@ -33,6 +33,9 @@ SCORES: tuple[str, ...] = tuple(attnlab.list_scores())
 POSITION_BIASES: tuple[str, ...] = tuple(attnlab.list_position_biases())
 MASKS: tuple[str, ...] = tuple(attnlab.list_masks())
 NORMALIZERS: tuple[str, ...] = tuple(attnlab.list_normalizers())
+LINEAR_NORMALIZERS: tuple[str, ...] = tuple(
+    n for n in NORMALIZERS if getattr(attnlab.build_normalizer(n, num_heads=1), "is_linear", False)
+)
 
 T5_PARAMS = {"num_buckets": 8, "max_distance": 16}
 WINDOW_2 = {"name": "sliding_window", "window": 2}

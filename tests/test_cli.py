@@ -269,7 +269,7 @@ def test_a_sweep_prints_no_noise_and_writes_only_under_multirun(tmp_path):
         assert noise not in output, (noise, output)
     assert proc.stderr == ""
     assert re.search(r"^run multirun/\S+/0_\S+ \(new run\) · scaled_dot · digits · ", proc.stdout, re.M)
-    assert re.search(r" params, backend sdpa · ", proc.stdout)  # what computes the layers' training step
+    assert re.search(r" params, backend sdpa, state [\d,]+ floats/seq · ", proc.stdout)  # what computes the layers
     assert "step 5/5 · train loss" in proc.stdout and "SMOKE RUN (debug=fast)" in proc.stdout
     assert re.search(r"^run folder: multirun/", proc.stdout, re.M)
     assert "job 1/1 done (ok)" in proc.stdout and "1 ok, 0 failed" in proc.stdout

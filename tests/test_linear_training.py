@@ -52,6 +52,16 @@ def test_every_feature_map_trains_under_every_mask_an_o_of_l_backend_computes(tm
     assert 0.0 <= summary["metrics"]["attn/entropy_norm"] <= 1.0  # the diagnostics read the quadratic weights
 
 
+@pytest.mark.parametrize("normalizer", ["rowsum", "none"])
+def test_both_linear_normalizers_train_and_their_row_mass_says_which(tmp_path, normalizer):
+    """rowsum: each row of the (effective) weights sums to 1 (up to ε); none: to Σ_j φ(q_i)·φ(k_j) > 0."""
+    summary = _train(tmp_path, "variant=linear", f"normalizer={normalizer}", "mask=causal", "num_layers=1")
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["backends"] == ["chunked"] and summary["settings"]["normalizer"] == normalizer
+    mass = summary["metrics"]["attn/row_mass"]
+    assert abs(mass - 1) < 1e-4 if normalizer == "rowsum" else mass > 0, mass
+
+
 def test_based_trains_taylor_linear_layers_with_short_convolutions_beside_windowed_softmax(tmp_path):
     summary = _train(tmp_path, "variant=based", "mask=causal", "num_layers=3", "model.local_window=8")
     assert summary["status"] == "ok", summary["reason"]

@@ -46,7 +46,11 @@ from attnlab.training.config import (
 )
 
 # every registered built-in normalizer but the default, softmax, which every other run trains with
-NORMALIZERS = tuple(name for name in helpers.NORMALIZERS if name != "softmax")
+# the softmax's alternatives on the default score (linear attention's rowsum and none, which need non-negative
+# logits, train in test_linear_training.py with variant=linear)
+NORMALIZERS = tuple(
+    name for name in helpers.NORMALIZERS if name != "softmax" and name not in helpers.LINEAR_NORMALIZERS
+)
 PRESETS = ("rope", "cosine", "diff", "additive")  # additive: a score without a preset, for position_bias=alibi
 BIASES = ("none", "alibi")
 SUM_TO_ONE = {"softmax", "sparsemax", "entmax15"}  # row mass exactly 1 (a probability distribution per row)
