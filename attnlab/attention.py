@@ -238,11 +238,13 @@ class MultiHeadAttention(nn.Module):
         # the backend: a forced one must support this configuration and its mask
         self.backend: Backend | None = None if config.backend == "auto" else build_backend(config.backend)
         if self.backend is not None:
-            reason = self.backend.config_reason(self) or self.backend.mask_reason(self.mask_form)
-            if reason is not None and reason.endswith("not other"):  # name the mask
+            form = self.mask_form
+            shown = None
+            if form == "other":  # name the mask itself
                 from attnlab.config import _mask_text
 
-                reason = f"{reason.removesuffix('not other')}not mask={_mask_text(config.mask)}"
+                shown = f"mask={_mask_text(config.mask)}"
+            reason = self.backend.config_reason(self) or self.backend.mask_reason(form, shown)
             if reason is not None:
                 raise ValueError(f"attention.backend={config.backend} cannot compute this layer: {reason}")
         check_backend_params(config.backend_params, config.backend)

@@ -148,7 +148,7 @@ class AttentionConfig:
                 put(name, check_int(name, getattr(self, name), minimum=1))
         if not isinstance(self.differential, bool):
             raise ValueError(f"differential must be true or false, got {self.differential!r}")
-        if self.short_conv in (0, False):
+        if self.short_conv == 0:  # (and False): off
             put("short_conv", None)
         if self.short_conv is not None:
             put("short_conv", check_int("short_conv", self.short_conv, minimum=1))

@@ -226,6 +226,8 @@ class Encoder(nn.Module):
             if key not in self._structural:
                 self._structural[key] = build_mask("none") if c.mask is None else build_mask(c.mask)
             self._layer_mask.append(key)
+        # a causal structural mask (AND key padding) keeps its parts, for the O(L) backends: found once, here
+        self._causal_parts = {key: _causal_and_padding(m) for key, m in self._structural.items()}
         structural = self._structural[self._layer_mask[0]]
         self.mask = structural if pad_id is None else structural & self._padding  # layer 1's full mask
 
@@ -273,10 +275,10 @@ class Encoder(nn.Module):
         L, device = tokens.shape[1], tokens.device
         prepared: dict[str, PreparedMask | None] = {}
         padding = None
+        if self.pad_id is not None or lengths is not None:
+            padding = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
         for key, structural in self._structural.items():
-            if padding is None and (self.pad_id is not None or lengths is not None):
-                padding = self._padding.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, 1, L)
-            parts = _causal_and_padding(structural)
+            parts = self._causal_parts[key]
             if parts is not None:  # causal (AND key padding): prepared with its parts, for the O(L) backends
                 causal, paddings = parts
                 keys = padding
@@ -285,19 +287,13 @@ class Encoder(nn.Module):
                     keys = dense if keys is None else keys & dense
                 alone = causal.prepare(L, L, device)
                 prepared[key] = alone if keys is None else alone.with_key_padding(keys)
-                continue
-            if padding is None:
+            elif padding is None:
                 prepared[key] = prepare_mask(structural, L, L, device, tokens=tokens)
-                continue
-            if structural.position_only and not structural.is_trivial:
-                alone = structural.prepare(L, L, device)
-                if alone is not None and alone.structure == "causal":  # found causal when prepared (j ≤ i exactly)
-                    prepared[key] = alone.with_key_padding(padding)
-                    continue
-            allowed = padding
-            if not structural.is_trivial:
-                allowed = allowed & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
-            prepared[key] = prepare_mask(allowed, L, L, device)
+            elif structural.is_trivial:
+                prepared[key] = prepare_mask(padding, L, L, device)
+            else:
+                allowed = padding & structural.dense(L, L, device, tokens=tokens, lengths=lengths)  # (B, 1, L, L)
+                prepared[key] = prepare_mask(allowed, L, L, device)
         return [prepared[key] for key in self._layer_mask]
 
     def forward(

@@ -444,7 +444,7 @@ class LinearScore(Score):
         first lets the map take its step (Performer's redraws)."""
         if self.training:
             self.feature_map.step()
-        if getattr(self.feature_map, "positional", False):
+        if self.feature_map.positional:
             length = max(q.shape[-2], k.shape[-2])
             return self.feature_map(q, length), self.feature_map(k, length)
         return self.feature_map(q), self.feature_map(k)

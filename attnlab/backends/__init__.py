@@ -103,9 +103,10 @@ class Backend:
         """Raise ValueError (one line) for a value of ``params`` (``attention.backend_params``) this backend
         cannot take; the names were checked already."""
 
-    def mask_reason(self, form: str) -> str | None:
+    def mask_reason(self, form: str, shown: str | None = None) -> str | None:
         """None when this backend computes a mask of this form (:attr:`~attnlab.masks.PreparedMask.form`: ``none``,
-        ``causal``, ``padding``, ``causal+padding``, ``other``), else why not (one line). Default: any mask."""
+        ``causal``, ``padding``, ``causal+padding``, ``other``), else why not (one line, naming the mask as
+        ``shown``, default its form). Default: any mask."""
         return None
 
     def supports(self, attn: MultiHeadAttention, when: Conditions | None = None) -> str | None:

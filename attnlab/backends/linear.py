@@ -197,10 +197,10 @@ class _Linear(Backend):
     def config_reason(self, attn: Any) -> str | None:
         return linear_reason(attn)
 
-    def mask_reason(self, form: str) -> str | None:
+    def mask_reason(self, form: str, shown: str | None = None) -> str | None:
         if form in self.forms:
             return None
-        return f"it computes mask={' or '.join(self.forms)} only, not {form}"
+        return f"it computes mask={' or '.join(self.forms)} only, not {shown or form}"
 
     def call_reason(self, attn: Any, when: Conditions) -> str | None:
         if when.training and attn.dropout > 0:

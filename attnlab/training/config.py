@@ -695,7 +695,7 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
             and attention.position_bias is None
             and not attention.differential
         )
-        or (attention.is_linear and attention.backend_for() in ("chunked", "global", "recurrent"))  # O(L)
+        or attention.backend_for() in ("chunked", "global", "recurrent")  # linear attention in O(L)
         for attention in attention_layers
     )
     if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
