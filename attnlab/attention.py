@@ -37,6 +37,7 @@ from attnlab.masks import Mask, PreparedMask, build_mask, hides_later_keys, mask
 from attnlab.normalizers import build_normalizer
 from attnlab.position_bias import build_position_bias, resolve_direction
 from attnlab.positions import RotaryEmbedding
+from attnlab.recurrences import RecurrentScore, effective_matrix
 from attnlab.scores import DotProductScore, build_score
 
 __all__ = ["QK_NORMS", "AttentionOutput", "MultiHeadAttention", "PreparedMask", "ShortConvolution", "prepare_mask"]
@@ -86,6 +87,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "normalizer_params": None,
     "differential": False,
     "short_conv": None,
+    "mask": None,
     "backend": "auto",
     "backend_params": None,
 }
@@ -198,7 +200,7 @@ class MultiHeadAttention(nn.Module):
             self.score = built["score"]
         else:
             params = resolve_direction("score", config.score, config.score_params, causal) if causal else None
-            self.score = build_score(config.score, **sizes, **(params or config.score_params))
+            self.score = build_score(config.score, **sizes, d_model=d_model, **(params or config.score_params))
         if "position_bias" in built:
             self.position_bias = built["position_bias"]
         else:
@@ -235,6 +237,9 @@ class MultiHeadAttention(nn.Module):
             )
             self.sub_norm = nn.RMSNorm(self.d_v, eps=1e-5)
 
+        if self.is_recurrent:
+            self._check_recurrent()
+
         # the backend: a forced one must support this configuration and its mask
         self.backend: Backend | None = None if config.backend == "auto" else build_backend(config.backend)
         if self.backend is not None:
@@ -249,6 +254,31 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError(f"attention.backend={config.backend} cannot compute this layer: {reason}")
         check_backend_params(config.backend_params, config.backend)
         self._register_load_state_dict_pre_hook(self._rename_old_keys)
+
+    def _check_recurrent(self) -> None:
+        """A decay or delta-rule form (:mod:`attnlab.recurrences`) computes its own causal weights: refuse, in one
+        line, a normalizer, a mask that is not causal, and the stages it has no form for."""
+        config, name = self.config, self.config.score
+        if config.normalizer != "none":
+            raise ValueError(
+                f"variant {name} computes its own weights (a decayed or delta-rule state, no normalizer): "
+                f"set normalizer=none (the variant's config does), not normalizer={config.normalizer}"
+            )
+        if self.mask_form not in ("causal", "causal+padding"):
+            from attnlab.config import _mask_text
+
+            shown = "none (every key visible)" if config.mask is None else _mask_text(config.mask)
+            raise ValueError(
+                f"variant {name} is causal only (its state runs over the sequence in order): set mask=causal "
+                f"(AND key padding at most), not mask={shown}"
+            )
+        for stage, on in (
+            ("position_bias", self.position_bias is not None),
+            ("softcap", self.softcap is not None),
+            ("differential", self.differential),
+        ):
+            if on:
+                raise ValueError(f"variant {name} has no form with {stage}: leave {stage} unset for it")
 
     @staticmethod
     def _config_from_options(
@@ -282,6 +312,7 @@ class MultiHeadAttention(nn.Module):
             d_v=d_v,
             differential=opts["differential"],
             short_conv=opts["short_conv"],
+            mask=opts["mask"],
             backend=opts["backend"],
             backend_params=opts["backend_params"] or {},
         )
@@ -333,6 +364,29 @@ class MultiHeadAttention(nn.Module):
         """(B, G', L, d) → (B, heads, L, d): each key/value head repeated for the query heads of its group."""
         return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
 
+    def recurrent_inputs(
+        self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None, PreparedMask]:
+        """A decay or delta-rule form's inputs (:meth:`~attnlab.recurrences.RecurrentScore.inputs`):
+        x (B, L, d_model) → q, k (B, H, L, d_k), v (B, H, L, d_v) (key/value heads repeated for their query heads),
+        log α and β (B, H, L) or None, and the prepared mask, which must be causal (AND key padding: a padded key
+        is written with k = 0, which leaves the state as it was)."""
+        name = self.config.score
+        if key_value is not None:
+            raise ValueError(f"variant {name} is self-attention only: its state runs over x itself (no key_value)")
+        q, k, v = self.project(x)
+        pm = self.mask_for_heads(mask, x.shape[1], x.shape[1], x.device)
+        form = "none" if pm is None else pm.form
+        if pm is None or form not in ("causal", "causal+padding"):
+            raise ValueError(
+                f"variant {name} is causal only: call it with a causal mask (an attnlab causal Mask, AND key "
+                f"padding at most), not mask={form}"
+            )
+        q, k, log_alpha, beta = self.score.inputs(q, self.expand_heads(k, self.num_heads), x)
+        if pm.keys is not None:
+            k = k * pm.keys.transpose(-1, -2).to(k.dtype)  # (B, 1, L, 1): a padded key writes nothing
+        return q, k, self.expand_heads(v, self.num_heads), log_alpha, beta, pm
+
     def logits(self, q: Tensor, k: Tensor) -> Tensor:
         """q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k) → e (B, Hq, Lq, Lk): score + position bias, soft-capped."""
         e = self.score(q, self.expand_heads(k, self.query_heads))
@@ -373,9 +427,11 @@ class MultiHeadAttention(nn.Module):
 
     def merge(self, z: Tensor) -> Tensor:
         """z (B, H, Lq, d_v) → (B, Lq, d_model); differential attention first norms each head and scales it by
-        (1 − λ_init)."""
+        (1 − λ_init); a decay or delta-rule form norms each head (its ``output_norm``)."""
         if self.differential:
             z = self.sub_norm(z) * (1 - self.lambda_init)
+        if self.is_recurrent:
+            z = self.score.norm_output(z)
         B, _, Lq, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
 
@@ -430,13 +486,21 @@ class MultiHeadAttention(nn.Module):
 
         return linear_reason(self) is None
 
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether this layer is a decay or delta-rule form (:mod:`attnlab.recurrences`: retnet, gla, deltanet,
+        gated_deltanet), which the ``chunked`` and ``recurrent`` backends compute in O(L)."""
+        return isinstance(self.score, RecurrentScore)
+
     def state_size(self, length: int) -> int:
         """The floats per sequence that this layer's recurrent (token-by-token) form carries after ``length``
-        tokens: linear attention's state H·(d_φ·d_v + d_φ) (S and z; H·d_φ·d_v without the row-sum normaliser),
-        whatever the length; any other layer's key/value cache, (Gk·d_k + G·d_v) per cached key, where a causal
+        tokens: linear attention's state H·(d_φ·d_v + d_φ) (S and z; H·d_φ·d_v without the row-sum normaliser)
+        and a decay or delta-rule form's H·d_k·d_v (M), whatever the length; any other layer's key/value cache, (Gk·d_k + G·d_v) per cached key, where a causal
         sliding window caches the window and any other mask every key; plus the short convolutions' last k − 1
         inputs."""
-        if self.is_linear:
+        if self.is_recurrent:
+            size = self.score.state_size()  # H·d_k·d_v
+        elif self.is_linear:
             phi = self.score.feature_dim
             size = self.num_heads * phi * (self.d_v + (1 if self.normalizer.normalize_rows else 0))
         else:
@@ -481,7 +545,15 @@ class MultiHeadAttention(nn.Module):
     def attend(
         self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
     ) -> AttentionOutput:
-        """The eager path, every stage in turn, returning the output with the weights and the logits."""
+        """The eager path, every stage in turn, returning the output with the weights and the logits. A decay or
+        delta-rule form's logits and weights are its effective matrix (:func:`~attnlab.recurrences.effective_matrix`:
+        the lower-triangular map from v to the output, signed for the delta rule)."""
+        if self.is_recurrent:
+            q, k, v, log_alpha, beta, pm = self.recurrent_inputs(x, key_value, mask)
+            logits = effective_matrix(q, k, log_alpha, beta)  # (B, H, L, L)
+            weights = self.normalize(logits, pm, v.dtype)  # normalizer none: only the mask
+            dropped = F.dropout(weights, self.dropout) if self.training and self.dropout > 0 else weights
+            return AttentionOutput(self.merge(torch.matmul(dropped, v)), weights, logits)
         q, k, v = self.project(x, key_value)
         pm = self.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
         logits = self.logits(q, k)  # (B, Hq, Lq, Lk)

@@ -88,17 +88,19 @@ def check_params(
 
 def build_with_sizes(kind: str, name: str, obj: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The build kwargs for a registered class: d_k and num_heads are required, d_v is passed only when the class
-    takes it, and any other parameter must be one the class takes."""
+    takes it, d_model only when the class names it, and any other parameter must be one the class takes."""
     kwargs = dict(kwargs)
     for required in ("d_k", "num_heads"):
         if required not in kwargs:
             raise ValueError(f"build_{kind.replace(' ', '_')}('{name}') needs {required}=")
-    sizes = ("d_k", "num_heads", "d_v")
+    sizes = ("d_k", "num_heads", "d_v", "d_model")
     check_params(kind, name, obj, {k: v for k, v in kwargs.items() if k not in sizes}, sizes)
     sig = inspect.signature(obj)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
     if "d_v" not in sig.parameters and not takes_any:
         kwargs.pop("d_v", None)
+    if "d_model" not in sig.parameters:  # only a class that names it (the decay and delta-rule forms' gates)
+        kwargs.pop("d_model", None)
     return kwargs
 
 

@@ -481,3 +481,6 @@ __all__ += [
     "register_position_bias",
     "t5_relative_bucket",
 ]
+
+# The decay and delta-rule forms (retnet, gla, deltanet, gated_deltanet) register themselves.
+from attnlab import recurrences  # noqa: E402, F401

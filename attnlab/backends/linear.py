@@ -40,6 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from attnlab.backends import Backend, Conditions, register_backend
 from attnlab.checks import check_int
+from attnlab.recurrences import chunked_form, recurrent_form
 
 __all__ = [
     "linear_attention_chunked",
@@ -193,8 +194,12 @@ class _Linear(Backend):
     """Shared by the three: the configuration check, the call check and the inputs."""
 
     forms: tuple[str, ...] = ()
+    recurrent_forms = False
+    """whether it also computes the decay and delta-rule forms (:mod:`attnlab.recurrences`)."""
 
     def config_reason(self, attn: Any) -> str | None:
+        if attn.is_recurrent:
+            return None if self.recurrent_forms else f"it has no form for variant {attn.config.score} (causal only)"
         return linear_reason(attn)
 
     def mask_reason(self, form: str, shown: str | None = None) -> str | None:
@@ -223,15 +228,25 @@ class _Linear(Backend):
     def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def compute_recurrent(self, attn: Any, q: Tensor, k: Tensor, v: Tensor, log_alpha: Any, beta: Any) -> Tensor:
+        raise NotImplementedError
+
     def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
-        phi_q, phi_k, v, _ = self.inputs(attn, x, key_value, mask)
+        if attn.is_recurrent:
+            q, k, v, log_alpha, beta, _ = attn.recurrent_inputs(x, key_value, mask)
+            inputs: tuple[Any, ...] = (q, k, v, log_alpha, beta)
+            compute = self.compute_recurrent
+        else:
+            inputs = self.inputs(attn, x, key_value, mask)[:3]
+            compute = self.compute
+        v = inputs[2]
         device = x.device.type
-        if phi_q.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(device):
+        if v.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(device):
             # the running sums in float32, as the softmax normalizes half-precision logits in float32
             with torch.autocast(device, enabled=False):
-                z = self.compute(attn, phi_q.float(), phi_k.float(), v.float())
+                z = compute(attn, *(None if t is None else t.float() for t in inputs))
         else:
-            z = self.compute(attn, phi_q, phi_k, v)  # (B, H, Lq, d_v)
+            z = compute(attn, *inputs)  # (B, H, Lq, d_v)
         return attn.merge(z.to(v.dtype)), None
 
 
@@ -244,6 +259,7 @@ class Chunked(_Linear):
     """Causal linear attention in chunks (:func:`linear_attention_chunked`)."""
 
     forms = ("causal", "causal+padding")
+    recurrent_forms = True
     params: ClassVar[dict[str, Any]] = {"chunk_size": 64}
 
     def check_params(self, params: dict[str, Any]) -> None:
@@ -251,8 +267,13 @@ class Chunked(_Linear):
             check_int("attention.backend_params.chunk_size", params["chunk_size"], minimum=1)
 
     def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
-        chunk = int(attn.config.backend_params.get("chunk_size", self.params["chunk_size"]))
-        return linear_attention_chunked(phi_q, phi_k, v, chunk, **_norm(attn))
+        return linear_attention_chunked(phi_q, phi_k, v, self.chunk_size(attn), **_norm(attn))
+
+    def chunk_size(self, attn: Any) -> int:
+        return int(attn.config.backend_params.get("chunk_size", self.params["chunk_size"]))
+
+    def compute_recurrent(self, attn: Any, q: Tensor, k: Tensor, v: Tensor, log_alpha: Any, beta: Any) -> Tensor:
+        return chunked_form(q, k, v, log_alpha, beta, self.chunk_size(attn))
 
 
 @register_backend("global")
@@ -270,6 +291,10 @@ class Recurrent(_Linear):
     """Causal linear attention one token at a time (:func:`linear_attention_recurrent`): forced only."""
 
     forms = ("causal", "causal+padding")
+    recurrent_forms = True
 
     def compute(self, attn: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
         return linear_attention_recurrent(phi_q, phi_k, v, **_norm(attn))
+
+    def compute_recurrent(self, attn: Any, q: Tensor, k: Tensor, v: Tensor, log_alpha: Any, beta: Any) -> Tensor:
+        return recurrent_form(q, k, v, log_alpha, beta)
