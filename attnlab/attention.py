@@ -495,7 +495,8 @@ class MultiHeadAttention(nn.Module):
     def state_size(self, length: int) -> int:
         """The floats per sequence that this layer's recurrent (token-by-token) form carries after ``length``
         tokens: linear attention's state H·(d_φ·d_v + d_φ) (S and z; H·d_φ·d_v without the row-sum normaliser)
-        and a decay or delta-rule form's H·d_k·d_v (M), whatever the length; any other layer's key/value cache, (Gk·d_k + G·d_v) per cached key, where a causal
+        and a decay or delta-rule form's H·d_k·d_v (M), whatever the length; any other layer's key/value cache,
+        (Gk·d_k + G·d_v) per cached key, where a causal
         sliding window caches the window and any other mask every key; plus the short convolutions' last k − 1
         inputs."""
         if self.is_recurrent:

@@ -101,11 +101,17 @@ class RotaryEmbedding(nn.Module):
 
         return self._tables.get_or_make((length, device, dtype), make)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x (…, L, dim) at positions 0..L−1 → the rotated x, same shape."""
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """x (…, L, dim) at positions offset … offset + L − 1 (default 0 …) → the rotated x, same shape. A non-zero
+        ``offset`` (one token decoded at a time) computes its angles afresh rather than caching a table per offset."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"rotary embedding of dim {self.dim} got vectors of size {x.shape[-1]}")
-        cos, sin = self.cos_sin(x.shape[-2], x.device, x.dtype)  # (L, r/2)
+        if offset:
+            positions = torch.arange(offset, offset + x.shape[-2], dtype=torch.float64, device=x.device)
+            angle = positions[:, None] * self.inv_freq.to(x.device)
+            cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        else:
+            cos, sin = self.cos_sin(x.shape[-2], x.device, x.dtype)  # (L, r/2)
         r = self.rotated
         pairs = x[..., :r].unflatten(-1, (r // 2, 2))  # (…, L, r/2, 2)
         x0, x1 = pairs[..., 0], pairs[..., 1]

@@ -19,6 +19,8 @@ __all__ = [
     "ATTENTION_VARIANTS",
     "BLOCK_GOALS",
     "BLOCK_MODELS",
+    "DECODE_GOAL",
+    "DECODE_MODELS",
     "LINEAR_GOALS",
     "LINEAR_MODELS",
     "NUM_CLASSES",
@@ -33,6 +35,7 @@ __all__ = [
     "TorchEncoder",
     "build_blocks",
     "build_causal_model",
+    "build_decode_model",
     "build_model",
     "full_plan",
     "quick_plan",
@@ -216,6 +219,11 @@ class Plan:
     # the ``linear`` section: causal scaled_dot (SDPA) against each of LINEAR_MODELS, one group per shape
     linear_shapes: list[Shape] = field(default_factory=list)
     target_linear_lengths: tuple[int, int] = (1024, 4096)
+    # the ``decode`` section: ``decode_tokens`` tokens one at a time for a batch of ``decode_shape.batch``
+    # sequences after each context length (the model: decode_shape's width, heads, d_k, layers)
+    decode_contexts: tuple[int, ...] = (512, 2048, 8192)
+    decode_tokens: int = 16
+    decode_shape: Shape = field(default_factory=lambda: Shape(16, 8192, 128, 4, 32))
 
 
 def full_plan(warmup: int = 2, reps: int = 7) -> Plan:
@@ -287,6 +295,9 @@ def quick_plan() -> Plan:
         target_block_length=32,
         linear_shapes=[Shape(2, 32, 32, 2, 16), Shape(1, 64, 32, 2, 16)],
         target_linear_lengths=(32, 64),
+        decode_contexts=(16, 64),
+        decode_tokens=2,
+        decode_shape=Shape(2, 64, 32, 2, 16),
     )
 
 
@@ -294,6 +305,8 @@ def quick_plan() -> Plan:
 
 # The ``linear`` section's models: name → the causal attention of every layer. scaled_dot runs SDPA's causal kernel
 # (flash on the CPU), the linear ones the ``chunked`` backend.
+RECURRENT_FORMS = ("retnet", "gla", "deltanet", "gated_deltanet")
+
 LINEAR_MODELS: dict[str, AttentionConfig] = {
     "scaled_dot": AttentionConfig(mask="causal"),
     "linear_elu": AttentionConfig(score="linear", normalizer="rowsum", mask="causal"),
@@ -307,6 +320,26 @@ LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
     ("27b", "time", 1, 0.35),
     ("27c", "memory", 1, 0.5),
 )
+
+
+# The ``decode`` section's models: softmax with a key/value cache against the recurrent forms' state update.
+DECODE_MODELS: dict[str, AttentionConfig] = {
+    "scaled_dot": AttentionConfig(mask="causal"),
+    "linear_elu": AttentionConfig(score="linear", normalizer="rowsum", mask="causal"),
+    **{name: AttentionConfig(score=name, normalizer="none", mask="causal") for name in RECURRENT_FORMS},
+}
+# Issue 28's goal: at the longest context, every recurrent form's time per decoded token ≤ 1/3 of softmax's.
+DECODE_GOAL = 1 / 3
+
+
+def build_decode_model(name: str, shape: Shape, max_len: int, seed: int = 0) -> nn.Module:
+    """The decoding benchmark's encoder (every layer ``DECODE_MODELS[name]``), in eval mode."""
+    torch.manual_seed(seed)
+    s = shape
+    encoder = Encoder(
+        VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, d_k=s.d_k, attention=DECODE_MODELS[name], max_len=max_len
+    )
+    return encoder.eval()
 
 
 def build_causal_model(name: str, shape: Shape, seed: int = 0) -> nn.Module:

@@ -29,6 +29,7 @@ from attnlab.bench.sections import (
     _additive_memory_child,
     bench_additive_memory,
     bench_blocks,
+    bench_decode,
     bench_default_run,
     bench_diagnostics,
     bench_encoder,
@@ -47,6 +48,7 @@ SECTIONS = (
     "variants",
     "blocks",
     "linear",
+    "decode",
     "diagnostics",
     "additive_memory",
     "default_run",
@@ -106,6 +108,7 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
         "variants": bench_variants,
         "blocks": bench_blocks,
         "linear": bench_linear,
+        "decode": bench_decode,
     }
     for name, section in timed.items():
         if name in opts.only:

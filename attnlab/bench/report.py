@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.cases import BLOCK_GOALS, LINEAR_GOALS, VARIANT_GOALS, Plan, Shape
+from attnlab.bench.cases import BLOCK_GOALS, DECODE_GOAL, LINEAR_GOALS, VARIANT_GOALS, Plan, Shape
 
 __all__ = [
     "CSV_FIELDS",
@@ -22,6 +22,7 @@ __all__ = [
     "RESULTS_ROOT",
     "TARGET_FIELDS",
     "evaluate_targets",
+    "format_decode",
     "format_linear",
     "format_tables",
     "format_variants",
@@ -58,6 +59,7 @@ CSV_FIELDS = (
     "backend",
     "memory_ratio",
     "state_size",
+    "bytes_per_seq",
 )
 TARGET_FIELDS = ("id", "what", "value", "limit", "met", "note")
 
@@ -182,6 +184,18 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                 )
         crossover = linear_crossover(linear)
         add("27d", "crossover: shortest L where linear (elu) steps faster than scaled_dot", crossover, None)
+    decode = results.get("decode")
+    if decode is not None:
+        longest, shortest = max(plan.decode_contexts), min(plan.decode_contexts)
+        for r in decode:
+            if r["variant"] == "scaled_dot" or r["length"] != longest:
+                continue
+            first = next(x for x in decode if x["variant"] == r["variant"] and x["length"] == shortest)
+            note = f"{r['tokens_per_s']:.0f} tokens/s; {r['bytes_per_seq'] / 1024:.0f} KiB/seq"
+            what = f"{r['variant']} decode time per token ÷ scaled_dot with a KV cache (context {longest})"
+            add("28a", what, r["ratio_scaled_dot"], DECODE_GOAL, note)
+            what = f"{r['variant']} decode memory per sequence, context {longest} ÷ {shortest}"
+            add("28b", what, r["bytes_per_seq"] / first["bytes_per_seq"], 1.0)
     variants = results.get("variants")
     if variants is not None:
         length = plan.target_variant_length
@@ -216,6 +230,24 @@ def format_linear(rows: list[dict]) -> list[str]:
             f"| {r['variant']} | {r['backend']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | "
             f"{_fmt(r['ratio_scaled_dot'])} | {_fmt(r['peak_mb'], 0)} | {_fmt(r['memory_ratio'])} | "
             f"{r['state_size']:,} |"
+        )
+    return lines
+
+
+def format_decode(rows: list[dict]) -> list[str]:
+    """The decoding table: per context, each model's tokens per second, time per token ÷ softmax's and memory."""
+    r0 = rows[0]
+    lines = [
+        f"decode: one token at a time, batch {r0['batch']}, {r0['num_layers']} layers, d_model {r0['d_model']}, "
+        f"H {r0['num_heads']} × d_k {r0['d_k']}, no gradients",
+        "",
+        "| model | context | ms per token | tokens/s | ÷ scaled_dot | cache KiB/seq |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['length']} | {r['median_ms']:.2f} | {r['tokens_per_s']:.0f} | "
+            f"{_fmt(r['ratio_scaled_dot'])} | {r['bytes_per_seq'] / 1024:.0f} |"
         )
     return lines
 
@@ -278,6 +310,9 @@ def format_tables(results: dict[str, Any]) -> str:
     linear = results.get("linear") or []
     if linear:
         lines += ["", *format_linear(linear)]
+    decode = results.get("decode") or []
+    if decode:
+        lines += ["", *format_decode(decode)]
     mha = results.get("mha") or []
     if mha:
         lines += ["", "| module | shape | step ms | ÷ torch |", "| --- | --- | --- | --- |"]
@@ -347,6 +382,7 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
             *results.get("variants", []),
             *results.get("blocks", []),
             *results.get("linear", []),
+            *results.get("decode", []),
             *results.get("mha", []),
         ]:
             writer.writerow(row)

@@ -24,6 +24,7 @@ from attnlab.attention import MultiHeadAttention
 from attnlab.bench.cases import (
     ATTENTION_VARIANTS,
     BLOCK_MODELS,
+    DECODE_MODELS,
     LINEAR_MODELS,
     ModelSpec,
     Plan,
@@ -31,6 +32,7 @@ from attnlab.bench.cases import (
     _fast_path,
     build_blocks,
     build_causal_model,
+    build_decode_model,
     build_model,
 )
 from attnlab.bench.harness import (
@@ -49,6 +51,7 @@ __all__ = [
     "REPO_ROOT",
     "FusedKernelUnavailable",
     "bench_additive_memory",
+    "bench_decode",
     "bench_default_run",
     "bench_diagnostics",
     "bench_encoder",
@@ -553,3 +556,85 @@ def check_fused_sdpa(
             f"{device} in {str(dtype).removeprefix('torch.')}: {reason}"
         ) from exc
     return kernel
+
+
+def _prefilled(encoder: nn.Module, context: int, device: torch.device, dtype: torch.dtype, batch: int) -> list:
+    """A decoding cache as if ``context`` tokens had been decoded: random keys and values (a softmax layer's cache,
+    with room for the tokens to come) or a random state (the recurrent forms'), scaled like real ones."""
+    from attnlab.decode import init_cache
+
+    cache = init_cache(encoder)
+    g = torch.Generator().manual_seed(0)
+    for layer, c in zip(encoder.layers, cache, strict=True):
+        attn = layer.self_attn
+        if attn.is_recurrent or attn.is_linear:
+            F = attn.d_k if attn.is_recurrent else attn.score.feature_dim
+            S = torch.randn(batch, attn.num_heads, F, attn.d_v, generator=g) / F
+            c.state = (
+                S.to(device, dtype)
+                if attn.is_recurrent
+                else (S.to(device, dtype), torch.ones(batch, attn.num_heads, F, device=device, dtype=dtype))
+            )
+        else:
+            room = context + 64
+            c.k = torch.randn(batch, attn.key_heads, room, attn.d_k, generator=g).to(device, dtype)
+            c.v = torch.randn(batch, attn.num_kv_heads, room, attn.d_v, generator=g).to(device, dtype)
+        c.length = context
+    return cache
+
+
+def bench_decode(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """Decoding one token at a time (:mod:`attnlab.decode`, no gradients): for a batch of ``plan.decode_shape.batch``
+    sequences at each of ``plan.decode_contexts``, ``plan.decode_tokens`` tokens through every one of
+    :data:`~attnlab.bench.cases.DECODE_MODELS` (softmax with a key/value cache of the context; the recurrent forms
+    with their state), timed together, interleaved → one row per model and context with ``tokens_per_s``,
+    ``ratio_scaled_dot`` (time per token ÷ softmax's) and ``bytes_per_seq`` (the cache's bytes per sequence,
+    measured from its tensors)."""
+    from attnlab.decode import encoder_step
+
+    rows: list[dict] = []
+    s = plan.decode_shape
+    n = plan.decode_tokens
+    tokens = torch.randint(0, 50, (s.batch,), generator=torch.Generator().manual_seed(1)).to(device)
+    max_len = max(plan.decode_contexts) + n + 64
+    models = {name: build_decode_model(name, s, max_len).to(device, dtype) for name in DECODE_MODELS}
+    for context in plan.decode_contexts:
+        caches = {name: _prefilled(m, context, device, dtype, s.batch) for name, m in models.items()}
+
+        def steps_of(model: nn.Module, cache: list, context: int) -> Callable[[], None]:
+            @torch.no_grad()
+            def step() -> None:
+                for _ in range(n):
+                    encoder_step(model, tokens, cache)
+                for c in cache:  # back to the context (a softmax cache overwrites its slots next time)
+                    c.length = context
+
+            return step
+
+        log(f"decode: context {context}, batch {s.batch}, {', '.join(models)} ...")
+        steps = {name: steps_of(m, caches[name], context) for name, m in models.items()}
+        times = interleaved_times(steps, plan.warmup, plan.reps, device)
+        medians = {name: statistics.median(ts) / n for name, ts in times.items()}  # seconds per token
+        for name, model in models.items():
+            attn = model.layers[0].self_attn
+            stats = _summary([t / n for t in times[name]])
+            rows.append(
+                {
+                    "section": "decode",
+                    "group": f"C{context}",
+                    "label": f"{name} context {context}",
+                    "impl": "attnlab",
+                    "score": attn.config.score,
+                    "variant": name,
+                    "options": attn.config.describe(),
+                    **{**asdict(s), "length": context},
+                    **stats,
+                    "reps": len(times[name]),
+                    "tokens_per_s": s.batch / medians[name],
+                    "ratio_scaled_dot": medians[name] / medians["scaled_dot"],
+                    "bytes_per_seq": sum(c.nbytes() for c in caches[name]) / s.batch,
+                    "state_size": sum(layer.self_attn.state_size(context) for layer in model.layers),
+                }
+            )
+        del caches, steps
+    return rows
