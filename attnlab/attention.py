@@ -377,6 +377,10 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x)
         pm = self.mask_for_heads(mask, x.shape[1], x.shape[1], x.device)
         form = "none" if pm is None else pm.form
+        if form == "other" and pm.allowed.shape[:2] == (1, 1):  # a bool tensor: causal if it is exactly j ≤ i
+            L = x.shape[1]
+            if torch.equal(pm.allowed[0, 0], torch.ones(L, L, dtype=torch.bool, device=x.device).tril()):
+                form = "causal"
         if pm is None or form not in ("causal", "causal+padding"):
             raise ValueError(
                 f"variant {name} is causal only: call it with a causal mask (an attnlab causal Mask, AND key "

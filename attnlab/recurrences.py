@@ -124,7 +124,10 @@ def _decay_matrix(b: Tensor, diagonal: int = 0) -> Tensor:
 
 
 def _solve_unit_lower(a: Tensor, rhs: Tensor) -> Tensor:
-    """(I + a)⁻¹ rhs for a strictly lower-triangular a (…, n, n), rhs (…, n, m)."""
+    """(I + a)⁻¹ rhs for a strictly lower-triangular a (…, n, n), rhs (…, n, m); half precision is solved in
+    float32 (no half-precision triangular solve on the CPU) and returned in its own dtype."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return _solve_unit_lower(a.float(), rhs.float()).to(a.dtype)
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     return torch.linalg.solve_triangular(a + eye, rhs, upper=False, unitriangular=True)
 
@@ -330,11 +333,12 @@ class RetNetScore(RecurrentScore):
         output_norm: str | None = "default",
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
-        self.register_buffer("log_gamma", retnet_decays(num_heads).log().float(), persistent=False)
+        # float64, not a buffer: casting the model (.float(), .bfloat16()) must not round the decays twice
+        self.log_gamma = retnet_decays(num_heads).log()
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
         B, L = x.shape[:2]
-        return self.log_gamma.to(x.dtype)[None, :, None].expand(B, self.num_heads, L), None
+        return self.log_gamma.to(x.device, x.dtype)[None, :, None].expand(B, self.num_heads, L), None
 
 
 @register_score("gla")

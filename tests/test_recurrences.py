@@ -1,0 +1,714 @@
+"""Decay and delta-rule attention (:mod:`attnlab.recurrences`: RetNet, GLA, DeltaNet, Gated DeltaNet): the three
+forms (``recurrent_form``, ``chunked_form``, ``effective_matrix``), their closed forms, long sequences, and the
+layers built on them (the ``chunked``, ``recurrent`` and ``eager`` backends, refusals, the state size), against
+references written plainly here (an explicit state matrix updated one token at a time, explicit loops over i and
+j), in float64, values and gradients.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same, grads, randn
+from helpers import randomize_
+
+import attnlab
+from attnlab.config import AttentionConfig
+from attnlab.masks import build_mask
+from attnlab.recurrences import (
+    DeltaNetScore,
+    GatedDeltaNetScore,
+    GLAScore,
+    RetNetScore,
+    chunked_form,
+    effective_matrix,
+    recurrent_form,
+    retnet_decays,
+    state_step,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+# --------------------------------------------------------------------------------------------- the plain reference
+
+
+def reference_form(q, k, v, log_alpha=None, beta=None):
+    """The recurrence written from its definition, for each (b, h) one token at a time, over an explicit state
+    matrix M (d_k × d_v) that starts at 0:
+
+        decay:       M_t = α_t M_{t−1} + k_t v_tᵀ
+        delta rule:  M_t = α_t (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ
+        output:      o_t = M_tᵀ q_t
+
+    with α_t = exp(log_alpha_t) (α ≡ 1 when ``log_alpha`` is None) and the plain sum when ``beta`` is None.
+    q, k (B, H, L, d_k), v (B, H, L, d_v), log_alpha, beta (B, H, L) or None → (o (B, H, L, d_v), the last
+    states (B, H, d_k, d_v)). Calls nothing of attnlab."""
+    Bn, Hn, Ln, dk = q.shape
+    dv = v.shape[-1]
+    eye = torch.eye(dk, dtype=q.dtype)
+    outs, last = [], []
+    for b in range(Bn):
+        for h in range(Hn):
+            M = torch.zeros(dk, dv, dtype=q.dtype)
+            for t in range(Ln):
+                kt, vt = k[b, h, t], v[b, h, t]
+                alpha = 1.0 if log_alpha is None else torch.exp(log_alpha[b, h, t])
+                if beta is None:
+                    M = alpha * M + torch.outer(kt, vt)
+                else:
+                    bt = beta[b, h, t]
+                    M = alpha * ((eye - bt * torch.outer(kt, kt)) @ M) + bt * torch.outer(kt, vt)
+                outs.append(M.T @ q[b, h, t])
+            last.append(M)
+    return torch.stack(outs).reshape(Bn, Hn, Ln, dv), torch.stack(last).reshape(Bn, Hn, dk, dv)
+
+
+def plain_sigmoid(z):
+    return 1 / (1 + torch.exp(-z))
+
+
+def plain_logsigmoid(z):
+    """log σ(z) = −log(1 + e^{−z}) (the tests' pre-activations are moderate)."""
+    return -torch.log1p(torch.exp(-z))
+
+
+def unit(t):
+    """t / |t| over the last dimension."""
+    return t / torch.sqrt((t * t).sum(-1, keepdim=True))
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+B, H, L, D_K, D_V = 2, 2, 12, 4, 3
+ATOL = 1e-10
+FORMS = {"neither": (False, False), "decay": (True, False), "delta": (False, True), "both": (True, True)}
+
+
+def form_inputs(seed, length=L, decay=True, delta=True, b=B, h=H, d_k=D_K, d_v=D_V):
+    """Fresh float64 leaves (q, k, v, log_alpha or None, beta or None) of the sizes given, and the list of those
+    that are tensors. Keys are unit vectors under the delta rule (as DeltaNet normalises them), k/√d_k otherwise;
+    log α = log σ(z + 1) (some decays strong, most mild), β = σ(z)."""
+    q = randn(b, h, length, d_k, seed=seed)
+    k = randn(b, h, length, d_k, seed=seed + 1)
+    k = unit(k) if delta else k / math.sqrt(d_k)
+    v = randn(b, h, length, d_v, seed=seed + 2)
+    log_alpha = plain_logsigmoid(randn(b, h, length, seed=seed + 3) + 1.0) if decay else None
+    beta = plain_sigmoid(randn(b, h, length, seed=seed + 4)) if delta else None
+    leaves = [t.detach().requires_grad_() if t is not None else None for t in (q, k, v, log_alpha, beta)]
+    return (*leaves, [t for t in leaves if t is not None])
+
+
+# --------------------------------------------------------------------------------------------- the three forms
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 7, 12, 64], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_three_forms_equal_the_plain_recurrence(form, chunk):
+    """recurrent_form, chunked_form (chunk sizes that divide L = 12 and that do not, one larger than L) and
+    effective_matrix(q, k, ...) @ v all equal the reference: values and gradients w.r.t. q, k, v, log α and β."""
+    decay, delta = FORMS[form]
+    q, k, v, la, beta, leaves = form_inputs(10 + chunk, decay=decay, delta=delta)
+    expected, _ = reference_form(q, k, v, la, beta)
+    assert_same(chunked_form(q, k, v, la, beta, chunk_size=chunk), expected, leaves, atol=ATOL)
+    if chunk == 1:  # (the others do not depend on the chunk: once per form)
+        assert_same(recurrent_form(q, k, v, la, beta), expected, leaves, atol=ATOL)
+        A = effective_matrix(q, k, la, beta)
+        assert A.shape == (B, H, L, L)
+        assert (A.triu(1) == 0).all(), "the effective matrix is not lower triangular"
+        assert_same(torch.matmul(A, v), expected, leaves, atol=ATOL)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_three_forms_equal_the_plain_recurrence_for_one_token(form):
+    decay, delta = FORMS[form]
+    q, k, v, la, beta, leaves = form_inputs(30, length=1, decay=decay, delta=delta)
+    expected, _ = reference_form(q, k, v, la, beta)
+    assert_same(recurrent_form(q, k, v, la, beta), expected, leaves, atol=ATOL)
+    for chunk in (1, 64):
+        assert_same(chunked_form(q, k, v, la, beta, chunk_size=chunk), expected, leaves, atol=ATOL)
+    A = effective_matrix(q, k, la, beta)
+    assert A.shape == (B, H, 1, 1)
+    assert_same(torch.matmul(A, v), expected, leaves, atol=ATOL)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_state_step_carries_the_plain_state(form):
+    """state_step from None, token after token: the state after the last token is the reference's M_L, and each
+    output its o_t."""
+    decay, delta = FORMS[form]
+    q, k, v, la, beta, leaves = form_inputs(40, length=7, decay=decay, delta=delta)
+    expected, last = reference_form(q, k, v, la, beta)
+    state, outs = None, []
+    for t in range(7):
+        o, state = state_step(
+            state,
+            q[:, :, t],
+            k[:, :, t],
+            v[:, :, t],
+            None if la is None else la[:, :, t],
+            None if beta is None else beta[:, :, t],
+        )
+        assert o.shape == (B, H, D_V) and state.shape == (B, H, D_K, D_V)
+        outs.append(o)
+    assert_same(state, last, leaves, atol=ATOL)
+    assert_same(torch.stack(outs, dim=2), expected, leaves, atol=ATOL)
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_an_empty_sequence_gives_an_empty_output(form):
+    decay, delta = FORMS[form]
+    q, k, v, la, beta, _ = form_inputs(41, length=0, decay=decay, delta=delta)
+    assert recurrent_form(q, k, v, la, beta).shape == (B, H, 0, D_V)
+    assert chunked_form(q, k, v, la, beta, chunk_size=4).shape == (B, H, 0, D_V)
+
+
+# --------------------------------------------------------------------------------------------- closed forms
+
+
+def decayed_linear_attention_loop(q, k, v, log_alpha):
+    """o_i = Σ_{j≤i} exp(Σ_{j<m≤i} log α_m) (q_i·k_j) v_j, a double loop over i and j (α ≡ 1 when None)."""
+    Bn, Hn, Ln, _ = q.shape
+    rows = []
+    for i in range(Ln):
+        acc = torch.zeros(Bn, Hn, v.shape[-1], dtype=q.dtype)
+        for j in range(i + 1):
+            s = (q[:, :, i] * k[:, :, j]).sum(-1)  # (B, H)
+            if log_alpha is not None:
+                s = s * torch.exp(log_alpha[:, :, j + 1 : i + 1].sum(-1))
+            acc = acc + s[..., None] * v[:, :, j]
+        rows.append(acc)
+    return torch.stack(rows, dim=2)
+
+
+@pytest.mark.parametrize("decay", ["alpha_one", "random_decay"])
+def test_the_decay_form_is_decayed_unnormalised_linear_attention(decay):
+    """With log α ≡ 0 (α ≡ 1) the decay form is un-normalised causal linear attention Σ_{j≤i} (q_i·k_j) v_j (and
+    equals the form without a decay); with a decay each term is weighted by Π_{j<m≤i} α_m."""
+    q, k, v, la, _, leaves = form_inputs(50, decay=True, delta=False)
+    if decay == "alpha_one":
+        la = torch.zeros(B, H, L, dtype=torch.float64, requires_grad=True)
+        leaves = [q, k, v, la]
+        linear = decayed_linear_attention_loop(q, k, v, None)  # Σ_{j≤i} (q_i·k_j) v_j
+        for got in (recurrent_form(q, k, v, la), chunked_form(q, k, v, la, chunk_size=5), recurrent_form(q, k, v)):
+            assert_same(got, linear, [q, k, v], atol=ATOL)
+    plain = decayed_linear_attention_loop(q, k, v, la)  # (and at α ≡ 1 the gradients w.r.t. log α)
+    assert_same(recurrent_form(q, k, v, la), plain, leaves, atol=ATOL)
+    assert_same(torch.matmul(effective_matrix(q, k, la), v), plain, leaves, atol=ATOL)
+    for chunk in (3, 5):
+        assert_same(chunked_form(q, k, v, la, chunk_size=chunk), plain, leaves, atol=ATOL)
+
+
+def test_a_gla_score_whose_gate_is_shut_open_is_scaled_linear_attention():
+    """GLA's gate at σ(50)^(1/16) is 1 in float64: its effective matrix is (q_i·k_j)/√d_k for j ≤ i, 0 above."""
+    score = GLAScore(D_K, H, d_model=6).double()
+    with torch.no_grad():
+        score.alpha_gate.proj.weight.zero_()
+        score.alpha_gate.proj.bias.fill_(50.0)
+    q, k, *_ = form_inputs(51, decay=False, delta=False)
+    x = randn(B, L, 6, seed=52)
+    expected = torch.zeros(B, H, L, L, dtype=torch.float64)
+    for i in range(L):
+        for j in range(i + 1):
+            expected[:, :, i, j] = (q[:, :, i] * k[:, :, j]).sum(-1) / math.sqrt(D_K)
+    assert_same(score(q, k, x), expected, [q, k], atol=ATOL)
+
+
+@pytest.mark.parametrize("decay", [False, True], ids=["no_decay", "decay"])
+def test_the_delta_rule_with_beta_zero_writes_nothing(decay):
+    q, k, v, la, _, _ = form_inputs(53, decay=decay, delta=True)
+    beta = torch.zeros(B, H, L, dtype=torch.float64)
+    zero = torch.zeros(B, H, L, D_V, dtype=torch.float64)
+    torch.testing.assert_close(recurrent_form(q, k, v, la, beta), zero, rtol=0, atol=0)
+    for chunk in (3, 5, 64):
+        torch.testing.assert_close(chunked_form(q, k, v, la, beta, chunk_size=chunk), zero, rtol=0, atol=0)
+    torch.testing.assert_close(effective_matrix(q, k, la, beta), torch.zeros(B, H, L, L, dtype=torch.float64))
+    _, state = state_step(None, q[:, :, 0], k[:, :, 0], v[:, :, 0], None, beta[:, :, 0])
+    assert not state.any()
+
+
+@pytest.mark.parametrize("keys", ["one_key", "fresh_keys"])
+@pytest.mark.parametrize("decay", [False, True], ids=["no_decay", "decay"])
+def test_the_delta_rule_with_beta_one_overwrites_the_value_under_a_unit_key(decay, keys):
+    """M_t = α_t (I − k kᵀ) M_{t−1} + k v_tᵀ with |k| = 1 gives M_tᵀ k = v_t exactly: the last value written under
+    that key, whatever was stored before and whatever the decay; so with q_t = k_t every form outputs v_t."""
+    n = 10
+    _, k, v, la, _, _ = form_inputs(54, length=n, decay=decay, delta=True)
+    k = k.detach()
+    if keys == "one_key":
+        k = k[:, :, :1].expand(B, H, n, D_K).contiguous()  # one unit key, written at every step
+    beta = torch.ones(B, H, n, dtype=torch.float64)
+    state = None
+    for t in range(n):
+        _, state = state_step(
+            state, k[:, :, t], k[:, :, t], v[:, :, t], None if la is None else la[:, :, t], beta[:, :, t]
+        )
+        read = torch.einsum("bhk,bhkv->bhv", k[:, :, t], state)
+        torch.testing.assert_close(read, v[:, :, t], rtol=0, atol=1e-12)
+    v = v.detach()
+    torch.testing.assert_close(recurrent_form(k, k, v, la, beta), v, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.matmul(effective_matrix(k, k, la, beta), v), v, rtol=0, atol=1e-10)
+    for chunk in (3, 4, 64):
+        torch.testing.assert_close(chunked_form(k, k, v, la, beta, chunk_size=chunk), v, rtol=0, atol=1e-10)
+
+
+def test_retnet_decays_are_one_minus_two_to_the_minus_five_minus_h():
+    expected = torch.tensor([1 - 2.0 ** (-5 - h) for h in range(6)], dtype=torch.float64)
+    assert retnet_decays(6).dtype == torch.float64
+    torch.testing.assert_close(retnet_decays(6), expected, rtol=0, atol=0)
+
+
+def test_retnet_effective_matrix_is_the_retention_matrix():
+    """RetNetScore.forward(q, k, x) (x only for its shape) = γ_h^(i−j) (q_i·k_j)/√d_k for j ≤ i, 0 above, with
+    γ_h = 1 − 2^(−5−h), written out with loops, in float64 (a float64 score decays by the float64 γ_h)."""
+    heads, length = 3, 20
+    score = RetNetScore(D_K, heads, d_model=5).double()
+    q = randn(B, heads, length, D_K, seed=55).requires_grad_()
+    k = randn(B, heads, length, D_K, seed=56).requires_grad_()
+    x = torch.zeros(B, length, 5, dtype=torch.float64)
+    expected = torch.zeros(B, heads, length, length, dtype=torch.float64)
+    for h in range(heads):
+        gamma = 1 - 2.0 ** (-5 - h)
+        for i in range(length):
+            for j in range(i + 1):
+                expected[:, h, i, j] = gamma ** (i - j) * (q[:, h, i] * k[:, h, j]).sum(-1) / math.sqrt(D_K)
+    log_alpha = score.gates(x)[0]
+    assert log_alpha.shape == (B, heads, length) and log_alpha.dtype == torch.float64
+    torch.testing.assert_close(
+        log_alpha[0, :, 0],
+        torch.tensor([math.log(1 - 2.0 ** (-5 - h)) for h in range(heads)], dtype=torch.float64),
+        rtol=1e-14,
+        atol=0,
+        msg=lambda m: f"a float64 RetNet's log γ_h is not log(1 − 2^(−5−h)) to float64 precision:\n{m}",
+    )
+    assert_same(score(q, k, x), expected, [q, k], atol=ATOL)
+
+
+# --------------------------------------------------------------------------------------------- each score's inputs
+
+
+def test_each_score_maps_q_k_and_x_to_its_documented_inputs():
+    """retnet: k/√d_k, log γ_h; gla: k/√d_k, log σ(x w_h + b_h)/16; deltanet: q/|q|, k/|k|, β = σ(x w_h + b_h);
+    gated_deltanet: both gates. Each keeps the state H·d_k·d_v."""
+    d_model = 6
+    q, k, *_ = form_inputs(60, decay=False, delta=False)
+    x = randn(B, L, d_model, seed=61)
+    for cls in (RetNetScore, GLAScore, DeltaNetScore, GatedDeltaNetScore):
+        score = randomize_(cls(D_K, H, d_v=D_V, d_model=d_model).double(), seed=62, scale=0.5)
+        assert score.state_size() == H * D_K * D_V
+        q2, k2, la, beta = score.inputs(q, k, x)
+        if cls in (RetNetScore, GLAScore):
+            torch.testing.assert_close(q2, q, rtol=0, atol=0)
+            torch.testing.assert_close(k2, k / math.sqrt(D_K), rtol=1e-14, atol=0)
+            assert beta is None
+        else:
+            torch.testing.assert_close(q2, unit(q), rtol=1e-14, atol=1e-15)
+            torch.testing.assert_close(k2, unit(k), rtol=1e-14, atol=1e-15)
+            gate = score.beta_gate.proj
+            expected_beta = plain_sigmoid(x @ gate.weight.T + gate.bias).transpose(1, 2)
+            torch.testing.assert_close(beta, expected_beta, rtol=1e-14, atol=1e-15)
+        if cls is DeltaNetScore:
+            assert la is None
+        elif cls is RetNetScore:
+            assert la.shape == (B, H, L)
+        else:
+            gate = score.alpha_gate.proj
+            expected_la = (plain_logsigmoid(x @ gate.weight.T + gate.bias) / 16).transpose(1, 2)
+            torch.testing.assert_close(la, expected_la, rtol=1e-13, atol=1e-15)
+        torch.testing.assert_close(score(q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------- long sequences
+
+LONG = 8192
+LONG_DECAYS = {"no_decay": None, "decay_near_one": 20.0, "decay_e-30": "strong"}
+LONG_BETAS = {"no_delta": None, "beta_near_zero": -12.0, "beta_near_one": 12.0}
+
+
+@pytest.mark.parametrize("beta_kind", list(LONG_BETAS))
+@pytest.mark.parametrize("decay_kind", list(LONG_DECAYS))
+def test_a_long_sequence_in_float32_stays_finite_forward_and_backward(decay_kind, beta_kind):
+    """L = 8192 in float32 with log α ≈ −2·10⁻⁹ (log σ(20)) or −30 per step, β ≈ σ(±12): the chunked form's output
+    and every gradient are finite; at log α = −30 nothing older than the token survives (e^−30 ≈ 10⁻¹³), so
+    o_t = β_t (q_t·k_t) v_t."""
+    gen = torch.Generator().manual_seed(70)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+    q = draw(1, 2, LONG, 8).requires_grad_()
+    raw_k = draw(1, 2, LONG, 8).requires_grad_()
+    v = draw(1, 2, LONG, 8).requires_grad_()
+    delta = LONG_BETAS[beta_kind] is not None
+    k = F.normalize(raw_k, dim=-1) if delta else raw_k / math.sqrt(8)
+    leaves = [q, raw_k, v]
+    la = beta = None
+    decay = LONG_DECAYS[decay_kind]
+    if decay == "strong":
+        la_leaf = torch.full((1, 2, LONG), -30.0, requires_grad=True)
+        la, leaves = la_leaf, [*leaves, la_leaf]
+    elif decay is not None:
+        z = (decay + 0.1 * draw(1, 2, LONG)).requires_grad_()
+        la, leaves = F.logsigmoid(z), [*leaves, z]
+        assert (la < 0).all() and (la > -1e-8).all()
+    if delta:
+        zb = (LONG_BETAS[beta_kind] + 0.1 * draw(1, 2, LONG)).requires_grad_()
+        beta, leaves = torch.sigmoid(zb), [*leaves, zb]
+    out = chunked_form(q, k, v, la, beta)
+    assert out.shape == (1, 2, LONG, 8) and out.dtype == torch.float32
+    assert torch.isfinite(out).all(), f"{(~torch.isfinite(out)).sum()} non-finite outputs"
+    gs = torch.autograd.grad((out * draw(*out.shape)).sum(), leaves)
+    for name, g in zip(["q", "k", "v", "gate", "gate"], gs, strict=False):
+        assert torch.isfinite(g).all(), f"{(~torch.isfinite(g)).sum()} non-finite gradients of {name}"
+    if decay == "strong":
+        with torch.no_grad():
+            write = v if beta is None else beta[..., None] * v
+            expected = (q * k).sum(-1, keepdim=True) * write
+        torch.testing.assert_close(out.detach(), expected, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # and float32 loses nothing that matters: the float64 form, to 10⁻⁴ of its largest output
+        exact = chunked_form(
+            *(t.double() for t in (q, k, v)),
+            None if la is None else la.double(),
+            None if beta is None else beta.double(),
+        )
+    torch.testing.assert_close(out.detach().double(), exact, rtol=0, atol=1e-4 * float(exact.abs().max()))
+
+
+# --------------------------------------------------------------------------------------------- layers
+
+SCORES = ["retnet", "gla", "deltanet", "gated_deltanet"]
+D_MODEL, HEADS, HEAD_K, HEAD_V = 8, 2, 3, 5  # d_model ≠ H·d_k: the gates must read x at the layer's width
+LAYER_L, CHUNK = 11, 4
+CAUSAL = build_mask("causal")
+PADDED_KEYS = torch.tensor(  # sequence 1 pads its first two keys (its rows 0, 1 see none), one inside, the last
+    [[True] * LAYER_L, [False, False, True, True, True, False, True, True, True, True, False]]
+)
+
+
+def recurrent_config(score, backend="auto", chunk=CHUNK, **kw):
+    """An AttentionConfig of a decay/delta-rule ``score``: no normalizer, causal; ``chunk`` (the chunked
+    backend's chunk size) only where the backend is auto or chunked."""
+    params = {"chunk_size": chunk} if backend in ("auto", "chunked") and chunk is not None else {}
+    return AttentionConfig(score=score, normalizer="none", mask="causal", backend=backend, backend_params=params, **kw)
+
+
+def recurrent_mha(score, seed=0, **kw):
+    """A float64 layer (D_MODEL, HEADS, HEAD_K, d_v=HEAD_V) with every parameter drawn from N(0, 0.5²)."""
+    torch.manual_seed(seed)
+    mha = attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, d_v=HEAD_V, config=recurrent_config(score, **kw))
+    return randomize_(mha.double(), seed, scale=0.5)
+
+
+def causal_and_padding(keys):
+    """The causal mask AND key padding ``keys`` (B, L), as attnlab prepares it (form ``causal+padding``)."""
+    mask = CAUSAL.prepare(keys.shape[1], keys.shape[1]).with_key_padding(keys[:, None, None, :])
+    assert mask.form == "causal+padding"
+    return mask
+
+
+def conv_loop(x, weight):
+    """y_t = Σ_{s<k} w[c, 0, k−1−s]·x_{t−s} per channel c (zeros before the start); x (B, L, C), weight (C, 1, k)."""
+    Bn, Ln, C = x.shape
+    width = weight.shape[-1]
+    rows = []
+    for t in range(Ln):
+        acc = torch.zeros(Bn, C, dtype=x.dtype)
+        for s in range(width):
+            if t - s >= 0:
+                acc = acc + weight[:, 0, width - 1 - s] * x[:, t - s]
+        rows.append(acc)
+    return torch.stack(rows, dim=1)
+
+
+def layer_inputs_reference(mha, x, keys=None):
+    """The layer's projections (and short convolutions), then the score's maps and gates written out: → q', k'
+    (with padded keys written as 0), v, log α or None, β or None (B, H, L, ·)."""
+    name = mha.config.score
+    q, k, v = (x @ lin.weight.T + lin.bias for lin in (mha.q_proj, mha.k_proj, mha.v_proj))
+    if mha.short_conv is not None:
+        q = conv_loop(q, mha.q_conv.conv.weight)
+        k = conv_loop(k, mha.k_conv.conv.weight)
+        v = conv_loop(v, mha.v_conv.conv.weight)
+    Bn, Ln, _ = x.shape
+
+    def split(t, d):  # (B, L, H'·d) → (B, H', L, d)
+        return t.reshape(Bn, Ln, -1, d).transpose(1, 2)
+
+    q, k, v = split(q, HEAD_K), split(k, HEAD_K), split(v, HEAD_V)
+    q = q.repeat_interleave(HEADS // q.shape[1], dim=1)  # grouped key/value heads: repeated for their queries
+    k = k.repeat_interleave(HEADS // k.shape[1], dim=1)
+    v = v.repeat_interleave(HEADS // v.shape[1], dim=1)
+    if name in ("deltanet", "gated_deltanet"):
+        q, k = unit(q), unit(k)
+    else:
+        k = k / math.sqrt(HEAD_K)
+    if keys is not None:
+        k = k * keys[:, None, :, None].to(k.dtype)  # a padded key writes nothing
+    log_alpha = beta = None
+    if name == "retnet":  # its fixed log γ_h as the score gives them (their values: test_retnet_effective_matrix_…)
+        log_alpha = mha.score.gates(x)[0].detach()
+    if name in ("gla", "gated_deltanet"):
+        gate = mha.score.alpha_gate.proj
+        tau = mha.score.gate_normalizer  # 16 unless score_params set it
+        log_alpha = (plain_logsigmoid(x @ gate.weight.T + gate.bias) / tau).transpose(1, 2)
+    if name in ("deltanet", "gated_deltanet"):
+        gate = mha.score.beta_gate.proj
+        beta = plain_sigmoid(x @ gate.weight.T + gate.bias).transpose(1, 2)
+    return q, k, v, log_alpha, beta
+
+
+def layer_reference(mha, x, keys=None):
+    """The whole layer written out: :func:`layer_inputs_reference`, the plain recurrence, each head's output norm
+    (groupnorm, retnet's default: LayerNorm over d_v with its affine weights, ε = 1e-5; rmsnorm, the others':
+    RMSNorm, ε = 1e-6; or none), the output projection."""
+    q, k, v, log_alpha, beta = layer_inputs_reference(mha, x, keys)
+    z, _ = reference_form(q, k, v, log_alpha, beta)  # (B, H, L, d_v)
+    norm = mha.score.output_norm
+    if mha.score.output_norm_name == "groupnorm":
+        mean = z.mean(-1, keepdim=True)
+        var = ((z - mean) ** 2).mean(-1, keepdim=True)
+        z = (z - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias
+    elif mha.score.output_norm_name == "rmsnorm":
+        z = z / torch.sqrt((z * z).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    else:
+        assert norm is None
+    Bn, Ln, _ = x.shape
+    return z.transpose(1, 2).reshape(Bn, Ln, -1) @ mha.out_proj.weight.T + mha.out_proj.bias
+
+
+def named_grads(mha, out, x):
+    """Gradients of <out, c> (a fixed random cotangent) w.r.t. x and each named parameter."""
+    names = [n for n, _ in mha.named_parameters()]
+    gs = grads(out, [x, *(p for _, p in mha.named_parameters())])
+    return dict(zip(["x", *names], gs, strict=True))
+
+
+@pytest.mark.parametrize("short_conv", [None, 4], ids=["no_conv", "short_conv4"])
+@pytest.mark.parametrize("masking", ["causal", "causal+padding"])
+@pytest.mark.parametrize("score", SCORES)
+def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, short_conv):
+    """The automatic choice (chunked), and the forced chunked, recurrent and eager backends: the same output and
+    the same gradients of the input and of every parameter, all equal to the plain layer (the recurrence over an
+    explicit state, padded keys written as k = 0)."""
+    layers = {
+        backend: recurrent_mha(score, seed=1, backend=backend, short_conv=short_conv)
+        for backend in ("auto", "chunked", "recurrent", "eager")
+    }
+    auto = layers["auto"]
+    assert auto.backend_for() == "chunked"
+    assert auto.backend_for(mask="causal+padding") == "chunked"
+    assert auto.backend_for(need_weights=True) == "eager"
+    for backend, layer in layers.items():
+        for (n, p), (_, p0) in zip(layer.named_parameters(), auto.named_parameters(), strict=True):
+            assert torch.equal(p, p0), f"{backend}: {n} differs"
+    x = randn(2, LAYER_L, D_MODEL, seed=80).requires_grad_()
+    keys = None if masking == "causal" else PADDED_KEYS
+    mask = CAUSAL if keys is None else causal_and_padding(keys)
+    expected = layer_reference(auto, x, keys)
+    expected_grads = named_grads(auto, expected, x)
+    for backend, layer in layers.items():
+        out, weights = layer(x, mask=mask)
+        assert weights is None
+        torch.testing.assert_close(out, expected, rtol=ATOL, atol=ATOL, msg=lambda m, b=backend: f"{b}: {m}")
+        for name, g in named_grads(layer, out, x).items():
+            torch.testing.assert_close(
+                g, expected_grads[name], rtol=ATOL, atol=ATOL, msg=lambda m, b=backend, n=name: f"{b}, d/d{n}: {m}"
+            )
+    if keys is not None:  # rows 0 and 1 of sequence 1 see no key: z = 0, normed (a LayerNorm gives its bias)
+        out = layers["auto"](x, mask=mask)[0]
+        norm = auto.score.output_norm
+        zero = norm.bias if score == "retnet" else torch.zeros(HEAD_V, dtype=torch.float64)
+        empty_row = zero.repeat(HEADS) @ auto.out_proj.weight.T + auto.out_proj.bias
+        torch.testing.assert_close(out[1, :2], empty_row.expand(2, D_MODEL), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("masking", ["causal", "causal+padding"])
+@pytest.mark.parametrize("score", SCORES)
+def test_the_weights_a_layer_returns_are_the_effective_matrix_of_its_inputs(score, masking):
+    """need_weights=True runs eager and returns (B, H, L, L) = effective_matrix of the score's q', k', log α, β
+    (padded keys as k = 0); signed for the delta rule; and the output is those weights applied to v."""
+    mha = recurrent_mha(score, seed=2)
+    x = randn(2, LAYER_L, D_MODEL, seed=81).requires_grad_()
+    keys = None if masking == "causal" else PADDED_KEYS
+    mask = CAUSAL if keys is None else causal_and_padding(keys)
+    out, weights = mha(x, mask=mask, need_weights=True)
+    q, k, _, log_alpha, beta = layer_inputs_reference(mha, x, keys)
+    expected = effective_matrix(q, k, log_alpha, beta)
+    assert weights is not None and weights.shape == (2, HEADS, LAYER_L, LAYER_L)
+    assert (weights.triu(1) == 0).all()
+    assert_same(weights, expected, [x, *mha.parameters()], atol=ATOL)
+    if score in ("deltanet", "gated_deltanet"):
+        assert (weights < 0).any(), "the delta rule's effective matrix has negative entries"
+    assert_same(out, layer_reference(mha, x, keys), [x, *mha.parameters()], atol=ATOL)
+    assert_same(mha(x, mask=mask)[0], out, [x, *mha.parameters()], atol=ATOL)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 11, 64])
+def test_the_chunked_layer_does_not_depend_on_the_chunk_size(chunk):
+    mha = recurrent_mha("gated_deltanet", seed=3, chunk=chunk)
+    x = randn(2, LAYER_L, D_MODEL, seed=82).requires_grad_()
+    assert_same(mha(x, mask=CAUSAL)[0], layer_reference(mha, x), [x, *mha.parameters()], atol=ATOL)
+
+
+LAYER_VARIANTS = {
+    "gqa_one_kv_head": ("gated_deltanet", {"num_kv_heads": 1}),
+    "gla_tau4_no_norm": ("gla", {"score_params": {"gate_normalizer": 4.0, "output_norm": None}}),
+    "retnet_rmsnorm": ("retnet", {"score_params": {"output_norm": "rmsnorm"}}),
+    "deltanet_groupnorm_rope": ("deltanet", {"score_params": {"output_norm": "groupnorm"}, "rope": True}),
+}
+
+
+@pytest.mark.parametrize(("score", "options"), list(LAYER_VARIANTS.values()), ids=list(LAYER_VARIANTS))
+def test_layer_options_reach_every_backend(score, options):
+    """Grouped key/value heads, the score's parameters (τ, output_norm) and rotary positions: the chunked,
+    recurrent and eager backends agree (values and every gradient), and without rotary positions equal the plain
+    layer."""
+    layers = {b: recurrent_mha(score, seed=8, backend=b, **options) for b in ("chunked", "recurrent", "eager")}
+    x = randn(2, LAYER_L, D_MODEL, seed=86).requires_grad_()
+    mask = causal_and_padding(PADDED_KEYS)
+    expected = layers["eager"](x, mask=mask)[0]
+    if "rope" not in options:
+        assert_same(expected, layer_reference(layers["eager"], x, PADDED_KEYS), [x, *layers["eager"].parameters()])
+    expected_grads = named_grads(layers["eager"], expected, x)
+    for backend in ("chunked", "recurrent"):
+        out = layers[backend](x, mask=mask)[0]
+        torch.testing.assert_close(out, expected, rtol=ATOL, atol=ATOL)
+        for name, g in named_grads(layers[backend], out, x).items():
+            torch.testing.assert_close(g, expected_grads[name], rtol=ATOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_an_encoder_with_padding_runs_the_chunked_form_as_its_eager_path():
+    """Pads first and inside a sequence: the encoder's causal+padding masks run on chunked, as need_weights=True
+    (eager) computes them."""
+    torch.manual_seed(9)
+    options = {"score": "gated_deltanet", "normalizer": "none", "mask": "causal", "backend_params": {"chunk_size": 2}}
+    enc = attnlab.Encoder(11, D_MODEL, HEADS, 2, pad_id=0, **options).double()
+    tokens = torch.tensor([[3, 4, 5, 6, 7, 8, 9], [0, 0, 5, 6, 0, 7, 8]])
+    assert [m.form for m in enc.build_masks(tokens)] == ["causal+padding"] * 2
+    assert enc.layers[0].self_attn.backend_for(mask="causal+padding") == "chunked"
+    out = enc(tokens)
+    eager, _ = enc(tokens, need_weights=True)
+    assert torch.isfinite(out).all()
+    assert_same(out, eager, list(enc.parameters()), atol=ATOL)
+
+
+HALF = {"bfloat16": (torch.bfloat16, 0.05), "float16": (torch.float16, 0.01)}
+
+
+@pytest.mark.parametrize("dtype", list(HALF))
+@pytest.mark.parametrize("score", SCORES)
+def test_a_half_precision_layer_runs_every_path_and_returns_its_weights(score, dtype):
+    """In bfloat16 and float16 (and under CPU autocast) the chunked, recurrent and eager paths, and
+    need_weights=True (the diagnostics), run and give the float32 layer's output to half-precision rounding
+    (within ``tol`` of its largest entry; without the output norm, which would magnify the rounding of a row of
+    nearly equal entries)."""
+    dt, tol = HALF[dtype]
+    no_norm = {"score_params": {"output_norm": None}}
+    mha = recurrent_mha(score, seed=10, **no_norm).float()
+    x = randn(2, 7, D_MODEL, seed=87).float()
+    with torch.no_grad():
+        exact, exact_weights = mha(x, mask=CAUSAL, need_weights=True)
+        scale = float(exact.abs().max())
+        half = copy.deepcopy(mha).to(dt)
+        outs = {"auto": half(x.to(dt), mask=CAUSAL)[0]}
+        for backend in ("recurrent", "eager"):
+            forced = recurrent_mha(score, seed=10, backend=backend, **no_norm).to(dt)
+            outs[backend] = forced(x.to(dt), mask=CAUSAL)[0]
+        outs["need_weights"], weights = half(x.to(dt), mask=CAUSAL, need_weights=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            outs["autocast"] = mha(x, mask=CAUSAL)[0]
+            outs["autocast_need_weights"], autocast_weights = mha(x, mask=CAUSAL, need_weights=True)
+    for path, out in outs.items():
+        assert torch.isfinite(out).all(), path
+        atol = (HALF["bfloat16"][1] if path.startswith("autocast") else tol) * scale  # autocast: bfloat16
+        torch.testing.assert_close(out.float(), exact, rtol=0, atol=atol, msg=lambda m, p=path: f"{p}: {m}")
+    weight_scale = float(exact_weights.abs().max())
+    torch.testing.assert_close(weights.float(), exact_weights, rtol=0, atol=tol * weight_scale)
+    atol = HALF["bfloat16"][1] * weight_scale
+    torch.testing.assert_close(autocast_weights.float(), exact_weights, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_a_bool_tensor_causal_mask_gives_what_the_causal_mask_gives(score):
+    """The (L, L) lower-triangular bool tensor (True = may attend) is the causal mask: ``attn(x, mask=causal_mask)``
+    with a bool tensor gives what attnlab's causal Mask gives (a tensor mask prepares as form ``other``, so the layer
+    has to recognise that it is exactly j ≤ i)."""
+    mha = recurrent_mha(score, seed=4)
+    x = randn(2, 6, D_MODEL, seed=83).requires_grad_()
+    tril = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert_same(mha(x, mask=tril)[0], mha(x, mask=CAUSAL)[0], [x, *mha.parameters()], atol=ATOL)
+
+
+@pytest.mark.parametrize("short_conv", [None, 4], ids=["no_conv", "short_conv4"])
+@pytest.mark.parametrize("score", SCORES)
+def test_no_chunked_layer_leaks_the_future(score, short_conv):
+    """d out_i / d x_j = 0 for j > i and across the batch (the full Jacobian, L = 6, chunk size 4), nonzero for
+    j = i."""
+    mha = recurrent_mha(score, seed=5, short_conv=short_conv)
+    assert mha.backend_for() == "chunked"
+    x = randn(2, 6, D_MODEL, seed=84)
+    jac = torch.autograd.functional.jacobian(lambda t: mha(t, mask=CAUSAL)[0], x)  # (B, L, D, B, L, D)
+    for b in range(2):
+        for i in range(6):
+            assert (jac[b, i, :, b, i + 1 :] == 0).all(), f"row {i} of sequence {b} sees the future"
+            assert (jac[b, i, :, 1 - b] == 0).all(), "batch elements leak into each other"
+            assert jac[b, i, :, b, i].abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------------------- refusals
+
+REFUSED = {
+    "normalizer_softmax": ({"normalizer": "softmax"}, "normalizer"),
+    "normalizer_rowsum": ({"normalizer": "rowsum"}, "normalizer"),
+    "mask_none": ({"mask": None}, "mask"),
+    "mask_sliding_window": ({"mask": {"name": "sliding_window", "window": 3}}, "mask"),
+    "backend_global": ({"backend": "global"}, "global"),
+    "position_bias": ({"position_bias": "alibi"}, "position_bias"),
+    "softcap": ({"softcap": 5.0}, "softcap"),
+    "differential": ({"differential": True}, "differential"),
+}
+
+
+@pytest.mark.parametrize(("change", "word"), list(REFUSED.values()), ids=list(REFUSED))
+@pytest.mark.parametrize("score", SCORES)
+def test_a_configuration_the_forms_cannot_compute_is_refused_in_one_line_at_build(score, change, word):
+    options = {"score": score, "normalizer": "none", "mask": "causal", **change}
+    with pytest.raises(ValueError, match=word) as info:
+        attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, config=AttentionConfig(**options))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("score", ["gla", "gated_deltanet"])
+def test_a_call_with_a_mask_that_is_not_causal_is_refused_in_one_line(score):
+    """The module docstring: a layer refuses a mask that is not causal (AND key padding), in one line; no mask,
+    a symmetric window or key padding alone would otherwise be computed as causal."""
+    mha = recurrent_mha(score, seed=6)
+    x = randn(2, 6, D_MODEL, seed=85)
+    window = build_mask("sliding_window", window=2)
+    keys_only = PADDED_KEYS[:, None, None, :6]  # (B, 1, 1, L): key padding alone
+    for mask in (None, window, keys_only):
+        for need_weights in (False, True):
+            with pytest.raises((ValueError, RuntimeError)) as info:
+                mha(x, mask=mask, need_weights=need_weights)
+            assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="self-attention only") as info:
+        mha(x, key_value=randn(2, 6, D_MODEL, seed=86), mask=CAUSAL)
+    assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------- state size
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_the_state_size_is_one_matrix_per_head_whatever_the_length(score):
+    mha = recurrent_mha(score, seed=7)
+    for length in (0, 1, LAYER_L, 100_000):
+        assert mha.state_size(length) == HEADS * HEAD_K * HEAD_V == mha.score.state_size()
+    conv = recurrent_mha(score, seed=7, short_conv=4)
+    channels = 2 * HEADS * HEAD_K + HEADS * HEAD_V  # q and k (H·d_k each), v (H·d_v)
+    for length in (1, LAYER_L, 100_000):
+        assert conv.state_size(length) == HEADS * HEAD_K * HEAD_V + 3 * channels
