@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The recall-state trade-off (issue 28): MQAR at three rungs of growing pairs and length, (4, 12), (8, 24) and
+# (16, 48) tokens (2 per pair, 1 query per pair: seq_len=null), at two widths (d_model 16 and 32, one head, so the
+# per-layer state of a fixed-state form is d_model^2), for softmax, sliding-window softmax, linear attention (elu,
+# taylor), Based, RetNet, GLA, DeltaNet and Gated DeltaNet. Every model has Zoology's short convolution (width 4;
+# Based its own 3). Stage 1: each model's learning rate from {1e-3, 3e-3, 1e-2} on the hardest rung at d_model 32,
+# seed 0 (best_lr.py: best val/acc_best, then fewest steps to 99 %). Stage 2: each model at its learning rate on
+# every rung and width, seeds 0-2: 162 runs. About 40 min on 2 CPU cores. Run folders go to $RUNS (default
+# outputs/recall_state, the grid's in outputs/recall_state_grid); summary.csv, the grid's lr_grid.csv and the
+# dashboard are written at the end.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+RUNS=${RUNS:-outputs/recall_state}
+common="experiment=mqar task.datamodule.seq_len=null max_steps=600 diagnostics.enabled=false"
+declare -A MODEL=(
+  [scaled_dot]="variant=scaled_dot model.short_conv=4"
+  [window]="variant=scaled_dot model.pattern=L model.local_window=8 model.short_conv=4"
+  [linear_elu]="variant=linear variant.params.feature_map=elu model.short_conv=4"
+  [linear_taylor]="variant=linear variant.params.feature_map=taylor variant.params.feature_dim=16 model.short_conv=4"
+  [based]="variant=based model.local_window=8"
+  [retnet]="variant=retnet model.short_conv=4"
+  [gla]="variant=gla model.short_conv=4"
+  [deltanet]="variant=deltanet model.short_conv=4"
+  [gated_deltanet]="variant=gated_deltanet model.short_conv=4"
+)
+ORDER="scaled_dot window linear_elu linear_taylor based retnet gla deltanet gated_deltanet"
+
+# stage 1: the learning-rate grid (one seed, the hardest rung, d_model 32), into ${RUNS}_grid (not in summary.csv)
+for m in $ORDER; do
+  # shellcheck disable=SC2086
+  RUNS="${RUNS}_grid" SEEDS=0 sweep "grid_$m" $common ${MODEL[$m]} task.datamodule.num_pairs=16 d_model=32 \
+    lr=1e-3,3e-3,1e-2
+done
+if [ "$PY" != ":" ]; then
+  eval "$($PY experiments/recall_state/best_lr.py "${RUNS}_grid"/grid_*)"
+fi
+
+# stage 2: every rung and width at the chosen learning rate, three seeds
+for m in $ORDER; do
+  lr_var="LR_$m"
+  # shellcheck disable=SC2086
+  sweep "$m" $common ${MODEL[$m]} task.datamodule.num_pairs=4,8,16 d_model=16,32 lr="${!lr_var:-3e-3}"
+done
+finish recall_state  # stage 2's runs; the grid's are in lr_grid.csv
