@@ -242,7 +242,9 @@ class RecurrentScore(Score):
     turns into the weights the ``eager`` backend and the diagnostics read.
 
     Args:
-        d_k, num_heads, d_v: per-head sizes and H.
+        d_k: per-head query/key size.
+        num_heads: H.
+        d_v: per-head value size (default d_k).
         d_model: the layer's input width (the gates read x).
         output_norm: ``groupnorm`` (LayerNorm of each head over d_v, with affine weights: GroupNorm with H groups),
             ``rmsnorm`` (RMSNorm of each head) or None, applied to the output before the output projection.

@@ -304,7 +304,7 @@ def quick_plan() -> Plan:
 # ============================================================================================ linear attention
 
 # The ``linear`` section's models: name → the causal attention of every layer. scaled_dot runs SDPA's causal kernel
-# (flash on the CPU), the linear ones the ``chunked`` backend.
+# (flash on the CPU), the linear ones and the decay and delta-rule forms the ``chunked`` backend.
 RECURRENT_FORMS = ("retnet", "gla", "deltanet", "gated_deltanet")
 
 LINEAR_MODELS: dict[str, AttentionConfig] = {
@@ -313,6 +313,7 @@ LINEAR_MODELS: dict[str, AttentionConfig] = {
     "linear_taylor": AttentionConfig(
         score="linear", score_params={"feature_map": "taylor"}, normalizer="rowsum", mask="causal"
     ),
+    **{name: AttentionConfig(score=name, normalizer="none", mask="causal") for name in RECURRENT_FORMS},
 }
 # Issue 27's goals: linear (elu) ÷ scaled_dot step time at the two target lengths, and peak memory at the longer.
 LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
