@@ -74,7 +74,7 @@ def test_the_committed_results_tables_match_the_committed_csv(readme: Path, caps
     assert not re.search(r"standard deviation", readme.read_text())
 
 
-STUDIES = ("position", "stability", "normalizers", "heads", "linear_mqar")
+STUDIES = ("position", "stability", "normalizers", "heads", "linear_mqar", "recall_state")
 
 
 def _sweeps(study: str, runs: Path) -> list[tuple[str, list[str]]]:

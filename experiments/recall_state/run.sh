@@ -15,7 +15,7 @@ declare -A MODEL=(
   [scaled_dot]="variant=scaled_dot model.short_conv=4"
   [window]="variant=scaled_dot model.pattern=L model.local_window=8 model.short_conv=4"
   [linear_elu]="variant=linear variant.params.feature_map=elu model.short_conv=4"
-  [linear_taylor]="variant=linear variant.params.feature_map=taylor variant.params.feature_dim=16 model.short_conv=4"
+  [linear_taylor]="variant=linear variant.params.feature_map=taylor model.short_conv=4"
   [based]="variant=based model.local_window=8"
   [retnet]="variant=retnet model.short_conv=4"
   [gla]="variant=gla model.short_conv=4"
