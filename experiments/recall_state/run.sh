@@ -3,7 +3,7 @@
 # (16, 48) tokens (2 per pair, 1 query per pair: seq_len=null), at two widths (d_model 16 and 32, one head, so the
 # per-layer state of a fixed-state form is d_model^2), for softmax, sliding-window softmax, linear attention (elu,
 # taylor), Based, RetNet, GLA, DeltaNet and Gated DeltaNet. Every model has Zoology's short convolution (width 4;
-# Based its own 3). Stage 1: each model's learning rate from {1e-3, 3e-3, 1e-2} on the hardest rung at d_model 32,
+# Based its own 3). Stage 1: each model's learning rate from {3e-3, 1e-2, 3e-2} on the hardest rung at d_model 32,
 # seed 0 (best_lr.py: best val/acc_best, then fewest steps to 99 %). Stage 2: each model at its learning rate on
 # every rung and width, seeds 0-2: 162 runs. About 40 min on 2 CPU cores. Run folders go to $RUNS (default
 # outputs/recall_state, the grid's in outputs/recall_state_grid); summary.csv, the grid's lr_grid.csv and the
@@ -28,7 +28,7 @@ ORDER="scaled_dot window linear_elu linear_taylor based retnet gla deltanet gate
 for m in $ORDER; do
   # shellcheck disable=SC2086
   RUNS="${RUNS}_grid" SEEDS=0 sweep "grid_$m" $common ${MODEL[$m]} task.datamodule.num_pairs=16 d_model=32 \
-    lr=1e-3,3e-3,1e-2
+    lr=3e-3,1e-2,3e-2
 done
 if [ "$PY" != ":" ]; then
   eval "$($PY experiments/recall_state/best_lr.py "${RUNS}_grid"/grid_*)"
