@@ -253,7 +253,6 @@ class RecurrentScore(Score):
     has_value_term = False
     decays = False  #: whether the form has a decay α
     delta = False  #: whether the form uses the delta rule (β)
-    default_output_norm: str | None = "rmsnorm"
 
     def __init__(
         self,
@@ -261,12 +260,10 @@ class RecurrentScore(Score):
         num_heads: int,
         d_v: int | None = None,
         d_model: int | None = None,
-        output_norm: str | None = "default",
+        output_norm: str | None = "rmsnorm",
     ) -> None:
         super().__init__(d_k, num_heads, d_v)
         self.d_model = d_model if d_model is not None else d_k * num_heads
-        if output_norm == "default":
-            output_norm = self.default_output_norm
         self.output_norm_name = check_choice("output_norm", output_norm, OUTPUT_NORMS)
         if output_norm == "groupnorm":
             self.output_norm: nn.Module | None = nn.LayerNorm(self.d_v)  # per head; weights shared over heads
@@ -324,7 +321,6 @@ class RetNetScore(RecurrentScore):
     the model configures them (``model.pos_encoding=rope``). State: M_t = γ M_{t−1} + k_t v_tᵀ."""
 
     decays = True
-    default_output_norm = "groupnorm"
 
     def __init__(
         self,
@@ -332,7 +328,7 @@ class RetNetScore(RecurrentScore):
         num_heads: int,
         d_v: int | None = None,
         d_model: int | None = None,
-        output_norm: str | None = "default",
+        output_norm: str | None = "groupnorm",
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
         # float64, not a buffer: casting the model (.float(), .bfloat16()) must not round the decays twice
@@ -361,7 +357,7 @@ class GLAScore(RecurrentScore):
         num_heads: int,
         d_v: int | None = None,
         d_model: int | None = None,
-        output_norm: str | None = "default",
+        output_norm: str | None = "rmsnorm",
         gate_normalizer: float = 16.0,
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
@@ -387,7 +383,7 @@ class DeltaNetScore(RecurrentScore):
         num_heads: int,
         d_v: int | None = None,
         d_model: int | None = None,
-        output_norm: str | None = "default",
+        output_norm: str | None = "rmsnorm",
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
         self.beta_gate = _Gate(self.d_model, num_heads)
@@ -416,7 +412,7 @@ class GatedDeltaNetScore(DeltaNetScore):
         num_heads: int,
         d_v: int | None = None,
         d_model: int | None = None,
-        output_norm: str | None = "default",
+        output_norm: str | None = "rmsnorm",
         gate_normalizer: float = 16.0,
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
