@@ -3,7 +3,8 @@
     python experiments/recall_state/plot.py      # frontier.png and pairs.png beside this file
 
 - ``frontier.png``: per rung (pairs, length), test accuracy against the state per sequence (both layers, floats,
-  log axis), one point per model and width (mean ± 95 % t-interval over seeds), a model's widths joined; the
+  log axis), one point per model and width (mean ± 95 % t-interval over seeds, clipped to 0–100 %), a model's
+  widths joined; the
   recall-state frontier (the best accuracy reached at or below each state size) drawn in grey.
 - ``pairs.png``: test accuracy against the number of pairs at each width, one line per model.
 """
@@ -63,6 +64,11 @@ def points(rows: list[dict[str, str]]) -> dict[tuple[str, int, int], tuple[float
     return out
 
 
+def clipped(line: list[tuple[float, float, float | None, int]]) -> list[list[float]]:
+    """The 95 % intervals as (below, above) error bars, clipped to 0 … 100 % (as experiments/plot.py does)."""
+    return [[min(h or 0, a) for _, a, h, _ in line], [min(h or 0, 100 - a) for _, a, h, _ in line]]
+
+
 def main() -> None:
     rows = list(csv.DictReader((HERE / "summary.csv").open()))
     pts = points(rows)
@@ -85,13 +91,14 @@ def main() -> None:
             ax.errorbar(
                 [s for s, *_ in line],
                 [a for _, a, _, _ in line],
-                yerr=[h or 0 for _, _, h, _ in line],
+                yerr=clipped(line),
                 color=color,
                 marker=marker,
                 capsize=3,
                 label=m,
             )
         ax.set_xscale("log")
+        ax.set_ylim(-3, 103)
         ax.set_title(f"{pairs} pairs, {3 * pairs} tokens")
         ax.set_xlabel("state per sequence (floats, 2 layers)")
         ax.grid(alpha=0.3)
@@ -109,13 +116,14 @@ def main() -> None:
             ax.errorbar(
                 [p for p, _ in line],
                 [v[1] for _, v in line],
-                yerr=[v[2] or 0 for _, v in line],
+                yerr=clipped([v for _, v in line]),
                 color=color,
                 marker=marker,
                 capsize=3,
                 label=m,
             )
         ax.set_xscale("log", base=2)
+        ax.set_ylim(-3, 103)
         ax.set_xticks(rungs, [str(p) for p in rungs])
         ax.set_title(f"d_model {d}")
         ax.set_xlabel("key-value pairs (sequence length 3 × pairs)")
