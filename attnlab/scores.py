@@ -147,6 +147,7 @@ def _wrap_score(name: str, obj: Any, kwargs: dict[str, Any]) -> nn.Module:
             raise ValueError(f"build_score('{name}') needs {required}=")
     d_k, num_heads = kwargs.pop("d_k"), kwargs.pop("num_heads")
     kwargs.pop("d_v", None)
+    kwargs.pop("d_model", None)
     check_params("score", name, obj, kwargs, ("q", "k"))
     return FunctionScore(name, obj, d_k, num_heads, **kwargs)
 
@@ -171,6 +172,7 @@ def build_score(name: str, **kwargs: Any) -> nn.Module:
             raise UnknownNameError(unknown_name_message("score", name, list_scores()))
         return _SCORES.build(name, **kwargs)
     sizes = {k: kwargs.pop(k) for k in ("d_k", "num_heads", "d_v") if k in kwargs}
+    kwargs.pop("d_model", None)  # (a preset's score and bias are built from the sizes alone)
     changes = build_preset(name, **kwargs)
     from attnlab.position_bias import build_position_bias
 

@@ -29,7 +29,15 @@ SUBPROCESS_TIMEOUT = 300
 
 # ---------------------------------------------------------------------------------------------- the built-ins
 
-SCORES: tuple[str, ...] = tuple(attnlab.list_scores())
+# The decay and delta-rule forms (attnlab.recurrences: retnet, gla, deltanet, gated_deltanet) are registered scores
+# too, but not logits of (q, k): they read the layer's input, are causal only and take no normalizer.
+# tests/test_recurrences.py tests every one of them; SCORES are the others, which the generic score tests take.
+RECURRENT_FORMS: tuple[str, ...] = tuple(
+    n
+    for n in attnlab.list_scores()
+    if isinstance(attnlab.build_score(n, d_k=4, num_heads=1), attnlab.recurrences.RecurrentScore)
+)
+SCORES: tuple[str, ...] = tuple(n for n in attnlab.list_scores() if n not in RECURRENT_FORMS)
 POSITION_BIASES: tuple[str, ...] = tuple(attnlab.list_position_biases())
 MASKS: tuple[str, ...] = tuple(attnlab.list_masks())
 NORMALIZERS: tuple[str, ...] = tuple(attnlab.list_normalizers())

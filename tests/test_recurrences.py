@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_same, grads, randn
-from helpers import randomize_
+from helpers import RECURRENT_FORMS, randomize_
 
 import attnlab
 from attnlab.config import AttentionConfig
@@ -712,3 +712,9 @@ def test_the_state_size_is_one_matrix_per_head_whatever_the_length(score):
     channels = 2 * HEADS * HEAD_K + HEADS * HEAD_V  # q and k (H·d_k each), v (H·d_v)
     for length in (1, LAYER_L, 100_000):
         assert conv.state_size(length) == HEADS * HEAD_K * HEAD_V + 3 * channels
+
+
+def test_every_registered_recurrent_form_is_tested_here():
+    """The generic score tests leave out the decay and delta-rule forms (helpers.RECURRENT_FORMS); this file tests
+    each one, so a new form registered without being added to SCORES fails here."""
+    assert sorted(SCORES) == sorted(RECURRENT_FORMS)
