@@ -342,12 +342,13 @@ class MultiHeadAttention(nn.Module):
         v = v.view(B, Lk, self.num_kv_heads, self.d_v).transpose(1, 2)  # (B, G, Lk, d_v)
         return (*self.transform_qk(q, k), v)
 
-    def transform_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """QK-norm, then rotary positions (query i at position i, key j at position j)."""
+    def transform_qk(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """QK-norm, then rotary positions (query i at position offset + i, key j at offset + j; ``offset``: the
+        tokens before these, when decoding one at a time)."""
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)
+            q, k = self.rope(q, offset), self.rope(k, offset)
         return q, k
 
     def mask_for_heads(

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.backends.linear import recurrent_step
-from attnlab.masks import build_mask, hides_later_keys
+from attnlab.masks import PreparedMask, build_mask, hides_later_keys
 from attnlab.recurrences import state_step
 
 __all__ = ["LayerCache", "decode", "decode_reason", "encoder_step", "init_cache", "layer_step"]
@@ -102,10 +102,7 @@ def layer_step(attn: MultiHeadAttention, x: Tensor, cache: LayerCache) -> Tensor
     q = q.view(B, 1, attn.query_heads, attn.d_k).transpose(1, 2)  # (B, Hq, 1, d_k)
     k = k.view(B, 1, attn.key_heads, attn.d_k).transpose(1, 2)
     v = v.view(B, 1, attn.num_kv_heads, attn.d_v).transpose(1, 2)
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    if attn.rope is not None:
-        q, k = attn.rope(q, offset=t), attn.rope(k, offset=t)
+    q, k = attn.transform_qk(q, k, offset=t)
     if attn.is_recurrent:
         q, k, log_alpha, beta = attn.score.inputs(q, attn.expand_heads(k, attn.num_heads), x)
         la = None if log_alpha is None else log_alpha[:, :, 0]
@@ -141,17 +138,10 @@ def layer_step(attn: MultiHeadAttention, x: Tensor, cache: LayerCache) -> Tensor
             mask.mask_mod(torch.tensor([[t]], device=x.device), torch.arange(t + 1, device=x.device)[None], None, None)
         )  # (1, t + 1): the keys this query sees
         logits = attn.logits(q, keys)  # (B, Hq, 1, t + 1)
-        weights = attn.normalize(logits, _Row(row.view(1, 1, 1, t + 1)), values.dtype)
+        weights = attn.normalize(logits, PreparedMask.from_tensor(row.view(1, 1, 1, t + 1)), values.dtype)
         z = attn.mix_values(weights, values)  # (B, H, 1, d_v)
     cache.length = t + 1
     return attn.merge(z)
-
-
-class _Row:
-    """The one-row mask a normalizer reads (``allowed``)."""
-
-    def __init__(self, allowed: Tensor) -> None:
-        self.allowed = allowed
 
 
 def init_cache(encoder: Any) -> list[LayerCache]:

@@ -123,6 +123,14 @@ def _decay_matrix(b: Tensor, diagonal: int = 0) -> Tensor:
     return diff.masked_fill(~_tril(n, b.device, diagonal), float("-inf")).exp()
 
 
+def _lower(t: Tensor, b: Tensor | None, diagonal: int = 0) -> Tensor:
+    """t (…, n, n) on and below the ``diagonal``, 0 above it; times Γ = exp(b_i − b_j) when the cumulative
+    log-decays b (…, n) are given (:func:`_decay_matrix`)."""
+    if b is None:
+        return t.masked_fill(~_tril(t.shape[-1], t.device, diagonal), 0.0)
+    return t * _decay_matrix(b, diagonal)
+
+
 def _solve_unit_lower(a: Tensor, rhs: Tensor) -> Tensor:
     """(I + a)⁻¹ rhs for a strictly lower-triangular a (…, n, n), rhs (…, n, m); half precision is solved in
     float32 (no half-precision triangular solve on the CPU) and returned in its own dtype."""
@@ -135,19 +143,11 @@ def _solve_unit_lower(a: Tensor, rhs: Tensor) -> Tensor:
 def effective_matrix(q: Tensor, k: Tensor, log_alpha: Tensor | None = None, beta: Tensor | None = None) -> Tensor:
     """The lower-triangular (L, L) map from v to the output: q, k (B, H, L, d_k), log_alpha, beta (B, H, L) or None
     → A (B, H, L, L), o = A v: (Q Kᵀ ⊙ Γ), times T diag(β) under the delta rule (module docstring)."""
-    L = q.shape[-2]
-    scores = torch.matmul(q, k.transpose(-1, -2))  # (B, H, L, L)
-    if log_alpha is None:
-        P = scores.masked_fill(~_tril(L, q.device), 0.0)
-    else:
-        P = scores * _decay_matrix(log_alpha.cumsum(-1))
+    b = None if log_alpha is None else log_alpha.cumsum(-1)
+    P = _lower(torch.matmul(q, k.transpose(-1, -2)), b)  # (B, H, L, L)
     if beta is None:
         return P
-    kk = torch.matmul(k, k.transpose(-1, -2))  # (B, H, L, L)
-    if log_alpha is None:
-        kk = kk.masked_fill(~_tril(L, q.device, -1), 0.0)
-    else:
-        kk = kk * _decay_matrix(log_alpha.cumsum(-1), -1)
+    kk = _lower(torch.matmul(k, k.transpose(-1, -2)), b, -1)  # strictly below the diagonal
     T = _solve_unit_lower(beta.unsqueeze(-1) * kk, torch.diag_embed(beta))  # T diag(β), (B, H, L, L)
     return torch.matmul(P, T)
 
@@ -179,14 +179,11 @@ def chunked_form(
         beta = None if beta is None else F.pad(beta, (0, pad))
     N = (L + pad) // C
     qc, kc, vc = q.reshape(B, H, N, C, Dk), k.reshape(B, H, N, C, Dk), v.reshape(B, H, N, C, Dv)
-    scores = torch.matmul(qc, kc.transpose(-1, -2))  # (B, H, N, C, C)
-    if log_alpha is None:
-        b = None
-        P = scores.masked_fill(~_tril(C, q.device), 0.0)
+    b = None if log_alpha is None else log_alpha.reshape(B, H, N, C).cumsum(-1)  # chunk-local b̃ (B, H, N, C)
+    P = _lower(torch.matmul(qc, kc.transpose(-1, -2)), b)  # (B, H, N, C, C)
+    if b is None:
         q_in, k_out, carry = qc, kc, None
     else:
-        b = log_alpha.reshape(B, H, N, C).cumsum(-1)  # chunk-local b̃ (B, H, N, C)
-        P = scores * _decay_matrix(b)
         q_in = qc * b.exp().unsqueeze(-1)  # e^b̃ q
         k_out = kc * (b[..., -1:] - b).exp().unsqueeze(-1)  # e^(b̃_C − b̃) k
         carry = b[..., -1].exp()  # (B, H, N): e^(b̃_C)
@@ -202,8 +199,7 @@ def chunked_form(
         M_before = torch.stack(states, dim=2)  # (B, H, N, d_k, d_v)
     else:
         bc = beta.reshape(B, H, N, C)
-        kk = torch.matmul(kc, kc.transpose(-1, -2))
-        kk = kk.masked_fill(~_tril(C, q.device, -1), 0.0) if b is None else kk * _decay_matrix(b, -1)
+        kk = _lower(torch.matmul(kc, kc.transpose(-1, -2)), b, -1)
         decayed_k = kc if b is None else kc * b.exp().unsqueeze(-1)
         rhs = torch.cat([vc, decayed_k], dim=-1) * bc.unsqueeze(-1)  # (B, H, N, C, d_v + d_k)
         W = _solve_unit_lower(bc.unsqueeze(-1) * kk, rhs)
@@ -249,10 +245,6 @@ class RecurrentScore(Score):
         output_norm: ``groupnorm`` (LayerNorm of each head over d_v, with affine weights: GroupNorm with H groups),
             ``rmsnorm`` (RMSNorm of each head) or None, applied to the output before the output projection.
     """
-
-    has_value_term = False
-    decays = False  #: whether the form has a decay α
-    delta = False  #: whether the form uses the delta rule (β)
 
     def __init__(
         self,
@@ -302,15 +294,32 @@ class RecurrentScore(Score):
 
 
 class _Gate(nn.Module):
-    """A per-head scalar from the input: x (B, L, d_model) → (B, H, L) pre-activations x w_h + b_h."""
+    """A per-head scalar from the input: x (B, L, d_model) → (B, H, L) pre-activations x w_h + b_h (b = 0 at
+    first)."""
 
-    def __init__(self, d_model: int, num_heads: int, bias_init: float = 0.0) -> None:
+    def __init__(self, d_model: int, num_heads: int) -> None:
         super().__init__()
         self.proj = nn.Linear(d_model, num_heads)
-        nn.init.constant_(self.proj.bias, bias_init)
+        nn.init.zeros_(self.proj.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(x).transpose(1, 2)
+
+
+class _ScalarDecay:
+    """GLA's scalar decay per head, shared by ``gla`` and ``gated_deltanet``: log α_t = log σ(x_t w_h + b_h) / τ
+    (τ = ``gate_normalizer``), in log space."""
+
+    d_model: int
+    num_heads: int
+
+    def _init_decay(self, gate_normalizer: float) -> None:
+        self.gate_normalizer = check_number("gate_normalizer", gate_normalizer, low=1.0)
+        self.alpha_gate = _Gate(self.d_model, self.num_heads)
+
+    def log_alpha(self, x: Tensor) -> Tensor:
+        """x (B, L, d_model) → log α (B, H, L) ≤ 0."""
+        return F.logsigmoid(self.alpha_gate(x)) / self.gate_normalizer
 
 
 @register_score("retnet")
@@ -319,8 +328,6 @@ class RetNetScore(RecurrentScore):
     fixed decay per head γ_h = 1 − 2^(−5−h) (:func:`retnet_decays`), no softmax; each head's output through a
     GroupNorm (``output_norm=groupnorm``). Rotary positions (RetNet's xPos without its length extrapolation) as
     the model configures them (``model.pos_encoding=rope``). State: M_t = γ M_{t−1} + k_t v_tᵀ."""
-
-    decays = True
 
     def __init__(
         self,
@@ -340,7 +347,7 @@ class RetNetScore(RecurrentScore):
 
 
 @register_score("gla")
-class GLAScore(RecurrentScore):
+class GLAScore(_ScalarDecay, RecurrentScore):
     """Gated linear attention with a scalar gate per head (Yang et al. 2024; the scalar-gated form of Mamba-2's
     state space duality, Dao & Gu 2024, and fla's "simple GLA"): M_t = α_t M_{t−1} + k_t v_tᵀ with
     log α_t = log σ(x_t w_h + b_h) / τ, computed in log space (τ = ``gate_normalizer``, 16 as in GLA), q·k/√d_k.
@@ -348,8 +355,6 @@ class GLAScore(RecurrentScore):
     Args:
         gate_normalizer: τ ≥ 1; larger keeps α nearer 1 (longer memory).
     """
-
-    decays = True
 
     def __init__(
         self,
@@ -361,11 +366,10 @@ class GLAScore(RecurrentScore):
         gate_normalizer: float = 16.0,
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
-        self.gate_normalizer = check_number("gate_normalizer", gate_normalizer, low=1.0)
-        self.alpha_gate = _Gate(self.d_model, num_heads)
+        self._init_decay(gate_normalizer)
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        return F.logsigmoid(self.alpha_gate(x)) / self.gate_normalizer, None
+        return self.log_alpha(x), None
 
 
 @register_score("deltanet")
@@ -374,8 +378,6 @@ class DeltaNetScore(RecurrentScore):
     2024, "Parallelizing Linear Transformers with the Delta Rule"): M_t = (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ,
     which overwrites the value stored under k_t instead of adding to it, with q and k L2-normalised per head and
     β_t = σ(x_t w_h + b_h) per head. Chunked with the WY/UT representation (a unit-triangular solve per chunk)."""
-
-    delta = True
 
     def __init__(
         self,
@@ -396,15 +398,13 @@ class DeltaNetScore(RecurrentScore):
 
 
 @register_score("gated_deltanet")
-class GatedDeltaNetScore(DeltaNetScore):
+class GatedDeltaNetScore(_ScalarDecay, DeltaNetScore):
     """The gated delta rule (Yang et al. 2025, "Gated Delta Networks"): M_t = α_t (I − β_t k_t k_tᵀ) M_{t−1} +
     β_t k_t v_tᵀ, DeltaNet's update with GLA's scalar decay log α_t = log σ(x_t w_h + b_h) / τ.
 
     Args:
         gate_normalizer: τ ≥ 1, as :class:`GLAScore`'s.
     """
-
-    decays = True
 
     def __init__(
         self,
@@ -416,8 +416,7 @@ class GatedDeltaNetScore(DeltaNetScore):
         gate_normalizer: float = 16.0,
     ) -> None:
         super().__init__(d_k, num_heads, d_v, d_model, output_norm)
-        self.gate_normalizer = check_number("gate_normalizer", gate_normalizer, low=1.0)
-        self.alpha_gate = _Gate(self.d_model, num_heads)
+        self._init_decay(gate_normalizer)
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        return F.logsigmoid(self.alpha_gate(x)) / self.gate_normalizer, torch.sigmoid(self.beta_gate(x))
+        return self.log_alpha(x), torch.sigmoid(self.beta_gate(x))

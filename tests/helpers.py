@@ -4,8 +4,10 @@
   before any test module, so names a test registers for itself are never among them), and ONE table of the
   parameters each built-in is tested with: a name the table does not know is tested with no parameters, so a new
   built-in is covered without editing a test list.
-- Tensors and modules: :func:`grid` (a bool mask from a predicate), :func:`randomize_`, :func:`make_mha`.
-- Runs: :func:`compose_cfg`, :func:`small` (a small task), :func:`train_env` and :func:`run_train` (a real
+- Tensors and modules: :func:`grid` (a bool mask from a predicate), :func:`conv_loop` (a short convolution as a
+  loop), :func:`randomize_`, :func:`make_mha`.
+- Runs: :func:`compose_cfg`, :func:`train_listops` (an in-process ``debug=fast`` run), :func:`small` (a small
+  task), :func:`train_env` and :func:`run_train` (a real
   ``python train.py``), :func:`read_summary`, :func:`run_folders`.
 """
 
@@ -92,6 +94,21 @@ def grid(lq: int, lk: int, pred) -> torch.Tensor:
     return torch.tensor([[bool(pred(i, j)) for j in range(lk)] for i in range(lq)])
 
 
+def conv_loop(x, weight):
+    """A short convolution written out: y_t = Σ_{s<k} w[c, 0, k−1−s]·x_{t−s} per channel c (zeros before the start);
+    x (B, L, C), weight (C, 1, k)."""
+    Bn, Ln, C = x.shape
+    width = weight.shape[-1]
+    rows = []
+    for t in range(Ln):
+        acc = torch.zeros(Bn, C, dtype=x.dtype)
+        for s in range(width):
+            if t - s >= 0:
+                acc = acc + weight[:, 0, width - 1 - s] * x[:, t - s]
+        rows.append(acc)
+    return torch.stack(rows, dim=1)
+
+
 def randomize_(module, seed=0, scale=1.0):
     """Overwrite every parameter of ``module`` with N(0, scale^2) noise: no term hides behind a zero init."""
     gen = torch.Generator().manual_seed(seed)
@@ -125,6 +142,21 @@ def compose_cfg(*overrides: str, hydra_cfg: bool = False):
     from hydra import compose
 
     return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def train_listops(tmp_path: Path, *overrides: str) -> dict[str, Any]:
+    """Train in this process (``attnlab.training.run``) on ListOps with ``debug=fast``, no logger, d_model 16 and 2
+    heads, plus ``overrides``, into ``tmp_path`` → its summary.json (use with the ``restore_process_state``
+    fixture)."""
+    from hydra import compose, initialize_config_dir
+
+    from attnlab.training import CONF_DIR, run
+
+    fixed = ["task=listops", "debug=fast", "logger=none", "results_table=false", "d_model=16", "num_heads=2"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*fixed, *overrides])
+    run(cfg, tmp_path)
+    return read_summary(tmp_path)
 
 
 def small(name: str, sizes: dict[str, Any] | None = None, **kwargs: Any):

@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 import torch
 from conftest import assert_same, randn
-from helpers import randomize_
+from helpers import conv_loop, randomize_
 
 import attnlab
 import attnlab.backends.linear as linear_backends
@@ -448,20 +448,6 @@ def test_every_feature_map_gives_the_same_causal_output_on_every_path(case, norm
         assert_same(build_backend(backend).attend(mha, x, None, CAUSAL)[0], eager, inputs, atol=ATOL)
     unmasked = mha.attend(x).out
     assert_same(build_backend("global").attend(mha, x, None, None)[0], unmasked, inputs, atol=ATOL)
-
-
-def conv_loop(x, weight):
-    """y_t = Σ_{s<k} w[c, 0, k−1−s]·x_{t−s} per channel c (zeros before the start); x (B, L, C), weight (C, 1, k)."""
-    Bn, Ln, C = x.shape
-    k = weight.shape[-1]
-    rows = []
-    for t in range(Ln):
-        acc = torch.zeros(Bn, C, dtype=x.dtype)
-        for s in range(k):
-            if t - s >= 0:
-                acc = acc + weight[:, 0, k - 1 - s] * x[:, t - s]
-        rows.append(acc)
-    return torch.stack(rows, dim=1)
 
 
 def linear_layer_reference(mha, x, visible, eps=1e-6, normalize=True):

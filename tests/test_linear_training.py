@@ -6,12 +6,11 @@ feature maps finishes (a subprocess)."""
 from __future__ import annotations
 
 import pytest
-from helpers import read_summary, run_folders, run_train
-from hydra import compose, initialize_config_dir
+from helpers import read_summary, run_folders, run_train, train_listops
+from hydra import compose
 
 from attnlab.dashboard import load_run
 from attnlab.feature_maps import list_feature_maps
-from attnlab.training import CONF_DIR, run
 from attnlab.training.config import ConfigError, validate_config
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
@@ -20,28 +19,10 @@ MAPS = sorted(set(list_feature_maps()) - {"square"})  # (square is taylor)
 BACKEND = {"none": "global", "padding": "global", "causal": "chunked"}
 
 
-def _train(tmp_path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                "task=listops",
-                "debug=fast",
-                "logger=none",
-                "results_table=false",
-                "d_model=16",
-                "num_heads=2",
-                *overrides,
-            ],
-        )
-    run(cfg, tmp_path)
-    return read_summary(tmp_path)
-
-
 @pytest.mark.parametrize("mask", sorted(BACKEND))
 @pytest.mark.parametrize("feature_map", MAPS)
 def test_every_feature_map_trains_under_every_mask_an_o_of_l_backend_computes(tmp_path, feature_map, mask):
-    summary = _train(
+    summary = train_listops(
         tmp_path, "variant=linear", f"variant.params.feature_map={feature_map}", f"mask={mask}", "num_layers=1"
     )
     assert summary["status"] == "ok", summary["reason"]
@@ -55,7 +36,7 @@ def test_every_feature_map_trains_under_every_mask_an_o_of_l_backend_computes(tm
 @pytest.mark.parametrize("normalizer", ["rowsum", "none"])
 def test_both_linear_normalizers_train_and_their_row_mass_says_which(tmp_path, normalizer):
     """rowsum: each row of the (effective) weights sums to 1 (up to ε); none: to Σ_j φ(q_i)·φ(k_j) > 0."""
-    summary = _train(tmp_path, "variant=linear", f"normalizer={normalizer}", "mask=causal", "num_layers=1")
+    summary = train_listops(tmp_path, "variant=linear", f"normalizer={normalizer}", "mask=causal", "num_layers=1")
     assert summary["status"] == "ok", summary["reason"]
     assert summary["backends"] == ["chunked"] and summary["settings"]["normalizer"] == normalizer
     mass = summary["metrics"]["attn/row_mass"]
@@ -63,7 +44,7 @@ def test_both_linear_normalizers_train_and_their_row_mass_says_which(tmp_path, n
 
 
 def test_based_trains_taylor_linear_layers_with_short_convolutions_beside_windowed_softmax(tmp_path):
-    summary = _train(tmp_path, "variant=based", "mask=causal", "num_layers=3", "model.local_window=8")
+    summary = train_listops(tmp_path, "variant=based", "mask=causal", "num_layers=3", "model.local_window=8")
     assert summary["status"] == "ok", summary["reason"]
     assert summary["pattern"] == "TW"
     assert summary["backends"] == ["chunked", "sdpa", "chunked"]

@@ -7,10 +7,10 @@ effective (signed) matrix."""
 from __future__ import annotations
 
 import pytest
-from helpers import read_summary
+from helpers import train_listops
 from hydra import compose, initialize_config_dir
 
-from attnlab.training import CONF_DIR, run
+from attnlab.training import CONF_DIR
 from attnlab.training.config import ConfigError, validate_config
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
@@ -18,27 +18,9 @@ pytestmark = pytest.mark.usefixtures("restore_process_state")
 PRESETS = ["retnet", "gla", "deltanet", "gated_deltanet"]
 
 
-def _train(tmp_path, *overrides: str) -> dict:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(
-            "config",
-            overrides=[
-                "task=listops",
-                "debug=fast",
-                "logger=none",
-                "results_table=false",
-                "d_model=16",
-                "num_heads=2",
-                *overrides,
-            ],
-        )
-    run(cfg, tmp_path)
-    return read_summary(tmp_path)
-
-
 @pytest.mark.parametrize("variant", PRESETS)
 def test_every_decay_and_delta_rule_preset_trains_causally(tmp_path, variant):
-    summary = _train(tmp_path, f"variant={variant}", "num_layers=1")
+    summary = train_listops(tmp_path, f"variant={variant}", "num_layers=1")
     assert summary["status"] == "ok", summary["reason"]
     assert summary["backends"] == ["chunked"]
     settings = summary["settings"]
@@ -48,7 +30,8 @@ def test_every_decay_and_delta_rule_preset_trains_causally(tmp_path, variant):
 
 
 def test_a_gated_deltanet_hybrid_with_one_softmax_layer_in_four_trains(tmp_path):
-    summary = _train(tmp_path, "variant=gated_deltanet", "num_layers=4", "model.pattern=GGGS", "model.short_conv=4")
+    overrides = ["variant=gated_deltanet", "num_layers=4", "model.pattern=GGGS", "model.short_conv=4"]
+    summary = train_listops(tmp_path, *overrides)
     assert summary["status"] == "ok", summary["reason"]
     assert summary["backends"] == ["chunked", "chunked", "chunked", "sdpa"]
     assert summary["layers"][0]["score"] == "gated_deltanet" and summary["layers"][0]["short_conv"] == 4

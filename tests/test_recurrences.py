@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_same, grads, randn
-from helpers import RECURRENT_FORMS, randomize_
+from helpers import RECURRENT_FORMS, conv_loop, randomize_
 
 import attnlab
 from attnlab.config import AttentionConfig
@@ -408,20 +408,6 @@ def causal_and_padding(keys):
     mask = CAUSAL.prepare(keys.shape[1], keys.shape[1]).with_key_padding(keys[:, None, None, :])
     assert mask.form == "causal+padding"
     return mask
-
-
-def conv_loop(x, weight):
-    """y_t = Σ_{s<k} w[c, 0, k−1−s]·x_{t−s} per channel c (zeros before the start); x (B, L, C), weight (C, 1, k)."""
-    Bn, Ln, C = x.shape
-    width = weight.shape[-1]
-    rows = []
-    for t in range(Ln):
-        acc = torch.zeros(Bn, C, dtype=x.dtype)
-        for s in range(width):
-            if t - s >= 0:
-                acc = acc + weight[:, 0, width - 1 - s] * x[:, t - s]
-        rows.append(acc)
-    return torch.stack(rows, dim=1)
 
 
 def layer_inputs_reference(mha, x, keys=None):

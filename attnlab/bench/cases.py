@@ -325,9 +325,7 @@ LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
 
 # The ``decode`` section's models: softmax with a key/value cache against the recurrent forms' state update.
 DECODE_MODELS: dict[str, AttentionConfig] = {
-    "scaled_dot": AttentionConfig(mask="causal"),
-    "linear_elu": AttentionConfig(score="linear", normalizer="rowsum", mask="causal"),
-    **{name: AttentionConfig(score=name, normalizer="none", mask="causal") for name in RECURRENT_FORMS},
+    name: LINEAR_MODELS[name] for name in ("scaled_dot", "linear_elu", *RECURRENT_FORMS)
 }
 # Issue 28's goal: at the longest context, every recurrent form's time per decoded token ≤ 1/3 of softmax's.
 DECODE_GOAL = 1 / 3
