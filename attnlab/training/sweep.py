@@ -103,13 +103,17 @@ def _check_sweep_files(sweep: Path) -> None:
 
 
 def count_jobs(config: DictConfig) -> int | None:
-    """How many jobs the sweep will run: Optuna's ``n_trials``, or the basic sweeper's product of the swept values
-    (None when it cannot be told)."""
+    """How many jobs the sweep will run: Optuna's ``n_trials``, the tuned sweeper's plan (less what a resumed sweep
+    already finished), or the basic sweeper's product of the swept values (None when it cannot be told)."""
     sweeper = config.hydra.sweeper
     target = str(sweeper.get("_target_", ""))
     try:
         if "optuna" in target.lower():
             return int(sweeper.n_trials)
+        if target.endswith("TunedSweeper"):
+            from attnlab.training.tuned import plan_count
+
+            return plan_count(config)
         if target.endswith("BasicSweeper"):
             from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
             from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -185,7 +189,10 @@ def _report(sweep: Path, interrupted: bool = False) -> None:
         print(f"error: {exc}", file=sys.stderr)
     jobs = sorted(jobs, key=_job_number)  # (the journal has them in the order they finished)
     failed = [job for job in jobs if job.get("status") != "ok"]
-    _state["failed"] = len(failed) + (1 if interrupted else 0)
+    # a tuned sweep's grid point that failed (diverged at a high learning rate) is part of its protocol: it ranks
+    # last, and the sweep's exit code stays 0 (see attnlab.training.tuned)
+    counted = [job for job in failed if not str(job.get("job")).startswith("tune/")]
+    _state["failed"] = len(counted) + (1 if interrupted else 0)
     console = plain_console()  # job folders, statuses and reasons are text, never markup
     try:
         if jobs:
@@ -195,13 +202,14 @@ def _report(sweep: Path, interrupted: bool = False) -> None:
     ended = "interrupted: " if interrupted else ""
     console.print(f"sweep {sweep}: {ended}{len(jobs) - len(failed)} ok, {len(failed)} failed")
     for job in failed:
-        console.print(f"  {job.get('status')}: {job.get('job')}: {job.get('reason')}")
+        ranked = " (a grid point: ranked last)" if job not in counted else ""
+        console.print(f"  {job.get('status')}{ranked}: {job.get('job')}: {job.get('reason')}")
 
 
 def _job_number(job: dict[str, Any]) -> float:
-    """The job's number, which begins its folder's name (``3_lr=0.01``: Hydra's job number, see conf/hydra); a job
-    without one comes last."""
-    match = re.match(r"(\d+)_", str(job.get("job")))
+    """The job's number, which begins its folder's name (``3_lr=0.01``: Hydra's job number, see conf/hydra; the tuned
+    sweeper's ``tune/3_lr=0.01``); a job without one comes last."""
+    match = re.match(r"(\d+)_", str(job.get("job")).rsplit("/", 1)[-1])
     return int(match.group(1)) if match else float("inf")
 
 
