@@ -89,10 +89,11 @@ WANDB_ID_FILE = "wandb_id.txt"
 LOCK_FILE = ".attnlab.lock"
 HOLDER_FILE = ".attnlab.lock.json"
 SWEEP_FILE = "sweep.jsonl"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """2: ``schema_version``, ``segments``, paths relative to the folder. Version 1 (no ``schema_version``) stored
 absolute paths; :meth:`Summary.from_dict` reads it. 3: ``settings``, ``attention``, ``pattern``, ``layers``,
-``backends``. 4: ``state_size``."""
+``backends``. 4: ``state_size``. 5: ``params_non_embedding``, ``flops_per_token``, ``tokens_per_step``,
+``tokens_seen``, ``step_time_s``, ``max_tokens``, ``matched`` (null in an older summary)."""
 
 LOCK_WAIT_S = 2.0  # how long a second writer waits for the lock (a dashboard may probe it for a moment)
 # the files and folders that make up a run (what overwrite=true removes); anything else in the folder is left alone
@@ -164,7 +165,8 @@ def attention_sources() -> dict[str, str]:
 
 @functools.cache
 def config_defaults() -> dict[str, Any]:
-    """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...) and
+    """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...), the
+    leaves of its ``match`` node (``match.by: null``) and
     the plain leaves of ``conf/model/default.yaml`` (``model.pattern: null``, ``model.rope.spectrum: full``): what a
     run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not beside the
     package."""
@@ -175,6 +177,9 @@ def config_defaults() -> dict[str, Any]:
         return {}
     values = OmegaConf.to_container(OmegaConf.load(conf / "config.yaml"))
     out = {k: v for k, v in values.items() if isinstance(k, str) and not isinstance(v, (dict, list))}
+    for node in ("match",):  # a node of plain leaves, added since (0.5): its leaves as ``match.by``
+        if isinstance(values.get(node), dict):
+            out |= {f"{node}.{k}": v for k, v in flatten_config(values[node]).items()}
     if (conf / "model" / "default.yaml").is_file():
         model = flatten_config(OmegaConf.to_container(OmegaConf.load(conf / "model" / "default.yaml")))
         out |= {f"model.{k}": v for k, v in model.items() if not (isinstance(v, str) and "${" in v)}
@@ -410,6 +415,16 @@ class Summary:
     ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes).
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
     run folder (or as given, for a ``ckpt_path`` outside it).
+
+    Compute (:mod:`attnlab.compute`; null in a summary before schema 5): ``params`` counts every parameter,
+    ``params_non_embedding`` all but the token embedding and a learned absolute position table (Kaplan et al.'s N);
+    ``flops_per_token`` the FLOPs of one training step, forward and backward (matrix products, 2 per multiply-add),
+    per token position of the step (B·L, pads included); ``tokens_per_step`` B·L·(accumulated batches)·
+    ``world_size`` and ``tokens_seen`` ``steps`` times that; ``step_time_s`` the median wall time of a training step
+    (from the start of a batch to its end, optimizer step included) in the last process that trained one.
+    ``max_tokens`` is the token budget that set ``max_steps`` (null: none), ``matched`` what ``match`` sized:
+    ``{by, width, value, target, achieved, reference}`` (the key searched, the value found, the count aimed at, the
+    count reached, the reference variant or null), null when nothing was matched.
     """
 
     status: str = "running"
@@ -436,6 +451,13 @@ class Summary:
     smoke: bool = False
     chance_accuracy: float | None = None
     params: int | None = None
+    params_non_embedding: int | None = None
+    flops_per_token: float | None = None
+    tokens_per_step: int | None = None
+    tokens_seen: int | None = None
+    step_time_s: float | None = None
+    max_tokens: int | None = None
+    matched: dict[str, Any] | None = None
     steps: int | None = None
     metrics: dict[str, float | None] = field(default_factory=dict)
     attn_init: dict[str, float | None] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from hydra import compose
 from attnlab import training as T
 from attnlab.dashboard import load_runs
 from attnlab.dashboard.dims import Sweep
+from attnlab.runs import SCHEMA_VERSION
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
 
@@ -108,6 +109,8 @@ def _as_0_3(folder: Path) -> None:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     config["model"].pop("short_conv")
     config["model"]["layer_kinds"].pop("S")
+    for key in ("max_tokens", "match"):  # (0.5)
+        config.pop(key)
     for key in ("short_conv", "backend_params"):
         config["attention"].pop(key)
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -126,7 +129,7 @@ def test_a_run_folder_of_0_3_extends_and_shows_beside_new_runs(hydra_ctx: None, 
     _as_0_3(old)
     T.run(compose("config", overrides=[*SMALL, "resume=true", "max_steps=18"]), old)
     summary = json.loads((old / "summary.json").read_text())
-    assert summary["status"] == "ok" and summary["steps"] == 18 and summary["schema_version"] == 4
+    assert summary["status"] == "ok" and summary["steps"] == 18 and summary["schema_version"] == SCHEMA_VERSION
     assert len(summary["state_size"]) == 2
     runs = load_runs(tmp_path / "runs")
     assert len(runs) == 2 and Sweep(runs).dims == []

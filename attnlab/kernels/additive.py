@@ -6,7 +6,9 @@ The kernel is C (``additive.c`` beside this file), built on first use by :mod:`a
 vectorised by glibc's libmvec). Forward and backward never write a (·, Lk, d_a) activation: tanh is evaluated
 once per element in each pass, straight into the sums. Both are registered with ``torch.library`` as the operators
 ``attnlab::additive_logits`` and ``attnlab::additive_logits_backward``, which ``torch.compile`` sees as one
-opaque operator; eager mode calls the same code through a plain autograd function (less overhead per call).
+opaque operator; eager mode calls the same code through a plain autograd function (less overhead per call), except
+under a dispatch mode (``torch.utils.flop_counter.FlopCounterMode``, a profiler's mode), which sees only operators:
+there eager mode calls the operator, whose FLOP formula :mod:`attnlab.compute` registers.
 
 Where it cannot be built (no compiler, Windows), :func:`available` is False, :func:`unavailable_reason` says why in
 one line, and :class:`attnlab.scores.AdditiveScore` falls back to its chunked PyTorch kernel (logging that line
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from attnlab.kernels.build import DTYPES, KernelBuildError, Library
 
@@ -164,7 +167,7 @@ def additive_logits(wq: Tensor, uk: Tensor, v: Tensor) -> Tensor:
     differentiable in all three (once: there is no double backward). CPU only; float32 and float64 are computed
     as such, other dtypes in float32. Raises :class:`KernelBuildError` when the kernel is not available."""
     _lib()
-    if torch.compiler.is_compiling():
-        return _forward_op(wq, uk, v)
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return _forward_op(wq, uk, v)  # (a dispatch mode, e.g. the FLOP counter, sees the operator)
     with torch.profiler.record_function("attnlab::additive_logits"):  # named in profiles (the bench's kernel)
         return _AdditiveFunction.apply(wq, uk, v)

@@ -14,7 +14,9 @@ over each run into the table's gradient: no (B, H, Lq, Lk) bias is built and no 
 the output are all that is kept for the backward pass.
 
 Registered with ``torch.library`` as ``attnlab::relative_attention`` (and its backward), which ``torch.compile``
-sees as one operator; eager mode calls the same code through a plain autograd function (less overhead per call).
+sees as one operator; eager mode calls the same code through a plain autograd function (less overhead per call),
+except under a dispatch mode (``torch.utils.flop_counter.FlopCounterMode``), which then sees the operator (whose FLOP
+formula :mod:`attnlab.compute` registers) and not the matrix products inside it.
 Where the kernel cannot be built, :func:`available` is False and the caller uses PyTorch (``MultiHeadAttention``
 then builds the bias and calls SDPA or its own biased softmax).
 """
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from attnlab.kernels.build import DTYPES, Library
 
@@ -218,7 +221,7 @@ def relative_attention(
         raise TypeError(f"relative_attention takes float32 or float64, got {q.dtype}")
     per_row = table.dim() == 4
     args = (q, k, v, table, runs.ptr, runs.starts, runs.cols, hidden, float(scale), per_row)
-    if torch.compiler.is_compiling():
-        return _forward_op(*args)[0]
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return _forward_op(*args)[0]  # (a dispatch mode, e.g. the FLOP counter, sees the operator)
     with torch.profiler.record_function("attnlab::relative_attention"):  # named in profiles (the bench's kernel)
         return _RelativeFunction.apply(*args)

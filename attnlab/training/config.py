@@ -5,10 +5,15 @@ to the module, the threads and a resume.
 ``variant=adittive`` gets "did you mean 'additive'?"), :func:`validate_config` on the composed config after the
 user's ``imports`` have run. Both raise :class:`ConfigError`, whose message is one line naming the key, its value
 and what is allowed. ``train.py`` prints it as ``error: ...`` and exits with code 2, having written nothing.
+
+Budgets: :func:`validate_config` turns ``max_tokens`` into ``max_steps`` (:func:`resolve_max_tokens`), and a run then
+sizes the model to ``match`` (:func:`resolve_match`) before it starts; both change the config in place, so that
+config.yaml records what the run trained.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import os
@@ -33,8 +38,11 @@ __all__ = [
     "config_changes",
     "group_choices",
     "import_user_modules",
+    "match_count",
     "plain",
     "resolve_d_k",
+    "resolve_match",
+    "resolve_max_tokens",
     "set_threads",
     "validate_config",
 ]
@@ -66,7 +74,7 @@ CUSTOM_GROUPS = {
 
 # keys that may differ between a run and its resume: they change how the run is watched, never its numbers
 # keys a resume may raise: training goes on past the original end (an extension)
-EXTENSION_KEYS = ("max_steps", "trainer.max_steps")
+EXTENSION_KEYS = ("max_steps", "trainer.max_steps", "max_tokens")
 
 MAX_THREADS_PER_CORE = 4  # more torch threads than this per core only slow a run (and a million crash torch)
 TRAINER_PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true")
@@ -203,7 +211,8 @@ def validate_config(cfg: DictConfig) -> Any:
     _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
     _check(check_number, "lr", cfg.lr, low=0.0)
     _check(check_int, "seed", cfg.get("seed"), minimum=0, maximum=2**32 - 1)
-    if cfg.max_steps % cfg.eval_every:
+    _check_budgets(cfg)
+    if cfg.get("max_tokens") is None and cfg.max_steps % cfg.eval_every:
         raise ConfigError(
             f"max_steps ({cfg.max_steps}) must be a multiple of eval_every ({cfg.eval_every}), so that the run "
             "validates, and saves the checkpoint a resume continues from, at its last step"
@@ -234,6 +243,7 @@ def validate_config(cfg: DictConfig) -> Any:
     configs = attention_configs(cfg)
     layers = _on_meta(lambda: _check_attention(cfg, configs))
     datamodule = _check_task(cfg)
+    resolve_max_tokens(cfg, datamodule)
     _check_causal(cfg, datamodule, configs)
     _check_memory(cfg, datamodule, layers)
     return datamodule
@@ -741,6 +751,211 @@ def _size(n: float) -> str:
     return f"{n:.3g} TiB"
 
 
+# ------------------------------------------------------------------------------------------ budgets
+
+MATCH_KEYS = ("by", "width", "target", "reference")
+MATCH_BY = ("params", "state_size")
+MATCH_MAX_WIDTH = 1 << 20
+"""The widest width that ``match`` tries (models are built on the meta device: no memory)."""
+
+
+def _whole(name: str, value: Any) -> int | None:
+    """``value`` as an integer >= 1, also when written as a float (``max_tokens=2e6``); None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return _check(check_int, name, value, minimum=1)
+
+
+def _whole_key(cfg: DictConfig, key: str) -> int | None:
+    """:func:`_whole` of ``cfg``'s ``key``, written back as an integer (config.yaml records ``2000000``, not
+    ``2000000.0``)."""
+    value = _whole(key, OmegaConf.select(cfg, key))
+    if value is not None and type(OmegaConf.select(cfg, key)) is not int:
+        OmegaConf.update(cfg, key, value)
+    return value
+
+
+def _check_budgets(cfg: DictConfig) -> None:
+    """``max_tokens`` (null or an integer >= 1) and the ``match`` node: its keys, ``by`` with one target (a count or
+    a reference variant), and ``width`` an integer key of the config."""
+    _whole_key(cfg, "max_tokens")
+    match = cfg.get("match")
+    if match is None:
+        return
+    if not OmegaConf.is_dict(match):
+        raise ConfigError(f"match must be a mapping of {', '.join(MATCH_KEYS)}, got {plain(match)!r}")
+    unknown = sorted(set(map(str, match)) - set(MATCH_KEYS))
+    if unknown:
+        raise ConfigError(f"match has no key '{unknown[0]}'; its keys: {', '.join(MATCH_KEYS)}")
+    by, target, reference = match.get("by"), match.get("target"), match.get("reference")
+    if by is None:
+        given = next((k for k in ("target", "reference") if match.get(k) is not None), None)
+        if given:
+            raise ConfigError(f"match.{given} is set but match.by is null: set match.by=params or match.by=state_size")
+        return
+    _check(check_choice, "match.by", by, MATCH_BY)
+    _whole_key(cfg, "match.target")
+    if (target is None) == (reference is None):
+        both = "both are set" if target is not None else "neither is set"
+        raise ConfigError(
+            f"match.by={by} matches one count: set match.target=<count> or match.reference=<variant>, not both ({both})"
+        )
+    if reference is not None:
+        choices = [c for c in group_choices(CONF_DIR, "variant") if c != "custom"]
+        if not isinstance(reference, str) or reference not in choices:
+            raise ConfigError(f"match.reference: {unknown_name_message('variant', str(reference), choices)}")
+    _width_value(cfg, match.get("width"))
+
+
+def _width_value(cfg: DictConfig, key: Any) -> int | None:
+    """The value of ``match.width``'s key: an integer or null (its default: d_ff = 4·d_model, d_k = d_model / H).
+    A parameter of a stage (``variant.params.<name>``) may be absent (the builder's default)."""
+    import difflib
+    import re
+
+    if not isinstance(key, str) or not re.fullmatch(r"\w+(\.\w+)*", key):
+        raise ConfigError(
+            "match.width must name an integer key of the config (model.d_ff, d_k, variant.params.<name> ...), got "
+            f"{key!r}"
+        )
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    optional = parent_key.endswith("params")
+    if not OmegaConf.is_dict(parent) or (leaf not in parent and not optional):
+        keys = [k for k, v in flatten_config(plain(cfg)).items() if v is None or type(v) is int]
+        close = difflib.get_close_matches(key, keys, n=1)
+        hint = f"; did you mean {close[0]}?" if close else " (e.g. model.d_ff, d_k, variant.params.<name>)"
+        raise ConfigError(f"match.width={key} is not a key of the config{hint}")
+    value = parent.get(leaf)
+    if value is not None and type(value) is not int:
+        raise ConfigError(f"match.width={key}: {key} is {value!r}, not an integer (the width is searched in integers)")
+    return value
+
+
+def resolve_max_tokens(cfg: DictConfig, datamodule: Any) -> int | None:
+    """With ``max_tokens`` set: ``max_steps`` = ceil(max_tokens / tokens per step), where a step takes batch_size ·
+    seq_len (· ``trainer.accumulate_grad_batches``) token positions of one process, rounded up to a multiple of
+    ``eval_every`` (the run validates, and saves its checkpoint, at its last step); set in ``cfg`` (``max_tokens``
+    overrides ``max_steps``) and returned. None when ``max_tokens`` is null."""
+    max_tokens = _whole("max_tokens", cfg.get("max_tokens"))
+    if max_tokens is None:
+        return None
+    from attnlab.compute import tokens_per_step
+
+    accumulate = cfg.trainer.get("accumulate_grad_batches") or 1
+    per_step = tokens_per_step(datamodule.batch_size, datamodule.seq_len, accumulate=accumulate)
+    steps = -(-max_tokens // per_step)
+    steps = -(-steps // cfg.eval_every) * cfg.eval_every
+    OmegaConf.update(cfg, "max_steps", steps)
+    return steps
+
+
+def match_count(cfg: DictConfig, datamodule: Any, by: str, where: str = "") -> int:
+    """The count that ``match.by`` matches, of the model ``cfg`` builds for ``datamodule`` (on the meta device):
+    its parameters (``params``), or its layers' summed ``state_size`` at the task's longest sequence."""
+    try:
+        module = _on_meta(lambda: build_module(cfg, datamodule))
+    except (TypeError, ValueError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"match: the model with {where or 'this config'} cannot be built: {message}") from None
+    if by == "params":
+        return int(module.num_parameters)
+    length = module.hparams.get("max_len") or 0
+    return int(sum(layer.self_attn.state_size(length) for layer in module.encoder.layers))
+
+
+def resolve_match(cfg: DictConfig, datamodule: Any) -> dict[str, Any] | None:
+    """``match.by`` set: the integer ``match.width`` whose model's count (:func:`match_count`) is closest to
+    ``match.target``, or to the count of this config with ``variant=<match.reference>`` (and this run's width), by
+    bisection (the count must not decrease as the width grows), set in ``cfg``; returns ``{by, width, value, target,
+    achieved, reference}`` (``value`` the width found, ``achieved`` its count). None when ``match.by`` is null. One
+    :class:`ConfigError` line when no width comes near the target. Check the config again afterwards
+    (:func:`validate_config`): the model has changed."""
+    match = cfg.get("match")
+    if match is None or match.get("by") is None:
+        return None
+    from attnlab.compute import Unreachable, closest_width
+
+    by, key, reference = str(match.by), str(match.width), match.get("reference")
+    if reference is not None:
+        target = match_count(_with_variant(cfg, str(reference)), datamodule, by, f"variant={reference}")
+    else:
+        target = _whole("match.target", match.get("target"))
+
+    def count(width: int) -> int:
+        OmegaConf.update(cfg, key, width, force_add=True)
+        return match_count(cfg, datamodule, by, f"{key}={width}")
+
+    try:
+        width, achieved = closest_width(count, target, high=MATCH_MAX_WIDTH)
+    except Unreachable as exc:
+        what = f"the {by} of variant={reference} ({target:,})" if reference is not None else f"{target:,} {by}"
+        raise ConfigError(f"match.by={by}: no {key} reaches {what}: {exc}") from None
+    OmegaConf.update(cfg, key, width, force_add=True)
+    return {"by": by, "width": key, "value": width, "target": target, "achieved": achieved, "reference": reference}
+
+
+def _compose(overrides: list[str]) -> dict[str, Any]:
+    """conf/config.yaml composed with ``overrides``, unresolved, without the ``hydra`` node (through the running
+    Hydra app's search path when there is one)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose("config", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _variant_choice(cfg: DictConfig) -> str:
+    """The ``variant`` option ``cfg`` was composed with: Hydra's record of it (a preset: ``rope``), else the
+    variant's name when a yaml file has it, else ``custom``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    name = OmegaConf.select(cfg, "variant.name")
+    if HydraConfig.initialized():
+        choice = HydraConfig.get().runtime.choices.get("variant")
+        if choice and (CONF_DIR / "variant" / f"{choice}.yaml").exists():
+            return str(choice)
+    return name if isinstance(name, str) and (CONF_DIR / "variant" / f"{name}.yaml").exists() else "custom"
+
+
+def _with_variant(cfg: DictConfig, reference: str) -> DictConfig:
+    """``cfg`` with ``variant=<reference>``: the reference's ``variant`` node, and every other key that the two
+    variants' files set differently (``normalizer``, ``model.pos_encoding``, ``model.differential`` ...) as the
+    reference's sets it; the rest as in ``cfg``."""
+    current = _variant_choice(cfg)
+    before, after = _compose([f"variant={current}"]), _compose([f"variant={reference}"])
+    if (before.get("variant") or {}).get("name") != OmegaConf.select(cfg, "variant.name"):
+        name = OmegaConf.select(cfg, "variant.name")  # (a stale record of another run's choice)
+        exists = isinstance(name, str) and (CONF_DIR / "variant" / f"{name}.yaml").exists()
+        before = _compose([f"variant={name if exists else 'custom'}"])
+    config = OmegaConf.to_container(cfg, resolve=False)
+    config["variant"] = after["variant"]
+    _apply_changes(config, before, after, skip=("variant",))
+    return OmegaConf.create(config)
+
+
+def _apply_changes(target: dict[str, Any], before: dict[str, Any], after: dict[str, Any], skip: tuple = ()) -> None:
+    """Set in ``target`` every leaf where ``after`` differs from ``before`` (removed where ``after`` lacks it)."""
+    absent = object()
+    for key in before.keys() | after.keys():
+        if key in skip:
+            continue
+        old, new = before.get(key, absent), after.get(key, absent)
+        if isinstance(old, dict) and isinstance(new, dict) and isinstance(target.get(key), dict):
+            _apply_changes(target[key], old, new)
+        elif old != new:
+            if new is absent:
+                target.pop(key, None)
+            else:
+                target[key] = copy.deepcopy(new)
+
+
 # ------------------------------------------------------------------------------------------ what the config builds
 
 
@@ -820,7 +1035,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     a, b = flatten_config(old), flatten_config(new)
     absent = "<absent>"
     defaults = config_defaults()
-    added = {**_ADDED_IN_0_4, **(_added_defaults() if "attention" not in old else {})}
+    added = {**_ADDED_IN_0_4, **_added_in_0_5(), **(_added_defaults() if "attention" not in old else {})}
     changes = [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
@@ -866,6 +1081,12 @@ _ADDED_IN_0_4: dict[str, Any] = {
 }
 """The keys that a run of attnlab 0.3 lacks, with the value it ran with (no short convolution, no backend
 parameters)."""
+
+
+def _added_in_0_5() -> dict[str, Any]:
+    """The keys that a run of attnlab 0.4 lacks (the ``match`` node; ``max_tokens`` is a top-level default), with the
+    value it ran with: no matching."""
+    return {key: value for key, value in config_defaults().items() if key.startswith("match.")}
 
 
 @functools.cache

@@ -6,6 +6,7 @@ availability, tips, checkpoint restores) are kept out of the output. Nothing her
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -17,7 +18,16 @@ from rich.table import Table
 from attnlab.console import plain_console, printable
 from attnlab.runs import Summary, nofollow_opener
 
-__all__ = ["RunLog", "bpc", "clock", "quiet_libraries", "results_line", "results_table", "stdout_gone"]
+__all__ = [
+    "RunLog",
+    "bpc",
+    "clock",
+    "compact",
+    "quiet_libraries",
+    "results_line",
+    "results_table",
+    "stdout_gone",
+]
 
 LOG = logging.getLogger("attnlab")
 
@@ -132,6 +142,17 @@ def bpc(metrics: dict[str, Any], key: str) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def compact(n: float | None) -> str:
+    """A count in at most 3 significant figures with k, M, G, T, P (``1.2M``, ``950k``, ``12``); ``-`` for None."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    for unit in ("", "k", "M", "G", "T"):
+        if abs(n) < 999.5:
+            return f"{n:.3g}{unit}"
+        n /= 1000
+    return f"{n:.3g}P"
+
+
 def results_line(summary: Summary) -> str:
     """The results in one line (for train.log)."""
     m = summary.metrics
@@ -144,7 +165,8 @@ def results_line(summary: Summary) -> str:
 
 
 def results_table(summary: Summary) -> Table:
-    """The short results table printed at the end of a run (and for a complete run asked to resume)."""
+    """The short results table printed at the end of a run (and for a complete run asked to resume); ``FLOPs/tok``
+    is the summary's ``flops_per_token`` (a training step's, forward and backward), ``-`` when not counted."""
     caption = "SMOKE RUN (debug=fast): a handful of steps on tiny data to check that it runs, not a result"
     table = Table(
         title=f"attnlab · {summary.task} · {summary.status}",
@@ -154,12 +176,14 @@ def results_table(summary: Summary) -> Table:
     )
     m = summary.metrics
     bits = m.get("test/bpc") is not None  # a language-modelling task (task=text)
-    columns = ["attention", "d_k", "heads", "params", "steps", "best val acc", "test acc"] + ["test bpc"] * bits
+    columns = ["attention", "d_k", "heads", "params", "FLOPs/tok", "steps", "best val acc", "test acc"]
+    columns += ["test bpc"] * bits
     for col in [*columns, "time"]:
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=col != "attention")
     pattern = f" · pattern {summary.pattern}" if summary.pattern else ""
     row = [f"{summary.attention or summary.variant}{pattern}", str(summary.d_k), str(summary.num_heads)]
-    row += [f"{summary.params or 0:,}", str(summary.steps), _pct(m, "val/acc_best"), _pct(m, "test/acc")]
+    row += [f"{summary.params or 0:,}", compact(summary.flops_per_token), str(summary.steps)]
+    row += [_pct(m, "val/acc_best"), _pct(m, "test/acc")]
     row += [bpc(m, "test/bpc")] * bits
     table.add_row(*row, f"{summary.wall_time_s or 0:.1f} s")
     return table

@@ -2,7 +2,8 @@
 
 Guarantees (the README's "Runs and resuming" section states them for users):
 
-* Nothing is written before the whole config is valid (after the user's ``imports`` ran). A single run refused
+* Nothing is written before the whole config is valid (after the user's ``imports`` ran), its budgets resolved
+  (``max_tokens`` into ``max_steps``, ``match`` into the model's width). A single run refused
   there prints one line and exits 2; the folders Hydra made for it are removed. In a multirun the job is
   recorded as failed in its own (new) folder and the sweep goes on.
 * One process writes a run folder at a time (:meth:`attnlab.runs.RunFolder.lock`).
@@ -41,6 +42,7 @@ from attnlab.training.config import (
     import_user_modules,
     plain,
     resolve_d_k,
+    resolve_match,
     validate_config,
 )
 
@@ -142,6 +144,8 @@ class Run:
         self.segment: Segment | None = None
         self.trainer: Any = None
         self.deterministic_before: tuple[bool, bool, bool] | None = None  # torch's, before compile=true set them
+        self.matched: dict[str, Any] | None = None  # what match sized (resolve_match)
+        self.timer: Any = None  # the StepTimer callback
         from attnlab.training.console import RunLog
 
         self.log = RunLog(enabled=self.writer)
@@ -180,6 +184,9 @@ class Run:
             self._check_stored_imports()  # the folder is data: its imports run only when the command line asks
         import_user_modules(self.cfg)
         self.datamodule = validate_config(self.cfg)
+        self.matched = resolve_match(self.cfg, self.datamodule)  # match: the model sized to a count, in the config
+        if self.matched is not None:
+            self.datamodule = validate_config(self.cfg)  # (the sized model checked again: memory, sizes)
 
     @property
     def resuming(self) -> bool:
@@ -330,7 +337,7 @@ class Run:
         from attnlab.training.console import quiet_libraries
         from attnlab.training.data import prepare_loaders
         from attnlab.training.loggers import wandb_run_id
-        from attnlab.training.progress import StepProgress
+        from attnlab.training.progress import StepProgress, StepTimer
 
         cfg = self.cfg
         quiet_libraries()  # after Lightning's import, which sets its own log level
@@ -353,7 +360,8 @@ class Run:
         trainer_cfg = plain(cfg.trainer)
         live = bool(trainer_cfg.pop("enable_progress_bar", True))  # our bar replaces Lightning's; false: lines only
         progress = StepProgress(self.log, cfg.max_steps, live=live)
-        callbacks: list[Any] = [self.state, best, DivergenceGuard(), progress]
+        self.timer = StepTimer()  # first: its end of a batch comes before the other callbacks' work
+        callbacks: list[Any] = [self.timer, self.state, best, DivergenceGuard(), progress]
         if cfg.diagnostics.enabled:
             d = cfg.diagnostics
             self.diagnostics = AttentionDiagnostics(
@@ -617,6 +625,7 @@ class Run:
         s.variant, s.mask, s.task = get("variant.name"), get("mask.name"), get("task.name")
         s.num_heads, s.d_model, s.num_layers, s.seed = get("num_heads"), get("d_model"), get("num_layers"), get("seed")
         s.lr, s.batch_size, s.max_steps = get("lr"), get("batch_size"), get("max_steps")
+        s.max_tokens = get("max_tokens")
         s.pos_encoding, s.variant_params = get("model.pos_encoding"), get("variant.params") or {}
         self._attention_settings()
         try:
@@ -661,11 +670,42 @@ class Run:
         s.backends = self._backends()
         length = self.module.hparams.get("max_len") or 0
         s.state_size = [layer.self_attn.state_size(length) for layer in self.module.encoder.layers]
+        self._compute_summary()
         s.wandb_id = self.wandb_id if self.cfg.logger.name == "wandb" else None
         if self.ckpt_path is not None:
             s.resumed_from, s.resumed_at_step = self.folder.relative(self.ckpt_path), step
         self.segment = Segment(self.kind, utc_now(), step, self.overrides, target_steps=self.cfg.max_steps)
         s.segments.append(self.segment)
+
+    def _compute_summary(self) -> None:
+        """Parameters without embeddings, FLOPs per token of a training step, tokens per step, and what ``match``
+        sized, into the summary (:mod:`attnlab.compute`). Only the folder's writer counts the FLOPs: a copy of the
+        model runs one step on random tokens, leaving the model and the random numbers of training untouched. A
+        count that fails is left null, with one warning line: the run goes on."""
+        from attnlab.compute import non_embedding_params, step_flops, tokens_per_step
+
+        s, dm = self.summary, self.datamodule
+        s.params_non_embedding = non_embedding_params(self.module)
+        accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
+        s.tokens_per_step = tokens_per_step(dm.batch_size, dm.seq_len, self.trainer.world_size, accumulate)
+        if self.matched is not None:
+            count = s.params if self.matched["by"] == "params" else sum(s.state_size)
+            s.matched = {**self.matched, "achieved": count}
+        if not self.writer:
+            return
+        try:
+            flops = step_flops(
+                self.module,
+                dm.batch_size,
+                dm.seq_len,
+                device=self.trainer.strategy.root_device,
+                context=self.trainer.precision_plugin.train_step_context,
+            )
+        except Exception as exc:  # counting is a report: it never stops a run
+            s.flops_per_token = None
+            self.log.info(f"warning: the FLOPs of a training step could not be counted ({_one_line(exc)})")
+        else:
+            s.flops_per_token = flops / (dm.batch_size * dm.seq_len)
 
     def _end_summary(self, status: str, reason: str | None) -> None:
         s, seg = self.summary, self.segment
@@ -674,6 +714,10 @@ class Run:
             s.steps = max(self.trainer.global_step, seg.from_step if seg is not None else 0)
             if status != "ok":
                 s.metrics = {**s.metrics, **self._callback_metrics()}
+            if s.tokens_per_step is not None:
+                s.tokens_seen = s.steps * s.tokens_per_step
+        if self.timer is not None and self.timer.median() is not None:  # (a start that trained no step keeps
+            s.step_time_s = self.timer.median()  # the earlier value)
         if seg is not None:
             seg.status, seg.reason, seg.to_step = status, reason, s.steps
             seg.wall_time_s = time.perf_counter() - self.started_at
@@ -716,12 +760,29 @@ class Run:
             f"{s.attention or s.variant} · {layers}{s.task}",
             f"d_model {s.d_model}, {_n(s.num_heads, 'head')} × d_k {s.d_k}, {_n(s.num_layers, 'layer')}, "
             f"{s.params:,} params, backend {backend}, state {sum(s.state_size):,} floats/seq",
-            f"{cfg.max_steps} steps of batch {cfg.batch_size}, lr {cfg.lr:g}, seed {cfg.seed}",
+            f"{cfg.max_steps} steps of batch {cfg.batch_size}{self._budget_text()}, lr {cfg.lr:g}, seed {cfg.seed}",
             f"{s.device}" + (f", {_n(s.threads, 'thread')}" if s.device == "cpu" else ""),
         ]
         if s.smoke:
             parts.append("smoke run (debug=fast)")
         return " · ".join(parts)
+
+    def _budget_text(self) -> str:
+        """`` (1.2M tokens, max_tokens 1M; 3.4M FLOPs/token; model.d_ff 300 matched to 25,000 params)`` for the
+        start line: what the run will train on and cost, and what its budgets set."""
+        from attnlab.training.console import compact
+
+        s, parts = self.summary, []
+        if s.tokens_per_step is not None:
+            tokens = f"{compact(self.cfg.max_steps * s.tokens_per_step)} tokens"
+            parts.append(tokens + (f", max_tokens {compact(s.max_tokens)}" if s.max_tokens is not None else ""))
+        if s.flops_per_token is not None:
+            parts.append(f"{compact(s.flops_per_token)} FLOPs/token")
+        if s.matched is not None:
+            m = s.matched
+            aim = f"variant={m['reference']}'s {m['target']:,}" if m.get("reference") else f"{m['target']:,}"
+            parts.append(f"{m['width']} {m['value']} matched to {aim} {m['by']} ({m['achieved']:,})")
+        return f" ({'; '.join(parts)})" if parts else ""
 
     def _record_job(self, status: str, reason: str | None) -> None:
         if not self.writer:

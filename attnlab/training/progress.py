@@ -3,11 +3,12 @@
 On a terminal the bar is live (Rich); elsewhere (a file, a pipe, a SLURM log) there is no bar and no ANSI codes,
 only the lines, which also go to train.log. In a multirun, the bar and each line begin with the job's number
 (``#3``, as Hydra numbers the jobs and their folders), so that the interleaved lines of jobs that run at once
-(joblib) say whose they are.
+(joblib) say whose they are. :class:`StepTimer` times the training steps (the summary's ``step_time_s``).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from lightning.pytorch.callbacks import ProgressBar
 
 from attnlab.training.console import RunLog, clock
 
-__all__ = ["StepProgress", "job_tag"]
+__all__ = ["StepProgress", "StepTimer", "job_tag"]
 
 
 def job_tag() -> str:
@@ -107,3 +108,35 @@ class StepProgress(ProgressBar):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         self._stop()
+
+
+class StepTimer(L.Callback):
+    """The wall time of each training step of this process, from ``on_train_batch_start`` to
+    ``on_train_batch_end`` (forward, backward and optimizer step; as the first callback, the others' work at the
+    end of a batch, a checkpoint or the diagnostics, falls outside). On a GPU each end waits for its kernels. Keeps
+    no state in checkpoints and draws no random numbers."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._started: float | None = None
+
+    def _sync(self, trainer: L.Trainer) -> None:
+        import torch
+
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._sync(trainer)
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self._started is not None:
+            self._sync(trainer)
+            self.times.append(time.perf_counter() - self._started)
+            self._started = None
+
+    def median(self) -> float | None:
+        """The median step time in seconds, or None when no step was timed."""
+        return statistics.median(self.times) if self.times else None

@@ -1,0 +1,373 @@
+"""Compute accounting (:mod:`attnlab.compute`) and budgets (``max_tokens``, ``match``).
+
+* FLOPs of a training step against formulas written out here: a 2-layer scaled_dot encoder exactly (projections,
+  SDPA forward and backward as torch counts it, the FFN, the head; backward = the gradients of inputs and
+  weights), the fused kernels' formulas, and for every score, normalizer and backend an attention part > 0 beside
+  the linear layers' FLOPs (counted by hand).
+* ``params_non_embedding`` by hand; :func:`~attnlab.compute.closest_width` and ``match`` by hand; ``max_tokens``.
+* One real tiny run whose summary.json holds every new field, its results table the FLOPs column.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import math
+import random
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import RECURRENT_FORMS, SCORES, params_of, train_listops
+from hydra import compose, initialize_config_dir
+from rich.console import Console
+from torch import nn
+
+import attnlab
+from attnlab.compute import Unreachable, closest_width, count_flops, non_embedding_params, step_flops
+from attnlab.config import AttentionConfig
+from attnlab.kernels import additive, relative
+from attnlab.module import EncoderModule
+from attnlab.runs import SCHEMA_VERSION, Summary
+from attnlab.training.config import CONF_DIR, ConfigError, build_module, resolve_match, validate_config
+from attnlab.training.console import compact, results_table
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def lin(rows: int, n_in: int, n_out: int) -> int:
+    """The forward FLOPs of a linear layer on ``rows`` rows: 2 per multiply-add."""
+    return 2 * rows * n_in * n_out
+
+
+def linear_step_flops(module: EncoderModule, batch: int, length: int) -> int:
+    """Forward + backward FLOPs of every nn.Linear of ``module`` on a (batch, length) step, by hand: each takes
+    B·L rows (the head of a per-sequence task: B), and its backward is the gradients of its input and its weight,
+    twice its forward."""
+    total = 0
+    for name, layer in module.named_modules():
+        if isinstance(layer, nn.Linear):
+            rows = batch if name == "head" and not module.per_token else batch * length
+            total += 3 * lin(rows, layer.in_features, layer.out_features)
+    return total
+
+
+def encoder(attention: AttentionConfig | None = None, *, layers: int = 1, per_token: bool = True, **sizes):
+    sizes = {"d_model": 8, "num_heads": 2, "max_len": 6, "vocab_size": 7, "num_classes": 3, **sizes}
+    return EncoderModule(
+        per_token=per_token, pad_id=None, num_layers=layers, attention=attention or AttentionConfig(), **sizes
+    )
+
+
+@contextlib.contextmanager
+def hydra() -> Iterator[None]:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+SMALL = ["task=digits", "d_model=16", "num_heads=2", "num_layers=2", "logger=none", "diagnostics.enabled=false"]
+
+
+# ---------------------------------------------------------------------------------------------- one training run
+
+
+def test_a_trained_run_records_its_compute_and_its_budgets(tmp_path: Path, restore_process_state: None) -> None:
+    """One real run (ListOps, debug=fast) with a token budget and a parameter target: summary.json has every field
+    of schema 5 with its value, and the results table the FLOPs per token."""
+    fixed = ["task=listops", "debug=fast", "logger=none", "results_table=false", "d_model=16", "num_heads=2"]
+    with hydra():
+        probe = compose("config", overrides=fixed)
+        dm = validate_config(probe)
+        base = build_module(probe, dm).num_parameters
+    per_step = dm.batch_size * dm.seq_len
+    budget = 6 * per_step + 1  # 7 steps, rounded up to eval_every (5): 10
+    summary = train_listops(tmp_path, f"max_tokens={budget}", "match.by=params", f"match.target={base + 500}")
+    assert summary["status"] == "ok", summary["reason"]
+    assert summary["schema_version"] == SCHEMA_VERSION == 5
+    assert summary["max_tokens"] == budget and summary["max_steps"] == summary["steps"] == 10
+    assert summary["tokens_per_step"] == per_step
+    assert summary["tokens_seen"] == 10 * dm.batch_size * dm.seq_len
+    assert 0 < summary["step_time_s"] < summary["wall_time_s"]
+    matched = summary["matched"]
+    assert matched["by"] == "params" and matched["width"] == "model.d_ff" and matched["target"] == base + 500
+    assert matched["achieved"] == summary["params"] and abs(matched["achieved"] - (base + 500)) <= 2 * 16 + 1
+    # the embedding: vocab_size × d_model (ListOps has sinusoidal positions, no table)
+    assert summary["params"] - summary["params_non_embedding"] == dm.vocab_size * 16
+    with hydra():  # the run's FLOPs are those of its model's step
+        cfg = compose("config", overrides=[*fixed, f"model.d_ff={matched['value']}"])
+        module = build_module(cfg, validate_config(cfg))
+    assert summary["flops_per_token"] == step_flops(module, dm.batch_size, dm.seq_len) / per_step
+    out = io.StringIO()
+    Console(file=out, width=200).print(results_table(Summary.from_dict(summary)))
+    header, row = (line for line in out.getvalue().splitlines() if "│" in line or "┃" in line)
+    assert "FLOPs/tok" in header and f" {compact(summary['flops_per_token'])} " in row
+
+
+def test_an_older_summary_reads_with_the_new_fields_null() -> None:
+    summary = Summary.from_dict({"schema_version": 4, "status": "ok", "params": 10, "state_size": [3]})
+    assert summary.schema_version == SCHEMA_VERSION and summary.params == 10
+    for name in ("params_non_embedding", "flops_per_token", "tokens_per_step", "tokens_seen", "step_time_s"):
+        assert getattr(summary, name) is None
+    assert summary.max_tokens is None and summary.matched is None
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_scaled_dot_encoder_step_is_the_hand_formula(seed: int, per_token: bool) -> None:
+    r = random.Random(seed)
+    B, L, d, H, d_k = r.randint(1, 4), r.randint(3, 17), r.randint(5, 24), r.randint(1, 3), r.randint(2, 9)
+    d_ff, V, C = r.randint(3, 40), r.randint(5, 30), r.randint(2, 9)
+    module = encoder(
+        layers=2,
+        per_token=per_token,
+        d_model=d,
+        num_heads=H,
+        d_k=d_k,
+        d_ff=d_ff,
+        max_len=L,
+        vocab_size=V,
+        num_classes=C,
+    ).double()
+    rows = B * L
+    forward = {
+        "q, k, v": 3 * lin(rows, d, H * d_k),
+        "attention": 2 * 2 * B * H * L * L * d_k,  # q·kᵀ, P·v
+        "out": lin(rows, H * d_k, d),
+        "ffn": lin(rows, d, d_ff) + lin(rows, d_ff, d),
+    }
+    backward = {
+        "linear": 2 * (forward["q, k, v"] + forward["out"] + forward["ffn"]),  # input and weight gradients
+        # SDPA's backward as torch counts it: the scores recomputed, dP = dO·vᵀ, dv = Pᵀ·dO, dq = dS·k, dk = dSᵀ·q
+        "attention": 5 * 2 * B * H * L * L * d_k,
+    }
+    head = 3 * lin(rows if per_token else B, d, C)
+    expected = 2 * (sum(forward.values()) + sum(backward.values())) + head
+    assert step_flops(module, B, L) == expected
+    assert linear_step_flops(module, B, L) == expected - 2 * (forward["attention"] + backward["attention"])
+
+
+def test_counting_leaves_the_model_and_the_random_numbers_alone() -> None:
+    module = encoder(layers=2).eval()
+    before = copy.deepcopy(module.state_dict())
+    state = torch.get_rng_state()
+    assert step_flops(module, 2, 6) > 0
+    assert torch.equal(torch.get_rng_state(), state)
+    assert not module.training and all(p.grad is None for p in module.parameters())
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+
+
+def attention_flops(config: AttentionConfig, batch: int = 2, length: int = 6) -> tuple[int, int]:
+    """(the step's FLOPs, its linear layers' FLOPs by hand) of a one-layer encoder with ``config``."""
+    module = encoder(config, max_len=length)
+    return step_flops(module, batch, length), linear_step_flops(module, batch, length)
+
+
+def config_of(name: str) -> AttentionConfig:
+    recurrent = {"mask": "causal", "normalizer": "none"} if name in RECURRENT_FORMS else {}
+    return AttentionConfig(score=name, score_params=params_of("score", name), **recurrent)
+
+
+@pytest.mark.parametrize("name", SCORES + RECURRENT_FORMS)
+def test_every_score_counts_its_attention(name: str) -> None:
+    total, linear = attention_flops(config_of(name))
+    assert total > linear, f"{name}: no FLOPs beside the linear layers"
+
+
+@pytest.mark.parametrize("name", attnlab.list_normalizers())
+def test_every_normalizer_counts_its_attention(name: str) -> None:
+    total, linear = attention_flops(AttentionConfig(normalizer=name))
+    assert total > linear, f"normalizer={name}: no FLOPs beside the linear layers"
+
+
+BACKEND_CANDIDATES = [
+    AttentionConfig(),
+    AttentionConfig(position_bias="t5"),
+    AttentionConfig(position_bias="shaw", position_bias_params={"clip": 2}),
+    AttentionConfig(score="linear", normalizer="rowsum"),
+    AttentionConfig(score="linear", normalizer="rowsum", mask="causal"),
+    AttentionConfig(score="retnet", normalizer="none", mask="causal"),
+]
+
+
+@pytest.mark.parametrize("backend", attnlab.list_backends())
+def test_every_backend_counts_its_attention(backend: str) -> None:
+    """Each backend, forced on the first configuration it computes (of a list that covers the built-in ones)."""
+    for candidate in BACKEND_CANDIDATES:
+        config = candidate.replace(backend=backend)
+        try:
+            module = encoder(config)
+        except ValueError:
+            continue
+        assert module.encoder.layers[0].self_attn.backend_for() == backend
+        total, linear = step_flops(module, 2, 6), linear_step_flops(module, 2, 6)
+        assert total > linear, f"backend={backend}: no FLOPs beside the linear layers"
+        return
+    pytest.fail(f"backend {backend} computes none of the candidate configurations: add one it computes")
+
+
+@pytest.mark.skipif(not additive.available(), reason=f"no additive kernel: {additive.unavailable_reason()}")
+def test_the_additive_kernel_counts_the_contraction_it_replaces() -> None:
+    B, H, Lq, Lk, A = 2, 3, 5, 7, 4
+    wq, uk, v = (
+        torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((B, H, Lq, A), (B, H, Lk, A), (H, A))
+    )
+    forward = 2 * B * H * Lq * Lk * A  # Σ_a v_a tanh(wq_ia + uk_ja) for each (b, h, i, j)
+    assert count_flops(lambda: additive.additive_logits(wq, uk, v)) == forward
+    assert count_flops(lambda: additive.additive_logits(wq, uk, v).sum().backward()) == forward + 3 * forward
+    assert wq.grad is not None and uk.grad is not None and v.grad is not None
+
+
+@pytest.mark.skipif(not relative.available(), reason=f"no relative kernel: {relative.unavailable_reason()}")
+@pytest.mark.parametrize("per_row", [True, False])
+def test_the_relative_kernel_counts_its_products_once_on_either_path(per_row: bool) -> None:
+    B, H, Lq, Lk, d, d_v, clip = 2, 2, 5, 6, 3, 4, 2
+    q, k = torch.randn(B, H, Lq, d, dtype=torch.float64), torch.randn(B, H, Lk, d, dtype=torch.float64)
+    v = torch.randn(B, H, Lk, d_v, dtype=torch.float64)
+    index = (torch.arange(Lk)[None, :] - torch.arange(Lq)[:, None]).clamp(-clip, clip) + clip
+    table = torch.randn(*((B, H, Lq) if per_row else (H,)), 2 * clip + 1, dtype=torch.float64)
+    runs = relative.Runs(index)
+    forward = 2 * B * H * Lq * Lk * d + 2 * B * H * Lq * Lk * d_v  # q·kᵀ, P·v
+    backward = 2 * forward  # dv = Pᵀ·dz, dP = dz·vᵀ, dq = dS·k, dk = dSᵀ·q
+
+    def step(fn):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, table)]
+        return lambda: fn(*inputs).sum().backward()
+
+    def impl(*t):  # the autograd function itself: the products inside it are torch's, seen one by one
+        return relative._RelativeFunction.apply(*t, runs.ptr, runs.starts, runs.cols, None, 0.5, per_row)
+
+    assert count_flops(step(lambda *t: relative.relative_attention(*t, runs, None, 0.5))) == forward + backward
+    assert count_flops(step(impl)) == forward + backward
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+
+
+def test_params_non_embedding_leaves_out_the_token_embedding_and_a_learned_position_table() -> None:
+    d, V, L, C, H = 12, 9, 10, 4, 3
+    sinusoidal = encoder(d_model=d, vocab_size=V, max_len=L, num_classes=C, num_heads=H, layers=2)
+    assert non_embedding_params(sinusoidal) == sinusoidal.num_parameters - V * d
+    learned = encoder(d_model=d, vocab_size=V, max_len=L, num_classes=C, num_heads=H, pos_encoding="learned")
+    assert non_embedding_params(learned) == learned.num_parameters - V * d - L * d
+    # a relative-position table is the attention's: counted (Shaw's a^K: 2·clip + 1 rows of d_k)
+    shaw = AttentionConfig(position_bias="shaw", position_bias_params={"clip": 3, "value_term": False})
+    biased = encoder(shaw, d_model=d, vocab_size=V, max_len=L, num_classes=C, num_heads=H)
+    plain = encoder(d_model=d, vocab_size=V, max_len=L, num_classes=C, num_heads=H)
+    assert non_embedding_params(biased) - non_embedding_params(plain) == 7 * (d // H)
+    # by hand: per layer q, k, v, out (+ biases), two norms, the FFN (d_ff = 4d); the final norm, the head
+    layer = 4 * (d * d + d) + 2 * 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d)
+    assert non_embedding_params(plain) == layer + 2 * d + d * C + C
+
+
+# ---------------------------------------------------------------------------------------------- budgets
+
+
+def test_closest_width_bisects_to_the_nearest_count() -> None:
+    calls = []
+
+    def count(width: int) -> int:
+        calls.append(width)
+        return 3 * width + 10
+
+    assert closest_width(count, 100) == (30, 100)
+    assert closest_width(count, 101) == (30, 100)  # 103 is further
+    assert closest_width(count, 102) == (31, 103)
+    assert closest_width(count, 13) == (1, 13)
+    assert len(calls) < 60
+    with pytest.raises(Unreachable, match="smallest width"):
+        closest_width(count, 12)
+    with pytest.raises(Unreachable, match="does not change with the width"):
+        closest_width(lambda width: 5, 6, high=64)
+
+
+def sd_params(d: int, H: int, d_k: int, d_ff: int, layers: int, V: int, C: int) -> int:
+    """A scaled_dot encoder's parameters by hand (sinusoidal positions, pre-LN)."""
+    per_layer = 3 * (d * H * d_k + H * d_k) + (H * d_k * d + d) + 2 * 2 * d + (d * d_ff + d_ff) + (d_ff * d + d)
+    return V * d + layers * per_layer + 2 * d + d * C + C
+
+
+def matched(*overrides: str):
+    """The config of ``overrides`` (on SMALL), checked and matched: (cfg, its datamodule, what match found)."""
+    with hydra():
+        cfg = compose("config", overrides=[*SMALL, *overrides])
+        dm = validate_config(cfg)
+        found = resolve_match(cfg, dm)
+    return cfg, dm, found
+
+
+@pytest.mark.parametrize("extra", [3, 40])
+def test_match_params_finds_the_d_ff_of_the_nearest_count(extra: int) -> None:
+    with hydra():
+        dm = validate_config(compose("config", overrides=SMALL))
+    V, C = dm.vocab_size, dm.num_classes
+    target = sd_params(16, 2, 8, 37, 2, V, C) + extra  # d_ff 38 has 2·(2·16 + 1) = 66 more
+    cfg, _, found = matched("match.by=params", f"match.target={target}")
+    width = 37 if extra < 33 else 38
+    assert cfg.model.d_ff == found["value"] == width
+    assert found == {
+        "by": "params",
+        "width": "model.d_ff",
+        "value": width,
+        "target": target,
+        "achieved": sd_params(16, 2, 8, width, 2, V, C),
+        "reference": None,
+    }
+
+
+def test_match_a_reference_variant_by_hand() -> None:
+    """variant=additive sized to scaled_dot's parameters (d_ff 4·16): additive adds w_q, w_k (H, d_k, d_a) and v
+    (H, d_a) per layer, d_a = d_k, which fewer FFN units make up for."""
+    cfg, dm, found = matched("variant=additive", "match.by=params", "match.reference=scaled_dot")
+    V, C = dm.vocab_size, dm.num_classes
+    target = sd_params(16, 2, 8, 64, 2, V, C)
+    extra = 2 * (2 * 2 * 8 * 8 + 2 * 8)
+    best = min(range(1, 65), key=lambda w: (abs(sd_params(16, 2, 8, w, 2, V, C) + extra - target), w))
+    assert found["target"] == target and found["reference"] == "scaled_dot"
+    assert cfg.model.d_ff == found["value"] == best == 56
+    assert found["achieved"] == sd_params(16, 2, 8, best, 2, V, C) + extra
+
+
+def test_match_state_size_by_d_k() -> None:
+    """Linear attention's state per layer is H·(d_k·d_k + d_k) (elu features: d_φ = d_k, with the row sums)."""
+    cfg, _, found = matched("variant=linear", "match.by=state_size", "match.width=d_k", f"match.target={4 * 110 + 1}")
+    assert cfg.d_k == found["value"] == 10 and found["achieved"] == 2 * 2 * (10 * 10 + 10)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["match.by=params", "match.width=model.dff", "match.target=5"],
+            "not a key of the config; did you mean model.d_ff",
+        ),
+        (["match.by=params", "match.width=lr", "match.target=5"], "lr is 0.003, not an integer"),
+        (["match.by=params", "match.target=5"], "no model.d_ff reaches 5 params: the smallest width"),
+        (["match.by=params", "match.width=seed", "match.target=10000000"], "does not change with the width"),
+        (["match.by=params"], "set match.target=<count> or match.reference=<variant>"),
+        (["match.by=params", "match.target=5", "match.reference=dot"], "not both"),
+        (["match.by=flops", "match.target=5"], "match.by must be one of params, state_size"),
+        (["match.target=5"], "match.target is set but match.by is null"),
+        (["match.by=params", "match.reference=addtive"], "did you mean 'additive'"),
+    ],
+)
+def test_a_bad_match_is_one_line(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        matched(*overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_max_tokens_sets_max_steps() -> None:
+    with hydra():
+        cfg = compose("config", overrides=[*SMALL, "max_tokens=2e5", "eval_every=10"])
+        dm = validate_config(cfg)
+    steps = math.ceil(200_000 / (dm.batch_size * dm.seq_len))
+    assert cfg.max_tokens == 200_000 and type(cfg.max_tokens) is int
+    assert cfg.max_steps == cfg.trainer.max_steps == 10 * math.ceil(steps / 10)
+    with hydra(), pytest.raises(ConfigError, match="max_tokens must be an integer >= 1"):
+        validate_config(compose("config", overrides=[*SMALL, "max_tokens=0.5"]))
