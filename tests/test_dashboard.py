@@ -87,10 +87,17 @@ def write_run(
     normalizer: str | None = None,
     lr: float = 0.003,
     optimized: float | None = None,
+    pos: str = "sinusoidal",
+    max_steps: int = 100,
+    extra: dict | None = None,
+    overrides: list[str] | None = None,
+    settings: dict | None = None,
+    map_size: tuple[int, int] = (4, 3),
 ) -> Path:
     """One synthetic run folder; ``status=None`` leaves out summary.json (a crashed run). ``lengths`` ({L: acc})
     adds ``test/acc@L`` and ``test/loss@L`` (= 1 - acc) as a run with ``task.datamodule.test_lengths`` has them;
-    ``datamodule`` is written under ``task.datamodule`` in config.yaml."""
+    ``datamodule`` is written under ``task.datamodule`` in config.yaml, ``extra`` as more top-level keys;
+    ``overrides`` and ``settings`` go to summary.json; ``map_size`` is the saved attention maps' size."""
     folder.mkdir(parents=True)
     d_model = 64
     resolved = d_k if d_k is not None else d_model // num_heads
@@ -98,8 +105,9 @@ def write_run(
         f"variant:\n  name: {json.dumps(variant)}\n  params: {{}}\nmask:\n  name: none\ntask:\n"
         f"  name: {json.dumps(task)}\n  datamodule: {json.dumps(datamodule or {})}\n"
         f"d_model: {d_model}\nd_k: {'null' if d_k is None else d_k}\nnum_heads: {num_heads}\nnum_layers: {LAYERS}\n"
-        f"lr: {lr}\nbatch_size: 32\nmax_steps: 100\nseed: {seed}\nmodel:\n  pos_encoding: sinusoidal\n"
+        f"lr: {lr}\nbatch_size: 32\nmax_steps: {max_steps}\nseed: {seed}\nmodel:\n  pos_encoding: {pos}\n"
         f"normalizer:\n  name: {json.dumps(normalizer or 'softmax')}\n"
+        + "".join(f"{key}: {json.dumps(value)}\n" for key, value in (extra or {}).items())
     )
     by_length = {}
     for length, value in (lengths or {}).items():
@@ -129,8 +137,8 @@ def write_run(
             "seed": seed,
             "lr": 0.003,
             "batch_size": 32,
-            "max_steps": 100,
-            "pos_encoding": "sinusoidal",
+            "max_steps": max_steps,
+            "pos_encoding": pos,
             "variant_params": {},
             "params": 12345 + resolved,
             "wall_time_s": 12.5 + seed,
@@ -139,6 +147,10 @@ def write_run(
         }
         if normalizer is not None:
             summary["normalizer"] = normalizer
+        if overrides is not None:
+            summary["overrides"] = overrides
+        if settings is not None:
+            summary["settings"] = settings
         if status == "ok":
             final = {k: v for k, v in _diag_row(variant, resolved, 100).items() if k.count("/") == 1}
             summary["metrics"] = {"val/acc_best": acc, "val/acc": acc, "test/acc": acc, "test/loss": 0.9, **final}
@@ -148,7 +160,7 @@ def write_run(
             summary["attn_init"] = {k: v for k, v in _diag_row(variant, resolved, 0).items() if k.count("/") == 1}
         (folder / "summary.json").write_text(json.dumps(summary, indent=2))
     if image:
-        (folder / "attention_maps.png").write_bytes(_png())
+        (folder / "attention_maps.png").write_bytes(_png(*map_size))
         (folder / "attention").mkdir()
         (folder / "attention" / "step_100.png").write_bytes(_png(2, 2))
     # things the search must not mistake for runs
@@ -229,6 +241,44 @@ def length_page(length_sweep: Path, tmp_path_factory: pytest.TempPathFactory) ->
     out = tmp_path_factory.mktemp("length_page") / "dashboard.html"
     dashboard.write_dashboard(length_sweep, out)
     return out
+
+
+MAP_SIZE = (768, 352)  # the size of a saved attention/maps.png (2 layers x 4 heads)
+
+
+@pytest.fixture(scope="module")
+def folder_of_sweeps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of two sweeps as a smoke sweep beside a longer one leaves them, 20 runs of 4 heads, 2 seeds each:
+    ``smoke`` (max_steps 5, eval_every 5, 32 test examples): variant=rope (a preset: its config holds scaled_dot
+    and pos_encoding rope), variant=alibi (pos_encoding none) and scaled_dot at d_k 8 and 512, num_kv_heads left
+    null; ``full`` (max_steps 100, eval_every 50, 64 test examples): scaled_dot and dot with d_k left null (64 // 4
+    = 16) and num_kv_heads 1 and 2. Seed 0 of each smoke configuration saved a 768 x 352 attention map."""
+    root = tmp_path_factory.mktemp("folder")
+    job = 0
+    for sweep, variants, d_ks, kv_heads, steps, every, tests in (
+        ("smoke", (("rope", "scaled_dot", "rope"), ("alibi", "alibi", "none"), ("scaled_dot", "scaled_dot",
+         "sinusoidal")), (8, 512), (None,), 5, 5, 32),
+        ("full", (("scaled_dot", "scaled_dot", "sinusoidal"), ("dot", "dot", "sinusoidal")), (None,), (1, 2), 100,
+         50, 64),
+    ):  # fmt: skip
+        for asked, name, pos in variants:
+            for d_k in d_ks:
+                for kv in kv_heads:
+                    for seed in (0, 1):
+                        overrides = [f"variant={asked}", f"seed={seed}"] + ([f"d_k={d_k}"] if d_k else [])
+                        overrides += [f"num_kv_heads={kv}"] if kv else ["debug=fast"]
+                        write_run(root / sweep / f"{job}_{asked}_{d_k}_{kv}_{seed}", name, d_k, seed, num_heads=4,
+                                  pos=pos, max_steps=steps, extra={"eval_every": every, "num_kv_heads": kv},
+                                  datamodule={"num_test": tests}, overrides=overrides,
+                                  settings={"num_kv_heads": kv, "d_k": d_k}, image=sweep == "smoke" and seed == 0,
+                                  map_size=MAP_SIZE)  # fmt: skip
+                        job += 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def folder_page(folder_of_sweeps: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return dashboard.write_dashboard(folder_of_sweeps, tmp_path_factory.mktemp("folder_page") / "dashboard.html")
 
 
 # ---------------------------------------------------------------------------------------------------- statistics
@@ -468,6 +518,127 @@ def test_headline_names_the_winner_by_hand(sweeps: Path) -> None:
     assert "<th>d_k=8</th><th>d_k=64</th><th>d_k=512</th>" in table
 
 
+def _page_figures(html: str) -> list[tuple[str, dict]]:
+    """Every plotly figure the page stores: those drawn at load and every choice of a selector."""
+    out = []
+    for match in re.finditer(r'<script type="application/json" id="([\w-]+)">(.*?)</script>', html, re.S):
+        value = json.loads(match.group(2))
+        if isinstance(value, dict) and "data" in value:
+            out.append((match.group(1), value))
+        elif isinstance(value, dict):
+            out += [(f"{match.group(1)}[{k}]", v) for k, v in value.items() if isinstance(v, dict) and "data" in v]
+    return out
+
+
+def _draws_markers(trace: dict) -> bool:
+    """Whether plotly draws markers for ``trace``: a scatter whose mode names them, or that names no mode (then
+    plotly draws them on a trace of fewer than 20 points)."""
+    mode = trace.get("mode")
+    return trace.get("type", "scatter") in ("scatter", "scattergl") and (mode is None or "markers" in mode)
+
+
+def _stray_markers(fig: dict) -> list[str]:
+    """The traces that draw markers without a legend entry of their own or a legended twin (the same legend group,
+    name and mode: a line's copy in another panel, as the error-bar points of a series); a seed band, say."""
+    twin = {
+        (t.get("legendgroup"), t.get("name"), t.get("mode"))
+        for t in fig["data"]
+        if t.get("showlegend", True) is not False and _draws_markers(t) and t.get("legendgroup")
+    }
+    return [
+        f"{t.get('name')} (fill {t.get('fill')}, mode {t.get('mode')})"
+        for t in fig["data"]
+        if _draws_markers(t)
+        and t.get("showlegend", True) is False
+        and (t.get("legendgroup"), t.get("name"), t.get("mode")) not in twin
+    ]
+
+
+def test_no_trace_draws_markers_without_a_legend_entry(
+    page: Path, length_page: Path, folder_page: Path, tmp_path: Path
+) -> None:
+    """The seed bands of the training curves (``fill: toself``, no mode) drew stray dots on curves of fewer than 20
+    points. In every figure of four pages (a sweep, lengths, a folder of sweeps, a search): a trace that draws
+    markers is in the legend or is a panel's copy of a legended one (same group, name and mode); bands draw lines
+    of width 0."""
+    for i, lr in enumerate((1e-4, 3e-4, 1e-3, 3e-3, 1e-2)):
+        write_run(tmp_path / "search" / f"{i}_trial", "scaled_dot", 8, 0, lr=lr, optimized=0.5 + i / 20)
+    pages = [p.read_text() for p in (page, length_page, folder_page)] + [build_html(load_runs(tmp_path / "search"))]
+    assert '<section id="search">' in pages[-1]
+    bands = 0
+    for html in pages:
+        figs = _page_figures(html)
+        assert len(figs) >= 2
+        for name, fig in figs:
+            assert _stray_markers(fig) == [], name
+            for trace in fig["data"]:
+                if trace.get("fill") == "toself":
+                    bands += 1
+                    assert trace["mode"] == "lines" and trace["line"]["width"] == 0, name
+    assert bands >= 10  # (the curves of val/acc, entropy_norm, saturation: 2 to 4 points each)
+
+
+def test_a_folder_of_sweeps_labels_the_asked_variant_with_resolved_values_and_no_knobs(
+    folder_of_sweeps: Path, folder_page: Path
+) -> None:
+    """variant=rope is "rope" (not "scaled_dot · pos=rope" beside "alibi · pos=none"), d_k and kv_heads left null
+    show the values the runs used (16, 4), and the run knobs that differ between the sweeps (max_steps,
+    eval_every, num_test) stay out of every label (the runs table keeps them); each headline cell names its runs'
+    parameter count."""
+    runs = load_runs(folder_of_sweeps)
+    sweep = Sweep(runs)
+    assert [d.name for d in sweep.dims[:3]] == ["variant", "d_k", "kv_heads"]
+    assert sorted(d.name for d in sweep.knobs) == ["eval_every", "max_steps", "num_test"]
+    assert sweep.dim("variant").values == ("alibi", "dot", "rope", "scaled_dot")
+    assert sweep.dim("d_k").values == (8, 16, 512) and sweep.dim("kv_heads").values == (1, 2, 4)
+    html = folder_page.read_text()
+    names = {t["name"] for _, fig in _page_figures(html) for t in fig["data"] if t.get("type") != "heatmap"}
+    section = html[html.index('<section id="headline">') : html.index("</section>", html.index('id="headline"'))]
+    first = section[section.index('<table class="headline"') : section.index("</table>")]
+    rows = [html_lib.unescape(r) for r in re.findall(r'<tr><td class="t">([^<]*)</td>', first)]
+    assert rows == ["alibi · kv_heads=4", "dot · kv_heads=1", "dot · kv_heads=2", "rope · kv_heads=4",
+                    "scaled_dot · kv_heads=1", "scaled_dot · kv_heads=2", "scaled_dot · kv_heads=4"]  # fmt: skip
+    assert {"rope", "alibi", "dot", "scaled_dot"} <= names
+    for label in names | set(rows):
+        for bad in ("pos=", "null", "max_steps", "eval_every", "num_test"):
+            assert bad not in label, label
+    assert "<th>d_k=8</th><th>d_k=16</th><th>d_k=512</th>" in section
+    header = html_lib.unescape(re.sub(r"<[^>]+>", "", html[: html.index("<nav>")]))
+    assert "left out of labels" in header and "max_steps (2) · eval_every (2) · num_test (2)" in header
+    table = html[html.index('<table class="runs sortable"') :]
+    assert {"max_steps", "eval_every", "num_test"} <= set(re.findall(r'data-key="([^"]+)"', table))
+    # parameters per cell (12345 + d_k in these runs), not a range over the row
+    rope = re.search(r'<tr><td class="t">rope · kv_heads=4</td>(.*?)</tr>', first).group(1)
+    assert re.findall(r'<span class="p">([^<]*)</span>', rope) == ["12,353 params", "12,857 params"]
+    assert "–" not in first.split("</caption>")[1]  # no range: each cell's seeds have one count
+
+
+def test_a_folder_of_sweeps_terminal_table_keeps_its_key_columns_whole(folder_of_sweeps: Path, capsys) -> None:
+    """At 120 columns (and at 60) the table keeps the variant column and every value whole ("512", not "5…"); the
+    run knobs are one column naming each distinct set, spelled out under the table."""
+    import io
+
+    from attnlab.console import plain_console
+
+    runs = load_runs(folder_of_sweeps)
+    dashboard.print_table(runs)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert all(len(line) <= 120 for line in lines), max(map(len, lines))
+    header = next(line.split() for line in lines if "variant" in line)
+    assert header[:4] == ["variant", "d_k", "kv_heads", "seed"] and header[-1] == "knobs"
+    rows = [line.split() for line in lines if line.split()[:1] in (["rope"], ["alibi"], ["dot"], ["scaled_dot"])]
+    assert len(rows) == 20 and "…" not in out
+    assert sorted({r[1] for r in rows}, key=int) == ["8", "16", "512"] and {r[2] for r in rows} == {"1", "2", "4"}
+    assert {r[-1] for r in rows if r[0] == "rope"} == {"k2"}  # (sweep "full" comes first)
+    assert "k1: max_steps=100 · eval_every=50 · num_test=64" in out
+    assert "k2: max_steps=5 · eval_every=5 · num_test=32" in out
+    narrow = io.StringIO()
+    dashboard.print_table(runs, console=plain_console(narrow, width=60))
+    text = narrow.getvalue()
+    assert "…" not in text and "scaled_dot" in text and " 512 " in text and "kv_heads" in text
+
+
 def test_length_section_escaped_with_training_length(length_page: Path) -> None:
     html = length_page.read_text()
     section = html[html.index('<section id="lengths">') : html.index("</section>", html.index('id="lengths"'))]
@@ -644,8 +815,13 @@ PROBE = """window.addEventListener('load', function () {
     out.labels.push(n.textContent); });
   document.querySelectorAll('p.verdict').forEach(function (n) { out.verdicts.push(n.textContent); });
   document.querySelectorAll('table').forEach(function (t) {
-    var r = t.getBoundingClientRect(); out.tables.push({cls: t.className, right: r.right, text: t.textContent}); });
+    var r = t.getBoundingClientRect(), box = t.parentElement;
+    out.tables.push({cls: t.className, right: r.right, text: t.textContent, width: t.scrollWidth,
+      room: box.clientWidth, overflow: getComputedStyle(box).overflowX}); });
+  out.maps = Array.prototype.map.call(document.querySelectorAll('.maps img'), function (img) {
+    var r = img.getBoundingClientRect(); return {width: r.width, top: r.top}; });
   out.viewport = window.innerWidth;
+  out.page_width = document.documentElement.scrollWidth;
   document.body.setAttribute('data-probe', JSON.stringify(out));
 });"""
 
@@ -697,9 +873,10 @@ def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: 
 
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real multirun: 4 variants x d_k {8, 16} x lr {1e-3, 3e-3} = 16 smoke runs (two at a time)."""
+    """A real multirun: 4 variants x d_k {8, 16} x lr {1e-3, 3e-3} = 16 smoke runs (two at a time); rope is a
+    preset (its config holds scaled_dot and pos_encoding rope)."""
     sweep = tmp_path_factory.mktemp("real") / "sweep"
-    args = ["-m", "variant=additive,dot,scaled_dot,alibi", "d_k=8,16", "lr=1e-3,3e-3", "debug=fast"]
+    args = ["-m", "variant=additive,dot,rope,alibi", "d_k=8,16", "lr=1e-3,3e-3", "debug=fast"]
     args += ["logger=none", "threads=1", "results_table=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     run_train(*args, f"hydra.sweep.dir='{sweep}'", wandb="disabled", full_error=True, timeout=600, returncode=0)
     return sweep
@@ -709,7 +886,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Path) -> None:
     """The issue's check on a real sweep: plain legends and labels, every panel at least 300 px wide at a 1400 px
     window, the headline names the winner (computed here from the summaries), lr shows because it was swept, the
-    runs table fits; a screenshot is kept in test-artifacts/."""
+    runs table fits, variant=rope is labelled rope; a screenshot is kept in test-artifacts/."""
     runs = load_runs(real_sweep)
     assert len(runs) == 16 and all(r.ok for r in runs)
     combos = {(r.variant, r.d_k, r.value("lr")) for r in runs}
@@ -724,7 +901,7 @@ def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Pa
             assert bad not in text, text
     # legends name the varying keys only: the variant (lr and d_k are panels or the x axis), or variant and lr
     # where the panels are the d_k values (training curves)
-    variants = ["additive", "alibi", "dot", "scaled_dot"]
+    variants = ["additive", "alibi", "dot", "rope"]  # (rope: the preset asked for, not "scaled_dot · pos=rope")
     with_lr = [f"{v} · lr={lr}" for v in variants for lr in ("0.001", "0.003")]
     assert set(got["legend"]) == {*variants, *with_lr}
     for fig in got["figures"]:
@@ -732,7 +909,9 @@ def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Pa
     # the winner of val/acc_best, by hand from the summaries: best mean over seeds of a (variant, d_k, lr) cell
     cells: dict = {}
     for r in runs:
-        cells.setdefault((r.variant, r.d_k, r.value("lr")), []).append(r.summary["metrics"]["val/acc_best"])
+        cells.setdefault((r.value("variant.name"), r.d_k, r.value("lr")), []).append(
+            r.summary["metrics"]["val/acc_best"]
+        )
     means = {k: sum(v) / len(v) for k, v in cells.items()}
     best = max(means.values())
     winners = {f"{v} · lr={lr:g} at d_k={d_k}" for (v, d_k, lr), m in means.items() if abs(m - best) < 1e-12}
@@ -743,6 +922,23 @@ def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Pa
     assert runs_table["right"] <= 1400, runs_table["right"]
     shot = _screenshot(out, ARTIFACTS / "dashboard-real-sweep-1400.png", tmp_path)
     assert shot.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_a_folder_of_sweeps_page_fits_1400_px(folder_page: Path, tmp_path: Path) -> None:
+    """The folder-of-sweeps page in Chromium at a 1400 px window: the headline tables fit (in a container that
+    scrolls, should a name still not fit), the page itself does not scroll sideways, no half-width is printed with
+    an exponent, and the attention maps are at least 600 px wide each (two a row: their ticks read)."""
+    got, _ = _probe(folder_page.read_text(), tmp_path)
+    assert got["viewport"] == 1400 and got["page_width"] <= 1400, got["page_width"]
+    tables = [t for t in got["tables"] if t["cls"].split()[0] in ("headline", "rivals")]
+    assert len(tables) == 4  # a table and its rivals for val/acc_best and test/acc
+    for table in tables:
+        assert table["overflow"] == "auto" and table["width"] <= table["room"] and table["right"] <= 1400, table
+    assert all("e+" not in v and "e-" not in v for v in got["verdicts"]), got["verdicts"]
+    assert len(got["maps"]) == 3  # the smoke sweep's variants saved maps
+    assert len({round(m["top"]) for m in got["maps"]}) == 2  # two a row
+    assert all(m["width"] >= 600 for m in got["maps"]), got["maps"]
 
 
 def test_300_runs_build_fast_with_one_legend_entry_per_line(tmp_path: Path) -> None:

@@ -20,7 +20,21 @@ from attnlab.dashboard import metrics as metrics_module
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run
 from attnlab.dashboard.metrics import MetricSpec, parse_metric, register_metric, spec_for
-from attnlab.dashboard.stats import MAX_CURVE_POINTS, Point, aggregate, best_runs, curves, headline, mean_ci, t_critical
+from attnlab.dashboard.stats import (
+    MAX_CURVE_POINTS,
+    Cell,
+    Point,
+    aggregate,
+    best_runs,
+    curves,
+    headline,
+    holm,
+    mean_ci,
+    paired_difference,
+    t_critical,
+    t_two_sided_p,
+    welch_difference,
+)
 
 # ---------------------------------------------------------------------------------------------------- helpers
 BASE_CONFIG: dict[str, Any] = {
@@ -92,6 +106,64 @@ def hand_ci(values: list[float]) -> tuple[float, float | None, int]:
         squares += (v - mean) ** 2
     s = math.sqrt(squares / (n - 1))
     return mean, float(student_t.ppf(0.975, n - 1)) * s / math.sqrt(n), n
+
+
+def hand_paired(a: dict[Any, float], b: dict[Any, float]) -> tuple[float, float, float, int]:
+    """Textbook paired t over the seeds in both: (mean of d_i = a_i - b_i, 95 % half-width, two-sided p, n)."""
+    d = []
+    for seed in a:
+        if seed in b:
+            d.append(a[seed] - b[seed])
+    n = len(d)
+    total = 0.0
+    for v in d:
+        total += v
+    mean = total / n
+    squares = 0.0
+    for v in d:
+        squares += (v - mean) ** 2
+    se = math.sqrt(squares / (n - 1)) / math.sqrt(n)
+    t = mean / se
+    return mean, float(student_t.ppf(0.975, n - 1)) * se, float(2 * student_t.sf(abs(t), n - 1)), n
+
+
+def hand_welch(a: list[float], b: list[float]) -> tuple[float, float, float, float]:
+    """Textbook Welch: (mean a - mean b, 95 % half-width, two-sided p, Welch-Satterthwaite df)."""
+    stats = []
+    for xs in (a, b):
+        total = 0.0
+        for v in xs:
+            total += v
+        mean = total / len(xs)
+        squares = 0.0
+        for v in xs:
+            squares += (v - mean) ** 2
+        stats.append((mean, squares / (len(xs) - 1), len(xs)))
+    (ma, va, na), (mb, vb, nb) = stats
+    se2 = va / na + vb / nb
+    df = se2**2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    t = (ma - mb) / math.sqrt(se2)
+    return ma - mb, float(student_t.ppf(0.975, df)) * math.sqrt(se2), float(2 * student_t.sf(abs(t), df)), df
+
+
+def hand_holm(p: list[float]) -> list[float]:
+    """Holm's step-down adjustment, plainly: sort ascending, multiply the j-th smallest by m - j + 1, cap at 1,
+    carry the running maximum; back in the input order."""
+    m = len(p)
+    order = list(range(m))
+    order.sort(key=lambda i: p[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    j = 0
+    for i in order:
+        j += 1
+        value = (m - j + 1) * p[i]
+        if value > 1.0:
+            value = 1.0
+        if value > running:
+            running = value
+        adjusted[i] = running
+    return adjusted
 
 
 def dim_keys(sweep: Sweep) -> list[str]:
@@ -564,42 +636,49 @@ def _two_configs(winner: list[float], runner: list[float], metric: str = "test/a
     return Sweep(runs), runs
 
 
-def test_sentence_names_winner_runner_up_margin_and_separated_intervals() -> None:
+def test_sentence_names_winner_runner_up_margin_and_the_paired_verdict() -> None:
     sweep, runs = _two_configs([0.90, 0.91, 0.92], [0.85, 0.86, 0.87])
     text = headline(runs, sweep, "test/acc", None).sentence()
     assert text.startswith("Best test/acc: dot")
     assert "Runner-up: additive" in text
     assert "5.0 points behind" in text
-    assert "do not overlap" in text
+    # the differences are 0.05 on every seed: no spread, so the paired test rejects (p = 0)
+    assert "Paired t over 3 seeds, Holm-corrected over 1 comparison: it beats the other" in text
 
 
-def test_sentence_margin_and_overlap_verdict_match_hand_intervals() -> None:
-    rng = np.random.default_rng(10)
-    for gap, spread, overlap_expected in ((0.04, 0.001, False), (0.01, 0.05, True)):
+def test_sentence_margin_and_paired_verdict_match_hand_computation() -> None:
+    """Two draws: a gap far above the seed noise (beats), and one within it (not separated); the verdict follows
+    the paired t test computed here by hand, not the overlap of the two intervals."""
+    rng = np.random.default_rng(11)
+    for gap, spread, separated in ((0.04, 0.001, True), (0.01, 0.05, False)):
         a = [float(v) for v in 0.80 + rng.normal(0, spread, size=3)]
-        # the same spread around a mean lower by ``gap``: the same noise, shuffled
-        b = [float(v) - gap for v in rng.permutation(a)]
-        ma, ha, _ = hand_ci(a)
-        mb, hb, _ = hand_ci(b)
-        overlap = ma - ha <= mb + hb and mb - hb <= ma + ha
-        assert overlap is overlap_expected  # the draw does what the test needs
+        b = [float(v) - gap + float(e) for v, e in zip(a, rng.normal(0, spread, size=3), strict=True)]
+        ma, mb = sum(a) / 3, sum(b) / 3
+        mean, half, p, _ = hand_paired(dict(enumerate(a)), dict(enumerate(b)))
+        assert (p < 0.05) is separated  # the draw does what the test needs
         winner, loser = ("dot", "additive") if ma > mb else ("additive", "dot")
         sweep, runs = _two_configs(a, b)
-        text = headline(runs, sweep, "test/acc", None).sentence()
+        table = headline(runs, sweep, "test/acc", None)
+        text = table.sentence()
         assert text.startswith(f"Best test/acc: {winner}")
         assert f"Runner-up: {loser}" in text
         assert f"{100 * abs(ma - mb):.1f} points behind" in text
-        if overlap_expected:
-            assert "intervals overlap" in text and "do not overlap" not in text
+        (comp,) = table.comparisons()
+        sign = 1 if winner == "dot" else -1
+        assert comp.difference.mean == pytest.approx(sign * mean, rel=1e-9)
+        assert comp.difference.half_width == pytest.approx(half, rel=1e-9)
+        assert comp.difference.p == pytest.approx(p, rel=1e-6) and comp.p_holm == pytest.approx(p, rel=1e-6)
+        if separated:
+            assert "it beats the other" in text and comp.wins
         else:
-            assert "do not overlap" in text
+            assert f"; not {loser} (adjusted p = {p:.2g}): within seed noise" in text and not comp.wins
 
 
 def test_sentence_says_one_seed_when_there_is_no_interval() -> None:
     sweep, runs = _two_configs([0.9], [0.8])
     text = headline(runs, sweep, "test/acc", None).sentence()
-    assert "one seed" in text
-    assert "overlap" not in text
+    assert "With one seed there is no interval, so the margins are untested" in text
+    assert "Holm" not in text
     assert "10.0 points behind" in text
 
 
@@ -869,3 +948,252 @@ def test_a_tie_is_named_as_a_tie_and_every_tied_cell_is_marked_best() -> None:
     assert sentence.startswith("Best test/acc: dot, 55.0 %") and "Tied with scaled_dot, 55.0 %" in sentence
     marked = [label for label, key in table.rows if table.is_best(key, None)]
     assert marked == ["dot", "scaled_dot"]
+
+
+# ---------------------------------------------------------------------------------------------------- paired, Holm
+def test_paired_difference_pairs_on_the_common_seeds_by_hand() -> None:
+    """Unequal seed sets: a ran seeds 0-3, b seeds 1-4; only 1, 2, 3 pair (a's seed 0 and b's seed 4 are out)."""
+    a = {0: 0.70, 1: 0.81, 2: 0.86, 3: 0.90}
+    b = {1: 0.78, 2: 0.80, 3: 0.87, 4: 0.10}
+    mean, half, p, n = hand_paired(a, b)
+    assert n == 3 and mean == pytest.approx(((0.81 - 0.78) + (0.86 - 0.80) + (0.90 - 0.87)) / 3)
+    d = paired_difference(a, b)
+    assert d.paired and d.n == 3 and d.df == 2
+    assert d.mean == pytest.approx(mean, rel=1e-12)
+    assert d.half_width == pytest.approx(half, rel=1e-9)
+    # t_{0.975, 2} from a printed table: the half-width is 4.303 s_d / sqrt(3)
+    diffs = [0.03, 0.06, 0.03]
+    s_d = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 2)
+    assert d.half_width == pytest.approx(4.302653 * s_d / math.sqrt(3), rel=1e-6)
+    assert d.p == pytest.approx(p, rel=1e-9)
+    assert d.t == pytest.approx(mean / (s_d / math.sqrt(3)), rel=1e-9)
+    assert paired_difference(a, b, use_scipy=False).p == pytest.approx(p, rel=1e-9)  # the continued fraction
+    # one common seed: a difference, no interval, no test
+    one = paired_difference({0: 0.9, 1: 0.8}, {1: 0.5, 2: 0.4})
+    assert (one.mean, one.half_width, one.p, one.n, one.paired) == (pytest.approx(0.3), None, None, 1, True)
+    # no spread in the differences: p = 0 (a real difference) or 1 (none)
+    assert paired_difference({0: 0.9, 1: 0.8}, {0: 0.85, 1: 0.75}).p == 0.0
+    assert paired_difference({0: 0.9, 1: 0.8}, {0: 0.9, 1: 0.8}).p == 1.0
+
+
+def test_without_a_common_seed_the_difference_is_welchs() -> None:
+    a, b = [0.91, 0.88, 0.95, 0.90], [0.80, 0.86, 0.71]
+    mean, half, p, df = hand_welch(a, b)
+    d = paired_difference(dict(enumerate(a)), {10 + i: v for i, v in enumerate(b)})
+    assert not d.paired and d.n == 7
+    assert d.mean == pytest.approx(mean, rel=1e-12)
+    assert d.df == pytest.approx(df, rel=1e-12)
+    assert d.half_width == pytest.approx(half, rel=1e-9)
+    assert d.p == pytest.approx(p, rel=1e-9)
+    assert welch_difference(a, b) == d
+    assert welch_difference(a, [0.5]).half_width is None and math.isnan(welch_difference([], b).mean)
+
+
+def test_t_two_sided_p_without_scipy_matches_scipy() -> None:
+    for df in (1, 2, 3, 4.5, 9, 29.7, 120, 5000):
+        for t in (0.0, 0.1, -0.7, 1.0, 2.2, -4.3, 12.7, 60.0):
+            want = float(2 * student_t.sf(abs(t), df))
+            assert t_two_sided_p(t, df, use_scipy=False) == pytest.approx(want, rel=1e-9, abs=1e-300), (t, df)
+    assert t_two_sided_p(math.inf, 3) == 0.0 and math.isnan(t_two_sided_p(math.nan, 3))
+    # the textbook check: |t| = t_{0.975, df} leaves 5 % in the two tails
+    assert t_two_sided_p(12.706204736, 1, use_scipy=False) == pytest.approx(0.05, rel=1e-8)
+    assert t_two_sided_p(2.776445105, 4, use_scipy=False) == pytest.approx(0.05, rel=1e-8)
+
+
+def test_holm_adjustment_by_hand() -> None:
+    # a textbook example, m = 4: sorted 0.005, 0.01, 0.03, 0.04 -> x4, x3, x2, x1 = 0.02, 0.03, 0.06, 0.04 -> the
+    # running maximum 0.02, 0.03, 0.06, 0.06
+    p = [0.01, 0.04, 0.03, 0.005]
+    assert holm(p) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm(p) == pytest.approx(hand_holm(p))
+    rng = np.random.default_rng(21)
+    for m in (1, 2, 5, 9):
+        values = [float(v) for v in rng.uniform(0, 0.2, size=m)]
+        assert holm(values) == pytest.approx(hand_holm(values))
+    assert holm([0.5, 0.6]) == [1.0, 1.0] and holm([]) == []
+    assert holm([0.02, 0.02]) == [0.04, 0.04]  # ties
+
+
+def test_holm_changes_the_verdict_against_uncorrected_tests() -> None:
+    """The winner (dot) against three rivals over the same 3 seeds, each rival lower by a paired difference of mean
+    m and spread 0.01 (m = 0.0573, 0.0326, 0.0277: two-sided p about 0.01, 0.03, 0.04, each below 0.05 alone).
+    Holm multiplies by 3, 2, 1 and carries the maximum: 0.03, 0.06, 0.06, so dot beats only the first."""
+    winner = [0.90, 0.91, 0.92]
+    margins = {"additive": 0.0573, "general": 0.0326, "cosine": 0.0277}
+    runs = [make_run({"variant.name": "dot"}, seed=s, metrics={"test/acc": v}) for s, v in enumerate(winner)]
+    hand_p = {}
+    for variant, m in margins.items():
+        rival = [w - d for w, d in zip(winner, (m - 0.01, m, m + 0.01), strict=True)]
+        runs += [make_run({"variant.name": variant}, seed=s, metrics={"test/acc": v}) for s, v in enumerate(rival)]
+        hand_p[variant] = hand_paired(dict(enumerate(winner)), dict(enumerate(rival)))[2]
+    assert all(p < 0.05 for p in hand_p.values())  # uncorrected: dot "beats" all three
+    adjusted = dict(zip(hand_p, hand_holm(list(hand_p.values())), strict=True))
+    assert [v for v, p in adjusted.items() if p < 0.05] == ["additive"]  # Holm: only the first
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", None)
+    comps = {c.label: c for c in table.comparisons()}
+    assert sorted(comps) == sorted(margins)
+    for variant, c in comps.items():
+        assert c.difference.p == pytest.approx(hand_p[variant], rel=1e-9)
+        assert c.p_holm == pytest.approx(adjusted[variant], rel=1e-9)
+        assert c.wins is (variant == "additive")
+    text = table.sentence()
+    assert "Paired t over 3 seeds, Holm-corrected over 3 comparisons: it beats 1 of the 3 others" in text
+    assert f"general (adjusted p = {adjusted['general']:.2g})" in text
+    assert f"cosine (adjusted p = {adjusted['cosine']:.2g})" in text
+
+
+def test_headline_comparisons_with_unequal_seed_sets_and_the_page_table() -> None:
+    """The winner ran seeds 0-3; one rival 1-4 (paired over 1, 2, 3), one 7-8 (no common seed: Welch); the page's
+    table names the test of each and shows the margin ± half-width, p and the Holm-adjusted p."""
+    from attnlab.dashboard.page import _headline_html
+
+    win = {0: 0.95, 1: 0.93, 2: 0.96, 3: 0.94}
+    paired = {1: 0.80, 2: 0.85, 3: 0.82, 4: 0.99}
+    unpaired = {7: 0.70, 8: 0.76}
+    runs = []
+    for variant, values in (("dot", win), ("additive", paired), ("general", unpaired)):
+        runs += [make_run({"variant.name": variant}, seed=s, metrics={"test/acc": v}) for s, v in values.items()]
+    sweep = Sweep(runs)
+    table = headline(runs, sweep, "test/acc", None)
+    comps = {c.label: c for c in table.comparisons()}
+    mean, half, p_paired, n = hand_paired(win, paired)
+    assert n == 3 and comps["additive"].difference.paired
+    assert comps["additive"].difference.mean == pytest.approx(mean) and comps["additive"].difference.n == 3
+    assert comps["additive"].difference.half_width == pytest.approx(half, rel=1e-9)
+    w_mean, w_half, p_welch, _ = hand_welch(list(win.values()), list(unpaired.values()))
+    assert not comps["general"].difference.paired
+    assert comps["general"].difference.mean == pytest.approx(w_mean)
+    assert comps["general"].difference.half_width == pytest.approx(w_half, rel=1e-9)
+    adjusted = hand_holm([p_paired, p_welch])
+    assert [comps["additive"].p_holm, comps["general"].p_holm] == pytest.approx(adjusted, rel=1e-9)
+    method = "paired t over 3 seeds and Welch's t for 1 without a common seed, Holm-corrected over 2 comparisons"
+    assert table.method() == method
+    # the runner-up's margin is the paired one: 12.0 points over seeds 1-3 (the means of all seeds differ by 8.0)
+    assert f"{100 * mean:.1f} points behind (± {100 * half:.2g}, paired over 3 seeds)" in table.sentence()
+    assert f"{100 * mean:.1f}" == "12.0"
+    page = _headline_html(table)
+    rivals = page[page.index('<table class="rivals"') :]
+    assert "<td>paired, 3 seeds</td>" in rivals.replace(' class="t"', "")
+    assert "Welch (no common seed)" in rivals
+    assert f"<td>{100 * mean:.1f} ± {100 * half:.2g}</td>" in rivals and "winner − rival (points)" in rivals
+    assert f"<td>{p_paired:.2g}</td><td>{adjusted[0]:.2g}</td>" in rivals
+    assert "Paired t over 3 seeds and Welch" in rivals  # the caption names the method
+
+
+# ---------------------------------------------------------------------------------------------------- walk-throughs
+def test_half_widths_print_plainly_and_as_more_than_the_range() -> None:
+    """Two seeds 20 points apart: t_{0.975,1} = 12.7 makes a half-width of 127 points, printed "± > 100" (wider
+    than the whole range), never "1.3e+02"; other half-widths in plain notation."""
+    acc, loss = spec_for("test/acc"), spec_for("test/loss")
+    half = 12.706204736 * 0.2 / 2  # t_{0.975,1} * s / sqrt(2) with s = 0.2 / sqrt(2)
+    assert Cell(0.5, half, 2).half_text(acc) == " ± > 100"
+    assert Cell(0.5, 0.0127, 2).half_text(acc) == " ± 1.3"
+    assert Cell(0.5, 0.635, 2).half_text(acc) == " ± 64"
+    assert Cell(1.0, 123.4, 2).half_text(loss) == " ± 123" and Cell(1.0, 0.01234, 2).half_text(loss) == " ± 0.0123"
+    assert Cell(1.0, 1234.5, 2).text(loss) == "1 ± 1234 (2)"
+    assert spec_for("attn/saturation").format_half(1.5) == "> 1" and Cell(0.5, None, 1).half_text(acc) == ""
+    runs = [make_run({"variant.name": "dot"}, seed=s, metrics={"test/acc": v}) for s, v in enumerate([0.4, 0.6])]
+    runs += [make_run({"variant.name": "additive"}, seed=s, metrics={"test/acc": 0.3}) for s in range(2)]
+    text = headline(runs, Sweep(runs), "test/acc", None).sentence()
+    assert "50.0 % ± > 100 (2)" in text and "e+" not in text
+
+
+def test_every_bounded_metric_has_its_bounds_and_intervals_are_clipped_to_them() -> None:
+    from attnlab.dashboard.metrics import listed_metrics
+
+    fractions = ("acc", "entropy_norm", "saturation", "max_prob", "support", "first_mass")
+    for name in listed_metrics():
+        spec = spec_for(name)
+        if name == "attn/logit_max":
+            assert spec.low is None and spec.high is None  # a logit: any sign
+            continue
+        assert spec.low == 0.0, name
+        if any(name.endswith(f) for f in fractions):
+            assert spec.high == 1.0, name
+    first = spec_for("attn/first_mass")
+    assert Point(0.0, 0.01, 0.07, 3, (0.0, 0.01, 0.02)).interval(first) == (0.0, pytest.approx(0.08))
+    # differential attention's signed weights: a value below 0 lifts the bound (never an interval above its mean)
+    assert Point(0.0, -0.01, 0.07, 3, (-0.03, -0.01, 0.01)).interval(first) == (
+        pytest.approx(-0.08),
+        pytest.approx(0.06),
+    )
+    steps = [0, 1, 2]
+    runs = [make_run({}, seed=s, rows=_rows(steps, [0.001 + 0.02 * s] * 3, "attn/first_mass")) for s in range(2)]
+    (curve,) = curves(runs, Sweep(runs), "attn/first_mass", [])
+    assert (curve.low == 0.0).all() and (curve.high > 0.02).all()  # 12.7 * 0.01 below a mean of 0.011: clipped
+
+
+# ---------------------------------------------------------------------------------------------------- labels
+def test_a_preset_variant_is_labelled_by_the_name_it_was_asked_by() -> None:
+    """variant=rope writes variant.name: scaled_dot and model.pos_encoding: rope: the label is "rope" (from the
+    summary's overrides), not "scaled_dot · pos=rope"; variant=custom variant.name=mine keeps the score's name."""
+    runs = []
+    for variant, name, pos in (("rope", "scaled_dot", "rope"), ("scaled_dot", "scaled_dot", "sinusoidal"),
+                               ("alibi", "alibi", "none"), ("custom", "mine", "sinusoidal")):  # fmt: skip
+        run = make_run({"variant.name": name, "model.pos_encoding": pos})
+        run.summary["overrides"] = [f"variant={variant}", "d_k=8"] + (["variant.name=mine"] if name == "mine" else [])
+        runs.append(run)
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["variant.name"]
+    assert sweep.dims[0].values == ("alibi", "mine", "rope", "scaled_dot")
+    assert sweep.derived["model.pos_encoding"] == "variant.name"  # (and attention.score: scaled_dot for rope)
+    assert [sweep.label(r, sweep.dims) for r in runs] == ["rope", "scaled_dot", "alibi", "mine"]
+    assert runs[0].variant_choice == "rope" and runs[3].variant_choice is None
+    assert runs[0].variant == "scaled_dot"  # the score (summary, CSV) is unchanged
+
+
+def test_null_d_k_and_kv_heads_read_as_the_values_the_runs_used() -> None:
+    """One sweep set d_k=8 and left num_kv_heads null (multi-head: 4), another left d_k null (64 // 4 = 16) and set
+    num_kv_heads=1: the labels say d_k=16 and kv_heads=4, never null."""
+    runs = []
+    for seed in range(2):
+        run = make_run({"d_k": 8, "num_kv_heads": None}, seed=seed)
+        run.summary.update(d_k=8, num_heads=4, settings={"num_kv_heads": None, "d_k": 8})
+        runs.append(run)
+        run = make_run({"d_k": None, "num_kv_heads": 1}, seed=seed)
+        run.summary.update(d_k=16, num_heads=4, settings={"num_kv_heads": 1, "d_k": None})
+        runs.append(run)
+    sweep = Sweep(runs)
+    assert dim_keys(sweep) == ["d_k", "num_kv_heads"]
+    assert [d.values for d in sweep.dims] == [(8, 16), (1, 4)]
+    assert {sweep.label(r, sweep.dims) for r in runs} == {"d_k=8 · kv_heads=4", "d_k=16 · kv_heads=1"}
+    assert sweep.main_dim().key == "d_k" and runs[1].raw_value("d_k") is None and runs[1].value("d_k") == 16
+
+
+def test_run_knobs_stay_out_of_labels_unless_they_tell_configurations_apart() -> None:
+    """A smoke sweep (max_steps 5, eval_every 5, 32 test examples) beside a full one: the knobs are dimensions (the
+    budgets never pool) but no label names them, and the main key is not one of them; once the same configuration
+    runs at both budgets, max_steps (only it) tells them apart."""
+    smoke = {"max_steps": 5, "eval_every": 5, "task.datamodule.num_test": 32, "smoke": True}
+    full = {"max_steps": 300, "eval_every": 100, "task.datamodule.num_test": 270, "smoke": False}
+    runs = [make_run({"variant.name": v, "d_k": d_k, **smoke}, seed=s) for v in ("dot", "additive") for d_k in (8, 64)
+            for s in range(2)]  # fmt: skip
+    runs += [
+        make_run({"variant.name": v, "lr": lr, **full}, seed=s)
+        for v in ("dot", "scaled_dot")
+        for lr in (1e-3, 3e-3)
+        for s in (0, 1)
+    ]  # fmt: skip  (d_k left null: 64 // 4 = 16)
+    sweep = Sweep(runs)
+    knobs = ["max_steps", "eval_every", "task.datamodule.num_test"]  # (smoke is never a dimension)
+    assert sorted(d.key for d in sweep.knobs) == sorted(knobs)
+    assert {"variant.name", "d_k", "lr"} <= set(dim_keys(sweep))
+    labels = {sweep.label(r, sweep.dims) for r in runs}
+    assert all(k.split(".")[-1] not in text for text in labels for k in knobs), labels
+    assert sweep.main_dim().key == "d_k"
+    table = headline(runs, sweep, "test/acc", sweep.main_dim())
+    assert not any("max_steps" in label for label, _ in table.rows)
+    # the same variant at both budgets: only max_steps (the first knob that splits them) joins its label
+    runs += [make_run({"variant.name": "dot", "d_k": 8, **full}, seed=s) for s in (0, 1)]
+    sweep = Sweep(runs)
+    dot = {sweep.label(r, sweep.dims) for r in runs if r.value("variant.name") == "dot" and r.value("d_k") == 8}
+    assert dot == {"dot · d_k=8 · lr=0.003 · max_steps=5", "dot · d_k=8 · lr=0.003 · max_steps=300"}
+    # (every label then names it, so that they read alike; the other knobs stay out)
+    assert sweep.label(runs[-3], sweep.dims) == "scaled_dot · d_k=16 · lr=0.003 · max_steps=300"
+    # a chart's panels are context: within a panel per max_steps the knob is no longer needed
+    assert [d.key for d in sweep.label_dims(sweep.series_dims(sweep.dim("max_steps")), [sweep.dim("max_steps")])] == [
+        "variant.name",
+        "d_k",
+        "lr",
+    ]

@@ -10,12 +10,14 @@ network.
 What varies is found, not hard-wired: every config key with two or more values across the runs is a dimension
 (:mod:`attnlab.dashboard.dims`); seeds are replicates. The page opens with the headline, one table per headline
 metric (the runs' ``optimized_metric``, and ``test/acc``): a row per configuration, a column per value of the main
-key (``--x``; default the first numeric key that varies, e.g. ``d_k``), cells "mean ± 95 % CI (n)", the best cell
-of each column starred, and a sentence naming the winner, its margin over the runner-up and whether their
-intervals overlap. Then: final metrics against the main key as small multiples (a panel per value of ``--facet``),
-a search view when a numeric key took 5 or more values (an Optuna sweep), length generalisation, the step-0
-diagnostics, training curves with seed bands, per layer × head heatmaps and attention maps (best run of each
-variant, with a selector), and the sortable runs table.
+key (``--x``; default the first numeric key that varies, e.g. ``d_k``), cells "mean ± 95 % CI (n)" with their
+runs' parameter count, the best cell of each column starred, and a sentence naming the winner, its margin over the
+runner-up and how many of the others it beats: paired t tests over the seeds both ran (Welch's where they share
+none), Holm-corrected for the number of comparisons (:mod:`attnlab.dashboard.stats`), with a table of each
+rival's paired margin and adjusted p. Then: final metrics against the main key as small multiples (a panel per
+value of ``--facet``), a search view when a numeric key took 5 or more values (an Optuna sweep), length
+generalisation, the step-0 diagnostics, training curves with seed bands, per layer × head heatmaps and attention
+maps (best run of each variant, with a selector), and the sortable runs table.
 
 Modules: ``load`` (run folders), ``dims`` (what varies), ``metrics`` (how each metric family is drawn),
 ``stats`` (means, intervals, headline), ``figures`` (plotly figure dicts), ``page`` (HTML, with ``page.css``,
@@ -35,11 +37,26 @@ from attnlab.dashboard.metrics import (
     spec_for,
 )
 from attnlab.dashboard.page import Options, build_html
-from attnlab.dashboard.stats import Headline, Point, Series, aggregate, headline, mean_ci, t_critical
+from attnlab.dashboard.stats import (
+    Comparison,
+    Difference,
+    Headline,
+    Point,
+    Series,
+    aggregate,
+    headline,
+    holm,
+    mean_ci,
+    paired_difference,
+    t_critical,
+    welch_difference,
+)
 
 __all__ = [
     "DEFAULT_OUTPUT",
     "VIEWS",
+    "Comparison",
+    "Difference",
     "Dimension",
     "Headline",
     "MetricSpec",
@@ -52,17 +69,20 @@ __all__ = [
     "build_html",
     "find_run_dirs",
     "headline",
+    "holm",
     "load_run",
     "load_runs",
     "main",
     "mean_ci",
     "metrics_in",
+    "paired_difference",
     "parse_metric",
     "print_table",
     "register_metric",
     "show_metric",
     "spec_for",
     "t_critical",
+    "welch_difference",
     "write_csv",
     "write_dashboard",
 ]

@@ -58,34 +58,67 @@ def _fmt(value: float | int | None, kind: str) -> str:
 def print_table(runs: Sequence[Run], console: Any = None) -> None:
     """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, the metrics of the
     ``table`` view (entropy and saturation), status and time; 120 columns wide when the output is not a terminal
-    (CI logs)."""
+    (CI logs).
+
+    The keys that labels name, the seed and the metrics are never cut or wrapped: where they do not fit the width,
+    the status wraps first, and a table that still does not fit is printed wider than the console, never cropped.
+    The run knobs that labels leave out (:data:`~attnlab.dashboard.dims.RUN_KNOBS`: ``max_steps``, ``eval_every``,
+    test sizes, ...) are one short column, ``knobs``, naming each distinct set (``k1``, ``k2``), spelled out under
+    the table."""
     from rich import box
+    from rich.measure import Measurement
     from rich.table import Table
     from rich.text import Text
 
     if console is None:
         console = plain_console()  # run names, config keys and values are text, never markup
     sweep = Sweep(runs)
-    dims = sweep.dims or []
+    dims = sweep.label_dims(sweep.dims)
+    knobs = [d for d in sweep.dims if d not in dims]
     metrics = headline_metrics(runs)[:2]
     extra = [m for m in metrics_in("table") if m not in metrics]
-    table = Table(title=f"attnlab · {len(runs)} runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for d in dims:
-        table.add_column(d.name, justify="left" if not d.numeric else "right", no_wrap=d.numeric)
-    for col in ["seed", *metrics, *map(short_name, extra), "status", "time"]:
-        table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
+    rows = []
+    knob_sets: dict[str, str] = {}  # "max_steps=5 · eval_every=5" -> "k1"
     for run in runs:
-        style = "" if run.ok else ("yellow" if run.status == "running" else "red")
-        table.add_row(
-            *[Text(printable(d.format(run.value(d.key))), overflow="ellipsis") for d in dims],
-            _fmt(run.seed, "int"),
-            *[spec_for(m).format(run.final(m)) for m in metrics],
-            *[_fmt(run.final(m), "f") for m in extra],
-            Text(printable(run.status)),
-            format_time(run.wall_time_s),
-            style=style,
+        row = [printable(d.format(run.value(d.key))) for d in dims]
+        row += [_fmt(run.seed, "int"), *[spec_for(m).format(run.final(m)) for m in metrics]]
+        row += [_fmt(run.final(m), "f") for m in extra]
+        row += [printable(run.status), format_time(run.wall_time_s)]
+        if knobs:
+            text = " · ".join(printable(f"{d.name}={d.format(run.value(d.key))}") for d in knobs)
+            row.append(knob_sets.setdefault(text, f"k{len(knob_sets) + 1}"))
+        rows.append(row)
+    headers = [*(d.name for d in dims), "seed", *metrics, *map(short_name, extra), "status", "time"]
+    headers += ["knobs"] if knobs else []
+    table = Table(title=f"attnlab · {len(runs)} runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    status = len(dims) + 1 + len(metrics) + len(extra)
+    for i, header in enumerate(headers):
+        kept = i != status  # every column but the status keeps its text on one line
+        words = [row[i] for row in rows] if kept else [w for row in rows for w in row[i].split()]
+        widest = max([len(header), *map(len, words)])
+        left = i == status or (knobs and i == len(headers) - 1) or (i < len(dims) and not dims[i].numeric)
+        table.add_column(
+            printable(header),
+            justify="left" if left else "right",
+            no_wrap=kept,
+            min_width=widest,
+            overflow="fold",
         )
-    console.print(table)
+    for run, row in zip(runs, rows, strict=True):
+        style = "" if run.ok else ("yellow" if run.status == "running" else "red")
+        table.add_row(*(Text(cell) for cell in row), style=style)
+    needed = Measurement.get(console, console.options.update_width(100_000), table).minimum
+    if needed > console.width:  # the key columns alone are wider than the console: print wide, never crop
+        width = console.width
+        console.width = needed  # (print(width=...) is capped at the console's width)
+        try:
+            console.print(table, crop=False)
+        finally:
+            console.width = width
+    else:
+        console.print(table)
+    for text, name in knob_sets.items():
+        console.print(Text(f"{name}: {text}", overflow="fold"))
 
 
 def write_csv(runs: Sequence[Run], path: str | Path) -> Path:

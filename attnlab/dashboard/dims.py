@@ -17,6 +17,18 @@ out, so that a sweep over ``variant`` has one dimension, not five:
   an Optuna search's ``d_k=16``) is always a dimension, even where it happens to follow the variant.
 
 Runs that agree on every dimension form one *configuration*; its seeds are pooled into a mean and interval.
+
+What a run's value is: a key left null where it means "derived" (``d_k``, ``num_kv_heads``, ``d_v``) reads as the
+value the run used (from its summary: ``d_k=16``, ``kv_heads=4``) once some run sets it, so that a sweep that set
+``d_k=8,512`` beside one that left it to ``d_model // num_heads`` compares on one axis; left null everywhere it is
+a constant. ``variant.name`` is the variant the run was started with (``variant=rope``, whose config holds its
+score, ``scaled_dot``, and ``model.pos_encoding: rope``).
+
+*Run knobs* (:data:`RUN_KNOBS`: the training budget, the evaluation cadence, the data and test-set sizes, debug
+and hardware settings) set how a run was trained and evaluated, not which model or method it is. Where they vary
+(a folder of a smoke sweep and a full one) they are dimensions, so that runs of different budgets never pool, and
+the runs tables list them; but labels (legends, headline rows) leave them out unless they are what tells two
+configurations apart (:meth:`Sweep.label_dims`), and the main key and the panels are other keys where there are.
 """
 
 from __future__ import annotations
@@ -27,10 +39,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnlab.dashboard.load import MISSING, Run, finite, natural_key
+from attnlab.dashboard.load import MISSING, RESOLVED_KEYS, Run, finite, natural_key
 from attnlab.runs import is_neutral
 
-__all__ = ["IGNORED_KEYS", "Dimension", "Sweep", "format_value", "wide_range"]
+__all__ = ["IGNORED_KEYS", "RUN_KNOBS", "Dimension", "Sweep", "format_value", "is_run_knob", "wide_range"]
 
 IGNORED_KEYS = (
     "seed",
@@ -46,6 +58,33 @@ IGNORED_KEYS = (
 )
 """Config keys (``fnmatch`` patterns) that are never a dimension besides :data:`attnlab.runs.NEUTRAL_KEYS` (which
 cannot change a run's numbers): replicates and bookkeeping (the test lengths are the x axis of their own chart)."""
+
+RUN_KNOBS = (
+    "max_steps",
+    "max_tokens",
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "eval_every",
+    "trainer.val_check_interval",
+    "trainer.check_val_every_n_epoch",
+    "trainer.limit_*",
+    "trainer.overfit_batches",
+    "trainer.num_sanity_val_steps",
+    "trainer.accelerator",
+    "trainer.devices",
+    "trainer.strategy",
+    "trainer.deterministic",
+    "task.datamodule.num_train",
+    "task.datamodule.num_val",
+    "task.datamodule.num_test",
+    "smoke",
+    "compile",
+    "results_table",
+    "overwrite",
+    "ckpt_path",
+)
+"""Config keys (``fnmatch`` patterns) that say how a run was trained and evaluated, not what: kept out of labels
+unless needed (see the module docstring)."""
 
 _ORDER = (
     "variant.name",
@@ -86,6 +125,11 @@ def format_value(value: Any) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     return str(value)
+
+
+def is_run_knob(key: str) -> bool:
+    """Whether the config key is one of :data:`RUN_KNOBS`."""
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in RUN_KNOBS)
 
 
 def wide_range(values: Iterable[float]) -> bool:
@@ -155,6 +199,9 @@ class Sweep:
         if all(run.value("model.pattern") in (None, MISSING) for run in self.runs):
             keys = {k for k in keys if not k.startswith("model.layer_kinds.")}  # layer kinds act only in a pattern
         column = {k: [_hashable(run.value(k)) for run in self.runs] for k in keys}
+        for k in keys & set(RESOLVED_KEYS):  # null everywhere: a constant "derived", not the values it gave
+            if all(run.raw_value(k) is None for run in self.runs):
+                column[k] = [None] * len(self.runs)
         varying = sorted((k for k in keys if len(set(column[k])) > 1), key=_key_order)
         self.constants: dict[str, Any] = {k: column[k][0] for k in sorted(keys - set(varying), key=_key_order)}
         kept: list[str] = []
@@ -176,6 +223,9 @@ class Sweep:
         self.dims: list[Dimension] = [
             Dimension(key, names[key], tuple(sorted(set(column[key]), key=_sort_key))) for key in kept
         ]
+        self.knobs: list[Dimension] = [d for d in self.dims if is_run_knob(d.key)]
+        """The dimensions that are run knobs (:data:`RUN_KNOBS`)."""
+        self._label_dims: dict[tuple[tuple[str, ...], tuple[str, ...]], list[Dimension]] = {}
 
     # -------------------------------------------------------------------------------- lookup
     def dim(self, name: str | None) -> Dimension | None:
@@ -190,17 +240,19 @@ class Sweep:
 
     def main_dim(self, preferred: str | None = None) -> Dimension | None:
         """The key of the headline's columns and the charts' x axis: ``preferred``, else the first numeric
-        dimension (in the order of :data:`_ORDER`), else None."""
+        dimension (in the order of :data:`_ORDER`) among those labels show (:meth:`label_dims`: a run knob only
+        where it tells configurations apart), else None."""
         if preferred is not None:
             return self.dim(preferred)
-        return next((d for d in self.dims if d.numeric), None)
+        return next((d for d in self.label_dims(self.dims) if d.numeric), None)
 
     def facet_dim(self, x: Dimension | None, preferred: str | None = None) -> Dimension | None:
         """The key split into side-by-side panels: ``preferred`` (``"none"`` for no panels), else, among the
-        dimensions other than ``x`` and the first (the line colour), the one with the fewest values (2 to 4)."""
+        dimensions labels show other than ``x`` and the first (the line colour), the one with the fewest values (2
+        to 4)."""
         if preferred is not None:
             return None if preferred == "none" else self.dim(preferred)
-        others = [d for d in self.dims if d is not x]
+        others = [d for d in self.label_dims(self.dims) if d is not x]
         candidates = [d for d in others[1:] if 2 <= len(d.values) <= 4]
         return min(candidates, key=lambda d: len(d.values), default=None)
 
@@ -208,21 +260,45 @@ class Sweep:
         """The dimensions that tell lines apart once ``exclude`` (x axis, panels) are drawn otherwise."""
         return [d for d in self.dims if d not in exclude]
 
+    def label_dims(self, dims: Sequence[Dimension], context: Sequence[Dimension] = ()) -> list[Dimension]:
+        """The dimensions of ``dims`` that a label names: every one but the run knobs, and of these only those
+        needed to tell apart the configurations over ``dims`` that share a value of each of ``context`` (the keys
+        shown otherwise, as a chart's panels): each knob, in order, that splits some configuration the others leave
+        together. So two configurations that a label must tell apart never share one."""
+        cache_key = (tuple(d.key for d in dims), tuple(d.key for d in context))
+        if cache_key not in self._label_dims:
+            chosen = [d for d in dims if d not in self.knobs]
+            knobs = [d for d in dims if d in self.knobs]
+            full = len({self.key_of(run, [*context, *dims]) for run in self.runs})
+            for knob in knobs:
+                have = len({self.key_of(run, [*context, *chosen]) for run in self.runs})
+                if have >= full:
+                    break
+                if len({self.key_of(run, [*context, *chosen, knob]) for run in self.runs}) > have:
+                    chosen.append(knob)
+            self._label_dims[cache_key] = [d for d in dims if d in chosen]
+        return self._label_dims[cache_key]
+
     # -------------------------------------------------------------------------------- a run's place
     def key_of(self, run: Run, dims: Iterable[Dimension]) -> tuple[Any, ...]:
         """The run's values of ``dims`` (hashable)."""
         return tuple(_hashable(run.value(d.key)) for d in dims)
 
-    def label(self, run: Run, dims: Sequence[Dimension]) -> str:
-        """``additive · heads=1``: the run's values of ``dims``; ``all runs`` when ``dims`` is empty."""
-        return " · ".join(d.label(run.value(d.key)) for d in dims) or "all runs"
+    def label(self, run: Run, dims: Sequence[Dimension], context: Sequence[Dimension] = ()) -> str:
+        """``additive · heads=1``: the run's values of ``dims`` that labels name (:meth:`label_dims`: no run knob
+        unless needed); ``all runs`` when there is none."""
+        return " · ".join(d.label(run.value(d.key)) for d in self.label_dims(dims, context)) or "all runs"
 
     def constants_text(self) -> tuple[list[str], list[str]]:
-        """The constant settings as ``name=value``: (the main ones, for the header; every other one)."""
+        """The constant settings as ``name=value``: (the main ones, for the header; every other one). A key left
+        null everywhere (``d_k``) shows the value the runs used when they all used one (``d_k=16``)."""
         main, rest = [], []
         for key, value in self.constants.items():
             if value == MISSING:
                 continue
+            if value is None and key in RESOLVED_KEYS:
+                used = {run.value(key) for run in self.runs}
+                value = used.pop() if len(used) == 1 else value
             text = f"{_SHORT.get(key, key)}={format_value(value)}"
             (main if key in _ORDER else rest).append(text)
         return main, rest

@@ -55,27 +55,31 @@ def plain(text: Any) -> str:
 
 
 class Style:
-    """Colour, dash and marker of each line: colour by the value of the first series key, dash and marker by the
-    values of the others, the same in every chart of the page."""
+    """Colour, dash and marker of each line: colour by the value of the first key its label names, dash and marker
+    by the values of the others, the same in every chart of the page (a line's style follows its label: a run knob
+    that labels leave out changes neither)."""
 
-    def __init__(self, sweep: Sweep, series_dims: Sequence[Dimension]) -> None:
+    def __init__(self, sweep: Sweep, series_dims: Sequence[Dimension], context: Sequence[Dimension] = ()) -> None:
         self.dims = list(series_dims)
-        first = self.dims[0] if self.dims else None
+        named = sweep.label_dims(self.dims, context)
+        self.index = [self.dims.index(d) for d in named]  # where the named keys sit in a series' key
+        first = named[0] if named else None
         self.colour = {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(first.values)} if first else {}
-        rest = self.dims[1:]
+        rest = named[1:]
         combos = sorted({tuple(run.value(d.key) for d in rest) for run in sweep.runs}, key=lambda t: natural_key(t))
         self.dash = {c: DASHES[i % len(DASHES)] for i, c in enumerate(combos)}
         self.symbol = {c: SYMBOLS[(i // len(DASHES)) % len(SYMBOLS)] for i, c in enumerate(combos)}
 
+    def _parts(self, key: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        named = tuple(key[i] for i in self.index)
+        return (named[0] if named else None), named[1:]
+
     def line(self, key: tuple[Any, ...]) -> dict[str, Any]:
-        rest = tuple(key[1:])
-        return {
-            "color": self.colour.get(key[0], PALETTE[0]) if key else PALETTE[0],
-            "dash": self.dash.get(rest, "solid"),
-        }
+        first, rest = self._parts(key)
+        return {"color": self.colour.get(first, PALETTE[0]), "dash": self.dash.get(rest, "solid")}
 
     def marker(self, key: tuple[Any, ...]) -> dict[str, Any]:
-        return {"symbol": self.symbol.get(tuple(key[1:]), "circle"), "size": 7}
+        return {"symbol": self.symbol.get(self._parts(key)[1], "circle"), "size": 7}
 
 
 # ---------------------------------------------------------------------------------------------------- layout
@@ -183,12 +187,15 @@ def _x_axis(layout: dict[str, Any], i: int, dim: Dimension | None, xs: Sequence[
             axis["type"] = "log"
 
 
-def _y_axis(layout: dict[str, Any], i: int, spec: MetricSpec, metric: str) -> None:
+def _y_axis(layout: dict[str, Any], i: int, spec: MetricSpec, metric: str, values: Sequence[float] = ()) -> None:
+    """The y title with its unit; autorange kept near the metric's range unless some of ``values`` lie outside it
+    (a bounded metric's signed values, as differential attention's ``first_mass``)."""
     axis = layout[f"yaxis{_axis(i)}"]
     axis["title"] = {"text": plain(spec.axis_title(metric)), "standoff": 4, "font": {"size": 11}}
     if spec.percent:
         axis["tickformat"] = ".0%"
-    if spec.low is not None and spec.high is not None:  # autorange, but never far outside the possible values
+    inside = spec.clip(-math.inf, math.inf, values) == (spec.low, spec.high)
+    if spec.low is not None and spec.high is not None and inside:  # autorange, but never far outside the values
         pad = 0.05 * (spec.high - spec.low)
         axis["autorangeoptions"] = {"minallowed": spec.low - pad, "maxallowed": spec.high + pad}
     if spec.log_y:
@@ -335,7 +342,8 @@ def comparison_figure(
     """Each metric (final value, or the step-0 value with ``init``) against ``x``: one row of panels per metric
     (one panel per value of ``facet``), one line per combination of the other keys."""
     series_dims = sweep.series_dims(x, facet)
-    style = Style(sweep, series_dims)
+    context = [facet] if facet is not None else []
+    style = Style(sweep, series_dims, context)
     cols = min(MAX_COLS, len(facet.values) if facet is not None else len(metrics))
     panels, titles = _facet_grid(metrics, facet, cols)
     rows = math.ceil(len(panels) / cols)
@@ -345,7 +353,7 @@ def comparison_figure(
     for i, (metric, value) in enumerate(panels):
         if metric:
             members = _facet_runs(runs, facet, value)
-            all_series[i] = aggregate(members, sweep, metric, x, series_dims, value=value_of)
+            all_series[i] = aggregate(members, sweep, metric, x, series_dims, value=value_of, context=context)
             labels += [s.label for s in all_series[i] if s.label not in labels]
     layout = _grid(rows, cols, titles, legend_entries=labels if series_dims else ())
     data: list[dict[str, Any]] = []
@@ -359,7 +367,7 @@ def comparison_figure(
         log = bool(x is not None and x.numeric and x.log)
         data += _series_traces(all_series[i], i, spec, metric, x, style, shown, log)
         _x_axis(layout, i, x, xs)
-        _y_axis(layout, i, spec, metric)
+        _y_axis(layout, i, spec, metric, [v for s in all_series[i] for p in s.points for v in p.values])
         if spec.chance and not init:
             for chance in _chances(_facet_runs(runs, facet, value)):
                 _chance_shape(layout, i, chance)
@@ -375,7 +383,8 @@ def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
         return None
     task_dim = next((d for d in sweep.dims if d.key == "task.name"), None)
     series_dims = sweep.series_dims(task_dim)
-    style = Style(sweep, series_dims)
+    context = [task_dim] if task_dim is not None else []
+    style = Style(sweep, series_dims, context)
     panels: list[tuple[str, str]] = []
     for task in tasks:
         members = [r for r in runs if r.task == task]
@@ -386,7 +395,7 @@ def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
     labels: list[str] = []
     for i, (task, metric) in enumerate(panels):
         if metric:
-            series[i] = aggregate_lengths([r for r in runs if r.task == task], sweep, metric, series_dims)
+            series[i] = aggregate_lengths([r for r in runs if r.task == task], sweep, metric, series_dims, context)
             labels += [s.label for s in series[i] if s.label not in labels]
     layout = _grid(len(tasks), 2, titles, legend_entries=labels if series_dims else ())
     data: list[dict[str, Any]] = []
@@ -410,7 +419,7 @@ def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
             ticktext=[f"{v:g}" for v in lengths],
             type="log" if log else "linear",
         )
-        _y_axis(layout, i, spec, f"{metric}@L")
+        _y_axis(layout, i, spec, f"{metric}@L", [v for s in series[i] for p in s.points for v in p.values])
         for length in trained:
             layout["shapes"].append(
                 {
@@ -449,14 +458,15 @@ def curves_figure(
     """Training curves: one row per metric (one panel per value of ``facet``, usually the main key), one line per
     configuration with the mean over seeds and a band for the 95 % interval, step 0 included. None without rows."""
     series_dims = sweep.series_dims(facet)
-    style = Style(sweep, series_dims)
+    context = [facet] if facet is not None else []
+    style = Style(sweep, series_dims, context)
     cols = min(MAX_COLS, len(facet.values)) if facet is not None else min(2, len(metrics))
     panels, titles = _facet_grid(metrics, facet, cols)
     found: dict[int, list[Curve]] = {}
     labels: list[str] = []
     for i, (metric, value) in enumerate(panels):
         if metric:
-            found[i] = curves(_facet_runs(runs, facet, value), sweep, metric, series_dims)
+            found[i] = curves(_facet_runs(runs, facet, value), sweep, metric, series_dims, context)
             labels += [c.label for c in found[i] if c.label not in labels]
     if not any(found.values()):
         return None
@@ -486,6 +496,7 @@ def curves_figure(
                         "yaxis": f"y{n}",
                         "fill": "toself",
                         "fillcolor": _rgba(line["color"], 0.15),
+                        "mode": "lines",  # (no mode: plotly draws markers on a trace of fewer than 20 points)
                         "line": {"width": 0},
                         "hoverinfo": "skip",
                         "legendgroup": plain(c.label),
@@ -512,7 +523,7 @@ def curves_figure(
             )
             shown.add(c.label)
         layout[f"xaxis{n}"]["title"] = {"text": "step", "standoff": 4}
-        _y_axis(layout, i, spec, metric)
+        _y_axis(layout, i, spec, metric, [float(v) for c in found[i] for v in c.mean if not math.isnan(v)])
     return _figure(data, layout)
 
 
@@ -566,7 +577,7 @@ def search_figure(runs: Sequence[Run], sweep: Sweep, metric: str) -> dict[str, A
         return None
     spec = spec_for(metric)
     best = best_run(runs, metric)
-    dims = sweep.dims
+    dims = sweep.label_dims(sweep.dims)  # (a run knob only where it tells configurations apart)
     cols = min(MAX_COLS, len(dims))
     layout = _grid(math.ceil(len(dims) / cols), cols, [f"{metric} vs {d.name}" for d in dims])
     data = []
@@ -579,7 +590,7 @@ def search_figure(runs: Sequence[Run], sweep: Sweep, metric: str) -> dict[str, A
                 continue
             xs.append(xv)
             ys.append(run.final(metric))
-            settings = " · ".join(d.label(run.value(d.key)) for d in dims)
+            settings = sweep.label(run, dims)
             hover.append(f"{plain(run.name)}<br>{plain(settings)}<br>{metric} = {spec.format(run.final(metric))}")
         data.append(
             {
@@ -592,7 +603,8 @@ def search_figure(runs: Sequence[Run], sweep: Sweep, metric: str) -> dict[str, A
                 "marker": {"size": 7, "color": PALETTE[0], "opacity": 0.7},
                 "hovertext": hover,
                 "hoverinfo": "text",
-                "showlegend": False,
+                "showlegend": i == 0,
+                "legendgroup": "runs",
                 "name": "runs",
             }
         )
@@ -608,13 +620,14 @@ def search_figure(runs: Sequence[Run], sweep: Sweep, metric: str) -> dict[str, A
                     "mode": "markers",
                     "marker": {"size": 16, "symbol": "star", "color": "#d62728", "line": {"width": 1, "color": "#222"}},
                     "name": "best run",
+                    "legendgroup": "best run",
                     "showlegend": i == 0,
                     "hovertext": [f"best: {plain(best.name)}"],
                     "hoverinfo": "text",
                 }
             )
         _x_axis(layout, i, dim, xs)
-        _y_axis(layout, i, spec, metric)
+        _y_axis(layout, i, spec, metric, ys)
     layout["showlegend"] = True
     return _figure(data, layout)
 

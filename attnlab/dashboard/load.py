@@ -37,6 +37,7 @@ __all__ = [
     "CURVE_POINTS",
     "MISSING",
     "NO_SUMMARY",
+    "RESOLVED_KEYS",
     "MetricLog",
     "Run",
     "find_run_dirs",
@@ -47,6 +48,17 @@ __all__ = [
 ]
 
 NO_SUMMARY = "failed (no summary)"
+RESOLVED_KEYS = {
+    "d_k": "d_k",
+    "attention.d_k": "d_k",
+    "num_kv_heads": "num_kv_heads",
+    "attention.num_kv_heads": "num_kv_heads",
+    "model.d_v": "d_v",
+    "attention.d_v": "d_v",
+}
+"""Config keys whose null means "derived from another" (``d_k: null`` = ``d_model // num_heads``, ``num_kv_heads:
+null`` = ``num_heads``, ``d_v: null`` = ``d_k``): :meth:`Run.value` reads them as the value the run used (from the
+summary), :attr:`Run.raw_value` as written."""
 MISSING = "—"
 """The value of a config key that a run does not have (e.g. ``variant.params.d_attn`` for a dot-product run)."""
 
@@ -262,24 +274,66 @@ class Run:
     @functools.cached_property
     def flat(self) -> dict[str, Any]:
         """The config's leaves by dotted key (``{"variant.name": "dot", "d_k": 64, ...}``); lists as tuples (they
-        are compared and grouped), an empty mapping as :data:`MISSING`."""
+        are compared and grouped), an empty mapping as :data:`MISSING`. ``variant.name`` is the variant the run was
+        started with (:attr:`variant_choice`: ``rope``, where the config holds its score, ``scaled_dot``)."""
         config = self.config
         if config and "attention" not in config:  # a run older than the attention node: its fields as they were
             config = {**config, "attention": _attention_node(config)}
         elif config and isinstance(config["attention"], dict):  # a field added since (0.4: short_conv) as it ran
             config = {**config, "attention": {**_attention_node(config), **config["attention"]}}
         leaves = flatten_config(config) if config else {}
-        return {k: MISSING if v == {} else _hashable(v) for k, v in leaves.items()}
+        flat = {k: MISSING if v == {} else _hashable(v) for k, v in leaves.items()}
+        choice = self.variant_choice
+        if choice is not None and "variant.name" in flat:  # variant=rope: the preset's name, not its score's
+            flat["variant.name"] = choice
+        return flat
 
     def value(self, key: str) -> Any:
         """A config leaf by dotted key; :data:`MISSING` when the run's config has no such key, but a top-level or
         ``model.*`` key that a run of an older attnlab lacks reads as its default (``compile: false``,
-        ``model.pattern: null``): it ran so."""
+        ``model.pattern: null``): it ran so. A null of :data:`RESOLVED_KEYS` reads as the value the run used
+        (:meth:`resolved`; still null when the run does not say)."""
+        value = self.raw_value(key)
+        if value is None and key in RESOLVED_KEYS:
+            resolved = self.resolved(RESOLVED_KEYS[key])
+            return value if resolved is None else resolved
+        return value
+
+    def raw_value(self, key: str) -> Any:
+        """A config leaf as :meth:`value` reads it, but a null left as null."""
         if key in self.flat:
             return self.flat[key]
         if self.config:
             return config_defaults().get(key, MISSING)
         return MISSING
+
+    def resolved(self, name: str) -> int | None:
+        """The value the run used for a setting its config may leave null: ``d_k`` (the summary's, resolved, else
+        ``d_model // num_heads``), ``num_kv_heads`` (the summary's ``settings``, else ``num_heads``: multi-head),
+        ``d_v`` (the settings', else ``d_k``)."""
+        if name == "d_k":
+            return self.d_k
+        if name == "num_kv_heads":
+            return _int(self.setting("num_kv_heads")) or self.num_heads
+        if name == "d_v":
+            return _int(self.setting("d_v", "model.d_v")) or self.d_k
+        raise ValueError(f"no resolved value for {name!r}")
+
+    @property
+    def variant_choice(self) -> str | None:
+        """The variant the run was started with (``variant=rope`` in the summary's ``overrides``), where it names a
+        preset whose score has another name (rope, diff: ``scaled_dot``); None otherwise, and when the command line
+        also set ``variant.name`` (``variant=custom variant.name=my_score``: the score's name is the choice)."""
+        overrides = self.summary.get("overrides") if self.summary else None
+        choice = None
+        for item in overrides if isinstance(overrides, list) else []:
+            key, _, value = str(item).partition("=")
+            key = key.lstrip("+~")
+            if key == "variant.name":
+                return None
+            if key == "variant" and re.fullmatch(r"[\w.-]+", value):
+                choice = value
+        return choice
 
     @property
     def status(self) -> str:

@@ -21,6 +21,7 @@ name, after the listed ones), as it did before it was registered."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "listed_metrics",
     "metrics_in",
     "parse_metric",
+    "plain_number",
     "register_metric",
     "short_name",
     "show_metric",
@@ -48,7 +50,7 @@ class MetricSpec:
     Attributes:
         title: what the metric is, for axis titles ("accuracy", "normalised entropy").
         unit: the unit shown after the title ("%", "nats", "bits/byte", "steps"; "" for a plain ratio).
-        low, high: the metric's possible range (None = unbounded); intervals are clipped to it.
+        low, high: the metric's possible range (None = unbounded); intervals are clipped to it (:meth:`clip`).
         higher_is_better: the direction that wins (None: no winner is named, e.g. a diagnostic).
         percent: a fraction shown as a percentage (0.875 → 87.5 %).
         chance: draw the task's chance accuracy as a dashed line.
@@ -70,16 +72,36 @@ class MetricSpec:
         return f"{name}: {self.title}{unit}"
 
     def format(self, value: float | None, digits: int = 3) -> str:
-        """A value as text: ``87.5 %`` for a percentage, else ``digits`` significant digits."""
+        """A value as text: ``87.5 %`` for a percentage, else ``digits`` significant digits in plain notation
+        (``1234``, ``0.0123``; an exponent only below 1e-4 or from 1e6 on)."""
         if value is None:
             return "-"
         if self.percent:
             return f"{100 * value:.1f} %"
-        return f"{value:.{digits}g}"
+        return plain_number(value, digits)
 
     def format_margin(self, value: float) -> str:
         """A difference of two values: ``5.1 points`` for a percentage."""
-        return f"{100 * value:.1f} points" if self.percent else f"{value:.3g}"
+        return f"{100 * value:.1f} points" if self.percent else plain_number(value, 3)
+
+    def format_half(self, half_width: float) -> str:
+        """The half-width of a 95 % interval in the display unit (points for a percentage), as printed after
+        "±" everywhere (page, verdicts, hover texts): 2 significant digits for a percentage, else 3, in plain
+        notation; ``> 100`` (``> 1`` for a fraction) when it is at least the width of the metric's range, where the
+        interval says nothing (two seeds: t = 12.7 times their spread / 2)."""
+        if self.low is not None and self.high is not None and half_width >= self.high - self.low:
+            return f"> {plain_number((self.high - self.low) * self.scale(), 3)}"
+        return plain_number(half_width * self.scale(), 2 if self.percent else 3)
+
+    def clip(self, low: float, high: float, values: Sequence[float] = ()) -> tuple[float, float]:
+        """The interval ``(low, high)`` clipped to the metric's range. A bound that one of the ``values`` breaks is
+        not applied (``first_mass`` and ``row_mass`` are in [0, 1] / >= 0 for every normalizer but the signed
+        weights of differential attention)."""
+        if self.low is not None and all(v >= self.low for v in values):
+            low = max(low, self.low)
+        if self.high is not None and all(v <= self.high for v in values):
+            high = min(high, self.high)
+        return low, high
 
     def scale(self) -> float:
         """What a value is multiplied by for display (100 for a percentage)."""
@@ -164,9 +186,9 @@ register_metric(r"attn/entropy_norm", "entropy / log(keys)", **_FRACTION)
 register_metric(r"attn/saturation", "rows with max weight > 0.99", unit="fraction", **_FRACTION)
 register_metric(r"attn/max_prob", "max attention weight", **_FRACTION)
 register_metric(r"attn/support", "keys with weight ≠ 0", unit="fraction", **_FRACTION)
-register_metric(r"attn/row_mass", "sum of a row's weights")
+register_metric(r"attn/row_mass", "sum of a row's weights", low=0.0)
 register_metric(r"attn/negative_mass", "weight below 0", low=0.0)
-register_metric(r"attn/first_mass", "weight on the first key")
+register_metric(r"attn/first_mass", "weight on the first key", **_FRACTION)
 register_metric(r"attn/logit_std", "std of a row's logits", low=0.0)
 register_metric(r"attn/logit_max", "largest logit")
 register_metric(r"attn/attn_distance", "mean |i − j| attended", unit="tokens", low=0.0)
@@ -198,6 +220,18 @@ show_metric("train/steps_to_99", "final", "csv")
 _LENGTH = re.compile(r"^(?P<base>.+)@(?P<length>\d+)$")
 _HEAD = re.compile(r"^attn/L(?P<layer>\d+)H(?P<head>\d+)/(?P<stat>\w+)$")
 _LAYER = re.compile(r"^attn/L(?P<layer>\d+)/(?P<stat>\w+)$")
+
+
+def plain_number(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits, as ``format(value, "g")`` but never in exponent notation for
+    1e-4 <= |value| < 1e6 (``123``, ``1234``, ``0.0123``; the integer part is never rounded away)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:g}"
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude < -4 or magnitude >= 6:
+        return f"{value:.{digits}g}"
+    text = f"{value:.{max(digits - 1 - magnitude, 0)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def parse_metric(name: str) -> tuple[str, str, dict[str, int]]:

@@ -27,7 +27,7 @@ from attnlab.dashboard import figures
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import listed_metrics, metrics_in, parse_metric, spec_for
-from attnlab.dashboard.stats import Headline, best_run, best_runs, grouped, headline
+from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, headline
 from attnlab.runs import RunFileError, read_bytes
 
 __all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
@@ -134,16 +134,25 @@ def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
     status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     seeds = Counter(len({r.seed for r in members}) for _, _, members in grouped(runs, sweep, sweep.dims))
     replicate = ", ".join(f"{k} seed{'s' if k != 1 else ''} × {v}" for k, v in sorted(seeds.items()))
-    dims = " · ".join(f"<b>{_e(d.name)}</b> ({len(d.values)})" for d in sweep.dims) or "nothing (one configuration)"
+    labelled = sweep.label_dims(sweep.dims)
+    dims = " · ".join(f"<b>{_e(d.name)}</b> ({len(d.values)})" for d in labelled) or "nothing (one configuration)"
+    knobs = [d for d in sweep.dims if d not in labelled]
+    also = (
+        "; also different, left out of labels (how the runs were trained and evaluated, not what; see the runs "
+        f"table): <code>{_e(' · '.join(f'{d.name} ({len(d.values)})' for d in knobs))}</code>"
+        if knobs
+        else ""
+    )
     parts = [
         f"<h1>{_e(title)}</h1>",
         f'<p class="meta">{_e(source)} · {len(runs)} runs ({_e(status)}) · generated '
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
-        f'<p class="meta">Compared: {dims}; configurations: {_e(replicate)}. Every point and cell is the mean '
-        "over seeds with its 95 % t interval (none for one seed).</p>",
+        f'<p class="meta">Compared: {dims}{also}; configurations: {_e(replicate)}. Every point and cell is the '
+        "mean over seeds with its 95 % t interval (none for one seed).</p>",
     ]
     if sweep.derived:
-        follows = " · ".join(f"{key} follows {sweep.dim(owner).name}" for key, owner in sweep.derived.items())
+        shown = {k: o for k, o in sweep.derived.items() if not k.startswith("attention.")} or sweep.derived
+        follows = " · ".join(f"{key} follows {sweep.dim(owner).name}" for key, owner in shown.items())
         parts.append(f'<p class="meta">Set by a preset: <code>{_e(follows)}</code></p>')
     main, rest = sweep.constants_text()
     if main or rest:
@@ -163,10 +172,49 @@ def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
 
 
 def _params_text(params: Sequence[int]) -> str:
+    """A cell's parameter count (its runs': equal across seeds), or their range where they differ; "-" for none."""
     if not params:
         return "-"
     low, high = min(params), max(params)
     return f"{low:,}" if low == high else f"{low:,}–{high:,}"
+
+
+def _rivals_html(table: Headline) -> str:
+    """The winner against each other configuration at its value of the main key: the difference (paired over the
+    common seeds, else Welch's) ± its 95 % half-width, the seeds, the p-value and the Holm-adjusted one."""
+    comps = table.comparisons()
+    if not comps or not any(c.difference.tested for c in comps):
+        return ""
+    spec = table.spec
+    won = table.winner()
+    assert won is not None  # (comparisons() is empty without one)
+    unit = "points" if spec.percent else spec.unit
+    rows = []
+    for c in comps:
+        d = c.difference
+        margin = f"{100 * d.mean:.1f}" if spec.percent else spec.format(d.mean)
+        half = "" if d.half_width is None else f" ± {spec.format_half(d.half_width)}"
+        test = f"paired, {d.n} seed{'s' if d.n != 1 else ''}" if d.paired else "Welch (no common seed)"
+        p = "-" if d.p is None else f"{d.p:.2g}"
+        verdict = "beats" if c.wins else "untested" if not d.tested else "not separated"
+        cls = ' class="win"' if c.wins else ""
+        rows.append(
+            f'<tr{cls}><td class="t">{_e(c.label)}</td><td>{_e(margin + half)}</td><td class="t">{_e(test)}</td>'
+            f'<td>{_e(p)}</td><td>{_e(f"{c.p_holm:.2g}")}</td><td class="t">{_e(verdict)}</td></tr>'
+        )
+    caption = (
+        f"{table.method(comps)[0].upper()}{table.method(comps)[1:]}: the winner, {table.row_label(won[0])}, "
+        f"minus each rival{' at ' + table.column_label(won[1]) if table.column is not None else ''}"
+        f"{f' ({unit})' if unit else ''}, mean ± 95 % half-width over the seeds both ran (Welch's unpaired interval "
+        f"where they share none); two-sided p, and Holm's step-down adjustment over the {len(comps)} comparisons; "
+        f"it beats a rival when the adjusted p < {ALPHA:g}."
+    )
+    return (
+        f'<div class="scroll"><table class="rivals" data-metric="{_e(table.metric)}"><caption>{_e(caption)}</caption>'
+        f'<thead><tr><th class="t">vs</th><th>winner − rival{_e(f" ({unit})" if unit else "")}</th>'
+        '<th class="t">test</th><th>p</th><th>Holm p</th><th class="t"></th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def _headline_html(table: Headline) -> str:
@@ -175,20 +223,22 @@ def _headline_html(table: Headline) -> str:
     body = []
     for label, key in table.rows:
         cells = []
-        params: list[int] = []
         for col in table.columns:
             cell = table.cells.get((key, col))
             if cell is None:
                 cells.append("<td>-</td>")
                 continue
-            params += list(cell.params)
             cls = ' class="best"' if table.is_best(key, col) else ""
             text = f"{spec.format(cell.mean)}{cell.half_text(spec)}"
-            cells.append(f'<td{cls}>{_e(text)} <span class="n">({cell.n})</span></td>')
-        body.append(f'<tr><td class="t">{_e(label)}</td>{"".join(cells)}<td>{_params_text(params)}</td></tr>')
+            cells.append(
+                f'<td{cls}>{_e(text)} <span class="n">({cell.n})</span>'
+                f'<span class="p">{_e(_params_text(cell.params))} params</span></td>'
+            )
+        body.append(f'<tr><td class="t">{_e(label)}</td>{"".join(cells)}</tr>')
     caption = (
         f"Cells: mean ± 95 % half-width ({'points' if spec.percent else spec.unit or 'units'}) over seeds, "
-        "(n seeds); ★ the best in its column (every one of a tie)"
+        "(n seeds), and the trainable parameters of the cell's runs (a range only where they differ); ★ the best "
+        "in its column (every one of a tie)"
         + (
             " (higher is better)"
             if spec.higher_is_better
@@ -196,13 +246,14 @@ def _headline_html(table: Headline) -> str:
             if spec.higher_is_better is False
             else ""
         )
-        + ". params: trainable parameters (the range over the row's columns)."
+        + "."
+        + (" ± > 100: the interval is wider than the metric's whole range." if spec.percent else "")
     )
     return (
         f'<p class="verdict">{_e(table.sentence())}</p>'
         f'<div class="scroll"><table class="headline" data-metric="{_e(table.metric)}"><caption>{_e(caption)}</caption>'
-        f'<thead><tr><th class="t">{_e(spec.axis_title(table.metric))}</th>{head}<th>params</th></tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table></div>"
+        f'<thead><tr><th class="t">{_e(spec.axis_title(table.metric))}</th>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>" + _rivals_html(table)
     )
 
 
@@ -250,7 +301,8 @@ def format_time(seconds: float | None) -> str:
 
 
 def _selector_label(run: Run, sweep: Sweep, metric: str) -> str:
-    settings = " · ".join(d.label(run.value(d.key)) for d in sweep.dims[1:])
+    named = [d for d in sweep.label_dims(sweep.dims) if d is not sweep.dims[0]]  # (the first: the selector's group)
+    settings = " · ".join(d.label(run.value(d.key)) for d in named)
     value = spec_for(metric).format(run.final(metric))
     return f"{settings + ' · ' if settings else ''}seed {run.seed} · {metric} {value} · {run.name}"
 
@@ -391,12 +443,12 @@ def build_html(
             ("final", "Final metrics", note + page.figure(figures.comparison_figure(runs, sweep, metrics, x, facet)))
         )
 
-    search_dims = [d for d in sweep.dims if d.numeric and len(d.values) >= SEARCH_MIN_VALUES]
+    search_dims = [d for d in sweep.label_dims(sweep.dims) if d.numeric and len(d.values) >= SEARCH_MIN_VALUES]
     if search_dims and top:
         fig = figures.search_figure(runs, sweep, top[0])
         if fig is not None:
             best = best_run(runs, top[0])
-            settings = ", ".join(d.label(best.value(d.key)) for d in sweep.dims)
+            settings = ", ".join(d.label(best.value(d.key)) for d in sweep.label_dims(sweep.dims))
             note = (
                 f'<p class="verdict">Best run: {_e(best.name)} ({_e(settings)}): {_e(top[0])} = '
                 f"{_e(spec_for(top[0]).format(best.final(top[0])))}.</p>"

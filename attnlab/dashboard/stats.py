@@ -1,15 +1,36 @@
 """Statistics over seeds: the mean and 95 % t interval per configuration, series against a swept key, curves with
-bands, and the headline table that names the winner.
+bands, and the headline table that names the winner and tests it against every rival.
 
 Every interval in attnlab is the mean over seeds ± the half-width ``t_{0.975, n-1} · s / sqrt(n)`` (sample
-standard deviation ``s``, ``n`` seeds); with one seed there is no interval. Only finished (``ok``) runs count.
+standard deviation ``s``, ``n`` seeds); with one seed there is no interval. Intervals are clipped to the metric's
+range (:meth:`attnlab.dashboard.metrics.MetricSpec.clip`). Only finished (``ok``) runs count.
+
+The headline's winner is compared with every other configuration at the same value of the main key. Runs with the
+same seed see the same data (initialisation, batches), so the comparison is *paired* over the seeds both have
+(:func:`paired_difference`): with ``d_i = a_i − b_i`` over the ``n`` common seeds,
+
+    mean  d̄ = (1/n) Σ d_i,     s_d² = Σ (d_i − d̄)² / (n − 1),     se = s_d / sqrt(n),
+    95 % interval  d̄ ± t_{0.975, n−1} · se,     t = d̄ / se,     p = 2 · P(T_{n−1} > |t|)   (two-sided).
+
+Only when the two share no seed is it Welch's unpaired comparison (:func:`welch_difference`): ``d̄ = ā − b̄``,
+``se² = s_a²/n_a + s_b²/n_b``, ``df = se⁴ / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1))``. A claim that the
+winner beats ``m`` rivals is corrected for the ``m`` tests by Holm's step-down method (:func:`holm`): with the
+p-values sorted ``p_(1) <= ... <= p_(m)``, ``p̃_(i) = max_{j<=i} min(1, (m − j + 1) · p_(j))``; the winner beats a
+rival when its adjusted ``p̃ < 0.05`` and the difference is in the winner's favour. This keeps the chance of any
+false "beats" at 5 % or less whatever the dependence between the tests (Holm 1979, *A simple sequentially
+rejective multiple test procedure*, Scand. J. Statist. 6: 65-70). An untestable comparison (fewer than two
+pairs, or fewer than two seeds on a side for Welch) counts in ``m`` with p = 1.
+
+Quantiles and p-values come from ``scipy.stats.t`` when scipy is importable; without it, from a table and the
+Cornish-Fisher expansion (:func:`t_critical`) and from the regularised incomplete beta function
+(``P(|T_df| > |t|) = I_{df/(df+t²)}(df/2, 1/2)``, by its continued fraction).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +41,11 @@ from attnlab.dashboard.load import Run, finite
 from attnlab.dashboard.metrics import MetricSpec, spec_for
 
 __all__ = [
+    "ALPHA",
     "Cell",
+    "Comparison",
     "Curve",
+    "Difference",
     "Headline",
     "Point",
     "Series",
@@ -30,11 +54,16 @@ __all__ = [
     "best_runs",
     "curves",
     "headline",
+    "holm",
     "mean_ci",
+    "paired_difference",
     "t_critical",
+    "t_two_sided_p",
+    "welch_difference",
 ]
 
 MAX_CURVE_POINTS = 200  # a curve with more steps is thinned evenly (first and last step kept)
+ALPHA = 0.05  # the headline's winner beats a rival when its Holm-adjusted p is below this
 
 # t_{0.975, df} for df = 1..30 (two-sided 95 %), used when scipy is not importable.
 _T975 = (
@@ -77,6 +106,156 @@ def mean_ci(values: Iterable[float | None]) -> tuple[float, float | None, int]:
     return mean, t_critical(n - 1) * float(xs.std(ddof=1)) / math.sqrt(n), n
 
 
+def _t_quantile(df: float, use_scipy: bool = True) -> float:
+    """``t_{0.975, df}`` for a real ``df`` (Welch's): scipy's, else :func:`t_critical` at ``floor(df)`` (wider:
+    conservative)."""
+    if use_scipy:
+        try:
+            from scipy.stats import t
+
+            return float(t.ppf(0.975, df))
+        except ImportError:
+            pass
+    return t_critical(max(1, math.floor(df)), use_scipy=False)
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function ``I_x(a, b)``, by its continued fraction (modified Lentz; Numerical
+    Recipes §6.4), on the side of ``x`` where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1.0) / (a + b + 2.0):
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1.0) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1.0)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return front * h / a
+
+
+def t_two_sided_p(t: float, df: float, use_scipy: bool = True) -> float:
+    """The two-sided p-value ``P(|T_df| >= |t|)`` of Student's t with ``df`` degrees of freedom (``df`` may be
+    real: Welch's): ``2 · scipy.stats.t.sf(|t|, df)`` when scipy is importable, else ``I_{df/(df+t²)}(df/2, 1/2)``
+    (the regularised incomplete beta function). 0 for an infinite ``t`` (a difference with no spread), NaN for
+    NaN."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be > 0, got {df}")
+    if math.isnan(t):
+        return math.nan
+    if math.isinf(t):
+        return 0.0
+    if use_scipy:
+        try:
+            from scipy.stats import t as student_t
+
+            return float(min(1.0, 2.0 * student_t.sf(abs(t), df)))
+        except ImportError:
+            pass
+    return min(1.0, _betainc(df / 2.0, 0.5, df / (df + t * t)))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The difference ``a − b`` of two configurations' values over seeds, with its 95 % t interval and test.
+
+    Attributes:
+        mean: the mean difference: over the common seeds of ``d_i = a_i − b_i`` (paired), else ``ā − b̄``.
+        half_width: the interval's half-width (None when untestable: fewer than 2 pairs, or fewer than 2 values on
+            a side for Welch).
+        n: the pairs (paired), or ``n_a + n_b`` (Welch).
+        df: the t test's degrees of freedom (``n − 1``, or Welch-Satterthwaite's); None when untestable.
+        t: the t statistic ``mean / se`` (±inf for a nonzero difference with no spread); None when untestable.
+        p: the two-sided p-value of the t test; None when untestable.
+        paired: whether the values were paired by seed.
+    """
+
+    mean: float
+    half_width: float | None
+    n: int
+    df: float | None = None
+    t: float | None = None
+    p: float | None = None
+    paired: bool = True
+
+    @property
+    def tested(self) -> bool:
+        """Whether there was enough data for an interval and a test."""
+        return self.p is not None
+
+
+def _ratio(mean: float, se: float) -> float:
+    if se > 0:
+        return mean / se
+    return math.copysign(math.inf, mean) if mean != 0 else 0.0
+
+
+def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], use_scipy: bool = True) -> Difference:
+    """The paired difference of two configurations' values by seed (``{seed: value}``), over the seeds in both:
+    mean ``d̄`` of ``d_i = a_i − b_i``, half-width ``t_{0.975, n−1} · s_d / sqrt(n)``, ``t = d̄ / (s_d / sqrt(n))``,
+    two-sided ``p`` with ``n − 1`` df. Without a common seed it is :func:`welch_difference` of all the values."""
+    common = [seed for seed in a if seed in b]
+    if not common:
+        return welch_difference(list(a.values()), list(b.values()), use_scipy=use_scipy)
+    d = np.asarray([a[seed] - b[seed] for seed in common], dtype=float)
+    n = int(d.size)
+    mean = float(d.mean())
+    if n < 2:
+        return Difference(mean, None, n, paired=True)
+    se = float(d.std(ddof=1)) / math.sqrt(n)
+    t = _ratio(mean, se)
+    p = t_two_sided_p(t, n - 1, use_scipy=use_scipy)
+    return Difference(mean, t_critical(n - 1, use_scipy=use_scipy) * se, n, n - 1, t, p, paired=True)
+
+
+def welch_difference(a: Sequence[float], b: Sequence[float], use_scipy: bool = True) -> Difference:
+    """The unpaired difference ``ā − b̄`` with Welch's interval and test: ``se² = s_a²/n_a + s_b²/n_b``,
+    Welch-Satterthwaite ``df = se⁴ / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1))`` (``n_a + n_b − 2`` when neither
+    side has any spread), half-width ``t_{0.975, df} · se``. Untested (no interval) when a side has fewer than 2
+    values; the mean is NaN when a side has none."""
+    xa, xb = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
+    na, nb = int(xa.size), int(xb.size)
+    if na == 0 or nb == 0:
+        return Difference(math.nan, None, na + nb, paired=False)
+    mean = float(xa.mean() - xb.mean())
+    if na < 2 or nb < 2:
+        return Difference(mean, None, na + nb, paired=False)
+    va, vb = float(xa.var(ddof=1)) / na, float(xb.var(ddof=1)) / nb
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb > 0 else float(na + nb - 2)
+    t = _ratio(mean, se)
+    p = t_two_sided_p(t, df, use_scipy=use_scipy)
+    return Difference(mean, _t_quantile(df, use_scipy) * se, na + nb, df, t, p, paired=False)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``m`` p-values, in their order: with the p-values sorted ascending
+    ``p_(1) <= ... <= p_(m)``, ``p̃_(i) = max_{j<=i} min(1, (m − j + 1) · p_(j))``. Rejecting where ``p̃ < α``
+    keeps the family-wise error rate at most ``α``."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):  # rank = j - 1
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
 @dataclass(frozen=True)
 class Point:
     """One plotted point: the mean over seeds at ``x``, its CI half-width (None for one seed), n and the values."""
@@ -91,12 +270,7 @@ class Point:
         """(low, high) of the 95 % interval, clipped to the metric's range; None for one seed."""
         if self.half_width is None:
             return None
-        low, high = self.mean - self.half_width, self.mean + self.half_width
-        if spec.low is not None:
-            low = max(low, spec.low)
-        if spec.high is not None:
-            high = min(high, spec.high)
-        return low, high
+        return spec.clip(self.mean - self.half_width, self.mean + self.half_width, self.values)
 
 
 @dataclass(frozen=True)
@@ -126,14 +300,17 @@ def x_position(dim: Dimension | None, value: Any) -> float | None:
     return float(dim.values.index(value)) if value in dim.values else None
 
 
-def grouped(runs: Sequence[Run], sweep: Sweep, dims: Sequence[Dimension]) -> list[tuple[str, tuple, list[Run]]]:
-    """``runs`` pooled by their values of ``dims``: (label, key, members), in the order of the values."""
+def grouped(
+    runs: Sequence[Run], sweep: Sweep, dims: Sequence[Dimension], context: Sequence[Dimension] = ()
+) -> list[tuple[str, tuple, list[Run]]]:
+    """``runs`` pooled by their values of ``dims``: (label, key, members), in the order of the values; labels by
+    :meth:`Sweep.label` with ``context``, the keys shown otherwise (a chart's panels)."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         groups.setdefault(sweep.key_of(run, dims), []).append(run)
     order = {d.key: {v: i for i, v in enumerate(d.values)} for d in dims}
     ranked = sorted(groups, key=lambda k: [order[d.key].get(v, -1) for d, v in zip(dims, k, strict=True)])
-    return [(sweep.label(groups[k][0], dims), k, groups[k]) for k in ranked]
+    return [(sweep.label(groups[k][0], dims, context), k, groups[k]) for k in ranked]
 
 
 def aggregate(
@@ -143,12 +320,14 @@ def aggregate(
     x: Dimension | None,
     series_dims: Sequence[Dimension],
     value: Callable[[Run, str], float | None] | None = None,
+    context: Sequence[Dimension] = (),
 ) -> list[Series]:
     """Mean and 95 % CI across seeds of ``metric`` (each run's final value, or ``value(run, metric)``) against
-    the swept key ``x``, one series per combination of ``series_dims``. Only finished runs with a finite value."""
+    the swept key ``x``, one series per combination of ``series_dims`` (labelled with ``context``, the keys of the
+    panels: :meth:`Sweep.label`). Only finished runs with a finite value."""
     value = value or (lambda run, name: run.final(name))
     out = []
-    for label, key, members in grouped([r for r in runs if r.ok], sweep, series_dims):
+    for label, key, members in grouped([r for r in runs if r.ok], sweep, series_dims, context):
         by_x: dict[float, list[float]] = {}
         for run in members:
             xv, v = x_position(x, run.value(x.key) if x else None), value(run, metric)
@@ -159,11 +338,17 @@ def aggregate(
     return out
 
 
-def aggregate_lengths(runs: Sequence[Run], sweep: Sweep, metric: str, series_dims: Sequence[Dimension]) -> list[Series]:
-    """``<metric>@<L>`` against the test length ``L``, one series per combination of ``series_dims``, mean and 95 %
-    CI across seeds; only finished runs that report the metric at some length."""
+def aggregate_lengths(
+    runs: Sequence[Run],
+    sweep: Sweep,
+    metric: str,
+    series_dims: Sequence[Dimension],
+    context: Sequence[Dimension] = (),
+) -> list[Series]:
+    """``<metric>@<L>`` against the test length ``L``, one series per combination of ``series_dims`` (labelled with
+    ``context``), mean and 95 % CI across seeds; only finished runs that report the metric at some length."""
     out = []
-    for label, key, members in grouped([r for r in runs if r.ok], sweep, series_dims):
+    for label, key, members in grouped([r for r in runs if r.ok], sweep, series_dims, context):
         by_x: dict[float, list[float]] = {}
         for run in members:
             for length, v in run.by_length(metric).items():
@@ -186,12 +371,18 @@ class Curve:
     n: np.ndarray
 
 
-def curves(runs: Sequence[Run], sweep: Sweep, metric: str, series_dims: Sequence[Dimension]) -> list[Curve]:
-    """One :class:`Curve` of ``metric`` per combination of ``series_dims`` (finished and failed runs alike: a
-    failed run's curve shows where it went wrong), the band clipped to the metric's range."""
+def curves(
+    runs: Sequence[Run],
+    sweep: Sweep,
+    metric: str,
+    series_dims: Sequence[Dimension],
+    context: Sequence[Dimension] = (),
+) -> list[Curve]:
+    """One :class:`Curve` of ``metric`` per combination of ``series_dims`` (labelled with ``context``; finished and
+    failed runs alike: a failed run's curve shows where it went wrong), the band clipped to the metric's range."""
     spec = spec_for(metric)
     out = []
-    for label, key, members in grouped(runs, sweep, series_dims):
+    for label, key, members in grouped(runs, sweep, series_dims, context):
         at: dict[float, list[float]] = {}
         stride = max(run.curve_stride(metric) for run in members)  # long curves are thinned: pool on shared steps
         for run in members:
@@ -206,12 +397,11 @@ def curves(runs: Sequence[Run], sweep: Sweep, metric: str, series_dims: Sequence
             steps = steps[np.unique(np.linspace(0, steps.size - 1, MAX_CURVE_POINTS).round().astype(int))]
         stats = [mean_ci(at[s]) for s in steps]
         mean = np.array([m for m, _, _ in stats])
-        half = np.array([math.nan if h is None else h for _, h, _ in stats])
-        low, high = mean - half, mean + half
-        if spec.low is not None:
-            low = np.maximum(low, spec.low)
-        if spec.high is not None:
-            high = np.minimum(high, spec.high)
+        bands = [
+            (math.nan, math.nan) if h is None else spec.clip(m - h, m + h, at[s])
+            for s, (m, h, _) in zip(steps, stats, strict=True)
+        ]
+        low, high = np.array([lo for lo, _ in bands]), np.array([hi for _, hi in bands])
         out.append(Curve(label, key, steps, mean, low, high, np.array([n for _, _, n in stats])))
     return out
 
@@ -219,23 +409,55 @@ def curves(runs: Sequence[Run], sweep: Sweep, metric: str, series_dims: Sequence
 # ---------------------------------------------------------------------------------------------------- headline
 @dataclass(frozen=True)
 class Cell:
-    """One configuration at one value of the main key: mean, 95 % half-width (None for one seed), seeds, params."""
+    """One configuration at one value of the main key: mean, 95 % half-width (None for one seed), seeds, the
+    parameter counts of its runs, and each run's ``(seed, value)`` (what the paired comparisons pair on)."""
 
     mean: float
     half_width: float | None
     n: int
     params: tuple[int, ...] = ()
+    seeds: tuple[tuple[Any, float], ...] = ()
 
     def half_text(self, spec: MetricSpec) -> str:
-        """`` ± 1.2``: the half-width in the metric's display unit (points for a percentage); "" for one seed."""
-        return "" if self.half_width is None else f" ± {self.half_width * spec.scale():.{2 if spec.percent else 3}g}"
+        """`` ± 1.2``: the half-width in the metric's display unit (points for a percentage; ``± > 100`` when it
+        is wider than the metric's range, :meth:`MetricSpec.format_half`); "" for one seed."""
+        return "" if self.half_width is None else f" ± {spec.format_half(self.half_width)}"
 
     def text(self, spec: MetricSpec) -> str:
         """``87.5 % ± 1.2 (2)``: the mean ± the half-width (in the metric's display unit) and the seeds."""
         return f"{spec.format(self.mean)}{self.half_text(spec)} ({self.n})"
 
-    def bounds(self) -> tuple[float, float] | None:
-        return None if self.half_width is None else (self.mean - self.half_width, self.mean + self.half_width)
+    def bounds(self, spec: MetricSpec | None = None) -> tuple[float, float] | None:
+        """The 95 % interval, clipped to ``spec``'s range when given; None for one seed."""
+        if self.half_width is None:
+            return None
+        low, high = self.mean - self.half_width, self.mean + self.half_width
+        return (low, high) if spec is None else spec.clip(low, high, [v for _, v in self.seeds])
+
+    def by_seed(self) -> dict[Any, float]:
+        """``{seed: value}`` (the mean where two runs share a seed; a run without a seed never pairs)."""
+        pooled: dict[Any, list[float]] = {}
+        for seed, value in self.seeds:
+            pooled.setdefault(seed if seed is not None else object(), []).append(value)
+        return {seed: sum(values) / len(values) for seed, values in pooled.items()}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The headline's winner against one rival at the winner's value of the main key.
+
+    Attributes:
+        rival: the rival's row key; ``label`` its name.
+        difference: winner − rival (:func:`paired_difference`: paired over their common seeds, Welch without one).
+        p_holm: the Holm-adjusted p-value over all the winner's comparisons (1.0 when untested).
+        wins: whether ``p_holm`` < :data:`ALPHA` and the difference is in the winner's favour.
+    """
+
+    rival: tuple[Any, ...]
+    label: str
+    difference: Difference
+    p_holm: float
+    wins: bool
 
 
 @dataclass
@@ -275,9 +497,43 @@ class Headline:
     def row_label(self, row: tuple[Any, ...]) -> str:
         return next(label for label, key in self.rows if key == row)
 
-    def sentence(self) -> str:
-        """The winner, its margin over the runner-up at the same value of the main key, and whether their 95 %
-        intervals overlap, in one or two plain sentences."""
+    def comparisons(self, alpha: float = ALPHA) -> list[Comparison]:
+        """The winner against every other configuration at its value of the main key, in the rows' order:
+        :func:`paired_difference` (winner − rival) and the Holm adjustment (:func:`holm`) over all of them, an
+        untested comparison counting with p = 1. Empty without a winner."""
+        won = self.winner()
+        if won is None:
+            return []
+        row, col = won
+        mine = self.cells[row, col].by_seed()
+        rivals = [key for _, key in self.rows if key != row and (key, col) in self.cells]
+        diffs = [paired_difference(mine, self.cells[key, col].by_seed()) for key in rivals]
+        adjusted = holm([1.0 if d.p is None else d.p for d in diffs])
+        sign = 1.0 if self.spec.higher_is_better else -1.0
+        return [
+            Comparison(key, self.row_label(key), d, p, d.p is not None and p < alpha and sign * d.mean > 0)
+            for key, d, p in zip(rivals, diffs, adjusted, strict=True)
+        ]
+
+    def method(self, comparisons: Sequence[Comparison] | None = None) -> str:
+        """How the comparisons were made, e.g. "paired t over 3 seeds, Holm-corrected over 5 comparisons" (a range
+        of seeds where the rivals share different numbers; Welch's t where a rival shares none)."""
+        comps = self.comparisons() if comparisons is None else comparisons
+        paired = sorted({c.difference.n for c in comps if c.difference.paired})
+        welch = sum(not c.difference.paired for c in comps)
+        parts = []
+        if paired:
+            seeds = f"{paired[0]}" if len(paired) == 1 else f"{paired[0]}–{paired[-1]}"
+            parts.append(f"paired t over {seeds} {'seed' if paired == [1] else 'seeds'}")
+        if welch:
+            parts.append(f"Welch's t for {welch} without a common seed" if paired else "Welch's t (no common seed)")
+        m = len(comps)
+        return f"{' and '.join(parts)}, Holm-corrected over {m} comparison{'s' if m != 1 else ''}"
+
+    def sentence(self, alpha: float = ALPHA) -> str:
+        """The winner, its margin over the runner-up at the same value of the main key (paired over their common
+        seeds, with its 95 % half-width), and how many of the other configurations there it beats (paired t tests,
+        Holm-corrected: :meth:`comparisons`), in two or three plain sentences."""
         name, spec = self.metric, self.spec
         won = self.winner()
         if won is None:
@@ -298,15 +554,45 @@ class Headline:
         second = self.cells[runner]
         if abs(cell.mean - second.mean) <= 1e-12:
             return text + f" Tied with {self.row_label(runner[0])}, {second.text(spec)}: no winner at this scale."
-        margin = spec.format_margin(abs(cell.mean - second.mean))
-        text += f" Runner-up: {self.row_label(runner[0])}, {second.text(spec)}, {margin} behind"
-        a, b = cell.bounds(), second.bounds()
-        if a is None or b is None:
-            text += "; with one seed there is no interval, so the margin is untested (add seeds: seed=0,1,2)."
-        elif a[0] <= b[1] and b[0] <= a[1]:
-            text += "; the 95 % intervals overlap, so the difference is within seed noise."
+        comps = self.comparisons(alpha)
+        d = next(c.difference for c in comps if c.rival == runner[0])
+        sign = 1.0 if spec.higher_is_better else -1.0
+        margin = spec.format_margin(sign * d.mean)  # paired over the common seeds (Welch: the difference of means)
+        half = "" if d.half_width is None else f"± {spec.format_half(d.half_width)}, "
+        if not d.paired:
+            how = f" ({half}Welch: no common seed)"
+        elif d.half_width is not None:
+            how = f" ({half}paired over {d.n} seeds)"
+        else:  # one common seed: said only where they ran more
+            how = "" if cell.n == second.n == 1 else " (on their one common seed)"
+        text += f" Runner-up: {self.row_label(runner[0])}, {second.text(spec)}, {margin} behind{how}."
+        tested = [c for c in comps if c.difference.tested]
+        m = len(comps)
+        if not tested:
+            text += " With one seed there is no interval, so the margins are untested (add seeds: seed=0,1,2)."
         else:
-            text += "; the 95 % intervals do not overlap."
+            won_over = [c for c in comps if c.wins]
+            lost = [c for c in comps if not c.wins]
+            method = self.method(comps)
+            text += f" {method[0].upper()}{method[1:]}: "
+            if len(won_over) == m:
+                text += f"it beats {'the other' if m == 1 else f'all {m} others'} (adjusted p < {alpha:g})."
+            else:
+
+                def why(c: Comparison) -> str:
+                    if not c.difference.tested:
+                        return "untested"
+                    if c.p_holm < alpha:  # a significant difference the other way (over their common seeds)
+                        return f"better on their common seeds, adjusted p = {c.p_holm:.2g}"
+                    return f"adjusted p = {c.p_holm:.2g}"
+
+                shown = ", ".join(f"{c.label} ({why(c)})" for c in lost[:3])
+                more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+                beats = "none" if not won_over else f"{len(won_over)}"
+                noise = any(c.difference.tested and c.p_holm >= alpha for c in lost)
+                text += f"it beats {beats} of the {m} other{'s' if m != 1 else ''}; not {shown}{more}" + (
+                    ": within seed noise at this many seeds." if noise else "."
+                )
         wins = {self.best[c] for c in self.columns if c in self.best}
         if self.column is not None and len(self.columns) > 1 and wins == {row}:
             text += f" It is best at every {self.column.name}."
@@ -330,7 +616,8 @@ def headline(runs: Sequence[Run], sweep: Sweep, metric: str, column: Dimension |
         for col, group in by_col.items():
             mean, half, n = mean_ci(run.final(metric) for run in group)
             params = tuple(sorted({run.params for run in group if run.params is not None}))
-            table.cells[key, col] = Cell(mean, half, n, params)
+            seeds = tuple((run.seed, run.final(metric)) for run in group)
+            table.cells[key, col] = Cell(mean, half, n, params, seeds)
     table.columns = [c for c in columns if any(col == c for _, col in table.cells)]
     if spec.higher_is_better is not None:
         for col in table.columns:
