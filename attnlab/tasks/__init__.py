@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from attnlab.tasks.base import IGNORE_INDEX, PAD_ID, DataOptions, SequenceTask
     from attnlab.tasks.digits import Digits
     from attnlab.tasks.listops import ListOps
+    from attnlab.tasks.mad import Compression, FuzzyRecall, Memorization, NoisyRecall, SelectiveCopy
     from attnlab.tasks.position import Reverse, Shift, Sort
     from attnlab.tasks.text import TextLM
 
@@ -33,10 +34,15 @@ __all__ = [
     "PAD_ID",
     "TASKS",
     "AssociativeRecall",
+    "Compression",
     "DataOptions",
     "Digits",
+    "FuzzyRecall",
     "ListOps",
+    "Memorization",
+    "NoisyRecall",
     "Reverse",
+    "SelectiveCopy",
     "SequenceTask",
     "Shift",
     "Sort",
@@ -57,6 +63,11 @@ _LAZY = {
     "AssociativeRecall": "associative_recall",
     "Digits": "digits",
     "ListOps": "listops",
+    "FuzzyRecall": "mad",
+    "NoisyRecall": "mad",
+    "SelectiveCopy": "mad",
+    "Compression": "mad",
+    "Memorization": "mad",
     "Reverse": "position",
     "Shift": "position",
     "Sort": "position",
