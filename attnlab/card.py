@@ -1,0 +1,320 @@
+"""The capability report card: MAD's synthetic tasks for a list of variants, each at its own tuned settings.
+
+    python -m attnlab.card                                   # the default card: 4 families × 6 tasks × 3 seeds
+    python -m attnlab.card --variants scaled_dot,based --tasks selective_copy,compression --out card/mine
+
+MAD (Poli et al. 2024, "Mechanistic Design and Scaling of Hybrid Architectures") probes an architecture with six
+synthetic tasks, each isolating one capability: in-context recall (our MQAR, ``associative_recall``), fuzzy
+in-context recall, noisy in-context recall, selective copying, compression and memorisation (see
+:mod:`attnlab.tasks.mad`). For each task the card runs one tuned sweep (:mod:`attnlab.training.tuned`: every
+variant on the learning-rate grid with the tuning seed, then its best rate on every seed) into ``<out>/<task>/``,
+with ``experiment=card`` (``conf/experiment/card.yaml``: 2 layers, d_model 32, causal, a short convolution of 4)
+and each task's card sizes (:data:`TASK_OVERRIDES`). It then writes ``<out>/card.csv`` (one row per task and variant)
+and ``<out>/card.html`` (variant × task: the mean test accuracy over seeds ± its 95 % t interval, and the winner of
+each task: the best mean, called a win only when its paired margin over every other variant holds after Holm's
+correction, else a tie among the variants it does not beat).
+
+The card runs the tasks one after the other, two jobs at a time (``--jobs``; joblib). Started again with the same
+``--out``, it resumes: finished jobs are not run again, and ``--report`` rewrites the page from what is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CARD_TASKS",
+    "DEFAULT_VARIANTS",
+    "TASK_OVERRIDES",
+    "CardCell",
+    "card_command",
+    "collect",
+    "main",
+    "write_card",
+]
+
+CARD_TASKS = ("associative_recall", "fuzzy_recall", "noisy_recall", "selective_copy", "compression", "memorization")
+# the built-in families: softmax, linear attention, a decay form, a delta rule
+DEFAULT_VARIANTS = ("scaled_dot", "linear", "gla", "gated_deltanet")
+DEFAULT_GRID = (3e-3, 1e-2)
+DEFAULT_SEEDS = (1, 2, 3)
+# each task's card sizes (the tasks' own defaults where they are absent); MQAR at MAD's small end
+TASK_OVERRIDES: dict[str, tuple[str, ...]] = {
+    "associative_recall": (
+        "task.datamodule.num_pairs=8",
+        "task.datamodule.seq_len=32",
+        "task.datamodule.vocab_keys=16",
+        "task.datamodule.vocab_values=16",
+        "task.datamodule.num_train=10000",
+    ),
+}
+METRIC = "test/acc"
+
+
+def card_command(
+    task: str,
+    variants: Sequence[str],
+    out: Path,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    grid: Sequence[float] = DEFAULT_GRID,
+    jobs: int = 2,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The ``train.py`` command line of one task's tuned sweep."""
+    launcher = ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs}"] if jobs > 1 else []
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from attnlab.training.cli import main; sys.argv[0] = 'train.py'; main()",
+        "-m",
+        "hydra/sweeper=tuned",
+        *launcher,
+        "experiment=card",
+        f"task={task}",
+        f"variant={','.join(variants)}",
+        *TASK_OVERRIDES.get(task, ()),
+        f"hydra.sweeper.grid={{lr:[{','.join(format(g, 'g') for g in grid)}]}}",
+        f"hydra.sweeper.seeds=[{','.join(str(s) for s in seeds)}]",
+        *extra,
+        f"hydra.sweep.dir={out / task}",
+    ]
+
+
+@dataclass
+class CardCell:
+    """One task × variant: the seeds' test accuracy, its mean and 95 % half-width, the tuned learning rate, chance,
+    and the verdict (``win``, ``tie`` for a best-mean variant whose margin does not hold, or empty)."""
+
+    task: str
+    variant: str
+    lr: Any
+    values: dict[int, float]
+    mean: float
+    half_width: float | None
+    chance: float | None
+    verdict: str = ""
+    adjusted_p: float | None = None  # the winner's Holm-adjusted p against this variant (None for the winner)
+
+
+def _variant_of(label: str) -> str:
+    for part in label.split(","):
+        if part.startswith("variant="):
+            return part.split("=", 1)[1]
+    return label
+
+
+def collect(out: Path, tasks: Sequence[str] = CARD_TASKS) -> list[CardCell]:
+    """The card's cells from the tuned sweeps under ``out`` (a task without ``tuned.json`` is left out)."""
+    from attnlab.dashboard.stats import mean_ci
+    from attnlab.runs import RunFileError, RunFolder
+    from attnlab.training.tuned import read_plan
+
+    cells: list[CardCell] = []
+    for task in tasks:
+        plan = read_plan(out / task)
+        if plan is None:
+            continue
+        task_cells = []
+        for entry in plan.get("configurations", []):
+            values: dict[int, float] = {}
+            chance = None
+            for item in entry.get("seeds") or []:
+                try:
+                    summary = RunFolder(out / task / str(item.get("job"))).read_summary(problems=[])
+                except (RunFileError, OSError):
+                    continue
+                if summary is None or summary.status != "ok":
+                    continue
+                value = summary.metrics.get(METRIC)
+                if isinstance(value, int | float) and math.isfinite(value):
+                    values[int(item["seed"])] = float(value)
+                chance = summary.chance_accuracy
+            mean, half, _ = mean_ci(values.values())
+            lr = (entry.get("best") or {}).get("lr")
+            task_cells.append(CardCell(task, _variant_of(str(entry.get("label"))), lr, values, mean, half, chance))
+        _verdicts(task_cells)
+        cells.extend(task_cells)
+    return cells
+
+
+def _verdicts(cells: list[CardCell]) -> None:
+    """The best mean wins when its paired margin over every other variant holds after Holm's correction (paired t
+    over the seeds both ran; alpha 0.05); otherwise it and the variants it does not beat tie."""
+    from attnlab.dashboard.stats import ALPHA, holm, paired_difference
+
+    scored = [c for c in cells if c.values]
+    if not scored:
+        return
+    best = max(scored, key=lambda c: c.mean)
+    rivals = [c for c in scored if c is not best]
+    # an untestable comparison (fewer than 2 seeds) counts as p = 1: the winner does not beat that rival
+    p_values = [1.0 if (p := paired_difference(best.values, c.values).p) is None else p for c in rivals]
+    adjusted = holm(p_values)
+    beaten = []
+    for rival, p in zip(rivals, adjusted, strict=True):
+        rival.adjusted_p = p
+        beaten.append(p < ALPHA)
+    if all(beaten):
+        best.verdict = "win"
+    else:
+        best.verdict = "tie"
+        for rival, won in zip(rivals, beaten, strict=True):
+            if not won:
+                rival.verdict = "tie"
+
+
+def write_card(out: Path, cells: Sequence[CardCell], seconds: float | None = None) -> tuple[Path, Path]:
+    """``<out>/card.csv`` and ``<out>/card.html`` from ``cells``."""
+    from attnlab.runs import atomic_open
+
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path, html_path = out / "card.csv", out / "card.html"
+    with atomic_open(csv_path, "w") as f:
+        writer = csv.writer(f)
+        writer.writerow(["task", "variant", "lr", "n", "test_acc", "half_width", "chance", "verdict", "holm_p"])
+        for c in cells:
+            writer.writerow(
+                [
+                    c.task,
+                    c.variant,
+                    c.lr,
+                    len(c.values),
+                    _num(c.mean),
+                    _num(c.half_width),
+                    _num(c.chance),
+                    c.verdict,
+                    _num(c.adjusted_p),
+                ]
+            )
+    with atomic_open(html_path, "w") as f:
+        f.write(card_html(cells, seconds))
+    return csv_path, html_path
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value:.6g}"
+
+
+def card_html(cells: Sequence[CardCell], seconds: float | None = None) -> str:
+    """The card as one self-contained page (no script, no request): a variant × task table."""
+    from attnlab.dashboard.page import CSP
+
+    tasks = list(dict.fromkeys(c.task for c in cells))
+    variants = list(dict.fromkeys(c.variant for c in cells))
+    by = {(c.task, c.variant): c for c in cells}
+    e = html.escape
+    rows = []
+    for variant in variants:
+        tds = [f"<th>{e(variant)}</th>"]
+        for task in tasks:
+            c = by.get((task, variant))
+            if c is None or not c.values:
+                tds.append('<td class="none">—</td>')
+                continue
+            hw = "" if c.half_width is None else f" ± {_pct(min(c.half_width, 1.0))}"
+            mark = {"win": " ★", "tie": " ="}.get(c.verdict, "")
+            lr = f"lr {c.lr:g}" if isinstance(c.lr, int | float) else ""
+            shade = max(0.0, min(1.0, c.mean))
+            tds.append(
+                f'<td class="{e(c.verdict)}" style="background: rgba(46, 125, 50, {0.08 + 0.5 * shade:.2f})">'
+                f"<b>{_pct(c.mean)}</b>{e(hw)}{mark}<br><small>n={len(c.values)} · {e(lr)}</small></td>"
+            )
+        rows.append("<tr>" + "".join(tds) + "</tr>")
+    chance = []
+    for task in tasks:
+        values = [c.chance for c in cells if c.task == task and c.chance is not None]
+        chance.append(f"<td>{_pct(values[0])}</td>" if values else "<td>—</td>")
+    head = "".join(f"<th>{e(t)}</th>" for t in tasks)
+    took = f" · {seconds / 60:.0f} min" if seconds else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<title>attnlab capability card</title>
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1300px; }}
+table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 6px 10px; text-align: center; }}
+td.win {{ outline: 2px solid #1b5e20; }} td.none {{ color: #999; }} small {{ color: #555; }}
+.wrap {{ overflow-x: auto; }}
+</style></head><body>
+<h1>Capability card</h1>
+<p>MAD's synthetic tasks (Poli et al. 2024). Each cell: the mean test accuracy over seeds ± the 95 % t interval,
+every variant at its own best learning rate (tuned on the validation accuracy of a separate seed){took}.
+★ wins the task: the best mean, and its paired difference over the common seeds beats every other variant's
+(paired t-test, Holm-corrected over the comparisons, α = 0.05). = ties: the best mean and the variants it does not
+beat.</p>
+<div class="wrap"><table>
+<tr><th>variant</th>{head}</tr>
+{"".join(rows)}
+<tr><th><small>chance</small></th>{"".join(chance)}</tr>
+</table></div>
+</body></html>
+"""
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else "—"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m attnlab.card``: run the card (or ``--report`` only) and write its page and CSV."""
+    parser = argparse.ArgumentParser(prog="python -m attnlab.card", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated variant names")
+    parser.add_argument("--tasks", default=",".join(CARD_TASKS), help="comma-separated card tasks")
+    parser.add_argument("--out", default="card", help="the card's folder (default: card/)")
+    parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comparison seeds (default 1,2,3)")
+    parser.add_argument("--lr", default=",".join(format(g, "g") for g in DEFAULT_GRID), help="the lr grid")
+    parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (joblib; 1: in one process)")
+    parser.add_argument("--report", action="store_true", help="only rewrite card.html and card.csv from --out")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides for every job (max_steps=600 ...)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    variants = [v for v in args.variants.split(",") if v]
+    tasks = [t for t in args.tasks.split(",") if t]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+        grid = [float(g) for g in args.lr.split(",") if g]
+    except ValueError as exc:
+        print(f"error: --seeds takes integers and --lr numbers, comma-separated ({exc})", file=sys.stderr)
+        return 2
+    from attnlab.tasks import list_tasks
+    from attnlab.training.config import CONF_DIR, group_choices
+
+    unknown = [t for t in tasks if t not in list_tasks()]
+    known_variants = group_choices(CONF_DIR, "variant")
+    unknown += [v for v in variants if v not in known_variants]
+    if unknown or not variants or not tasks or not seeds or not grid:
+        what = f"unknown names: {', '.join(unknown)}" if unknown else "empty --variants, --tasks, --seeds or --lr"
+        print(f"error: {what} (tasks: {', '.join(CARD_TASKS)}; variants: conf/variant/*.yaml)", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    failed = []
+    if not args.report:
+        for k, task in enumerate(tasks, 1):
+            print(
+                f"card: task {k}/{len(tasks)}: {task} ({len(variants)} variants, {time.perf_counter() - started:.0f} s)"
+            )
+            code = subprocess.call(card_command(task, variants, out, seeds, grid, args.jobs, args.overrides))
+            if code == 2:
+                return 2  # a refused configuration: one line already printed
+            if code != 0:
+                failed.append(task)
+    cells = collect(out, tasks)
+    csv_path, html_path = write_card(out, cells, None if args.report else time.perf_counter() - started)
+    print(f"card: {html_path} and {csv_path} ({len(cells)} cells, {time.perf_counter() - started:.0f} s)")
+    if failed:
+        print(f"card: some seed runs failed in {', '.join(failed)} (their cells have fewer seeds)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

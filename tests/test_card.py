@@ -1,0 +1,142 @@
+"""The capability card (attnlab.card): its cells from tuned sweeps, the winner per task by a paired t-test with
+Holm's correction (checked by hand), its CSV and page, and its command line's refusals."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from attnlab import card
+from attnlab.runs import SCHEMA_VERSION
+
+T975 = {1: 12.706204736, 2: 4.302652730, 3: 3.182446305}
+
+
+def _write_run(folder: Path, seed: int, acc: float | None, status: str = "ok") -> None:
+    folder.mkdir(parents=True)
+    summary = {
+        "status": status,
+        "seed": seed,
+        "chance_accuracy": 0.125,
+        "metrics": {} if acc is None else {"test/acc": acc, "val/acc_best": acc},
+        "schema_version": SCHEMA_VERSION,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def _write_task(out: Path, task: str, accs: dict[str, dict[int, float]]) -> None:
+    """A finished tuned sweep of ``task``: each variant's seed runs with the given test accuracies."""
+    configurations = []
+    for v, (variant, by_seed) in enumerate(accs.items()):
+        seeds = []
+        for seed, acc in by_seed.items():
+            job = f"seeds/{v}{seed}_variant={variant},seed={seed}"
+            _write_run(out / task / job, seed, acc)
+            seeds.append({"seed": seed, "job": job, "status": "ok"})
+        configurations.append(
+            {"overrides": [f"variant={variant}"], "label": f"variant={variant}", "tune": [], "best": {"lr": 0.01},
+             "seeds": seeds}
+        )  # fmt: skip
+    plan = {"format": 1, "metric": "val/acc_best", "stage": "done", "configurations": configurations}
+    (out / task / "tuned.json").write_text(json.dumps(plan))
+
+
+def _paired_p(a: list[float], b: list[float]) -> float:
+    """Two-sided p of the paired t-test, by hand (scipy's t distribution for the tail)."""
+    from scipy import stats
+
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    t = mean / (sd / math.sqrt(n))
+    return 2 * stats.t.sf(abs(t), n - 1)
+
+
+def test_cells_and_the_winner_by_hand(tmp_path: Path) -> None:
+    rng = random.Random()
+    seeds = [1, 2, 3, 4]
+    strong = {s: 0.9 + rng.uniform(0, 0.02) for s in seeds}
+    close = {s: strong[s] - 0.001 + rng.uniform(-0.02, 0.02) for s in seeds}  # not beaten: a tie
+    weak = {s: 0.3 + rng.uniform(0, 0.05) for s in seeds}
+    _write_task(tmp_path, "selective_copy", {"softmax": strong, "linear": close, "gla": weak})
+    _write_task(tmp_path, "compression", {"softmax": strong, "linear": weak})
+    cells = card.collect(tmp_path, ["selective_copy", "compression", "memorization"])  # (no memorization sweep)
+    assert [(c.task, c.variant) for c in cells] == [
+        ("selective_copy", "softmax"),
+        ("selective_copy", "linear"),
+        ("selective_copy", "gla"),
+        ("compression", "softmax"),
+        ("compression", "linear"),
+    ]
+    by = {(c.task, c.variant): c for c in cells}
+    s = by["selective_copy", "softmax"]
+    xs = list(strong.values())
+    mean = sum(xs) / 4
+    half = T975[3] * math.sqrt(sum((x - mean) ** 2 for x in xs) / 3) / 2
+    assert s.mean == pytest.approx(mean) and s.half_width == pytest.approx(half) and s.chance == 0.125
+
+    # Holm over the two rivals of the best mean, by hand
+    best = max(["softmax", "linear"], key=lambda v: by["selective_copy", v].mean)
+    other = "linear" if best == "softmax" else "softmax"
+    vals = {"softmax": strong, "linear": close, "gla": weak}
+    p = {r: _paired_p([vals[best][k] for k in seeds], [vals[r][k] for k in seeds]) for r in (other, "gla")}
+    order = sorted(p, key=p.get)
+    adjusted, running = {}, 0.0
+    for i, r in enumerate(order):
+        running = max(running, min(1.0, (2 - i) * p[r]))
+        adjusted[r] = running
+    for r in (other, "gla"):
+        assert by["selective_copy", r].adjusted_p == pytest.approx(adjusted[r])
+    beats = {r: adjusted[r] < 0.05 for r in (other, "gla")}
+    assert by["selective_copy", best].verdict == ("win" if all(beats.values()) else "tie")
+    assert by["selective_copy", "gla"].verdict == ("" if beats["gla"] else "tie")
+    assert by["compression", "softmax"].verdict == "win" and by["compression", "linear"].verdict == ""
+
+    csv_path, html_path = card.write_card(tmp_path, cells, seconds=120)
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 5 and rows[0]["task"] == "selective_copy" and rows[0]["n"] == "4"
+    assert float(rows[0]["test_acc"]) == pytest.approx(mean, rel=1e-5)
+    page = html_path.read_text()
+    assert "Content-Security-Policy" in page and "<script" not in page and "Holm" in page
+    assert page.count("<tr>") == 1 + 3 + 1  # header, three variants, chance
+
+
+def test_a_failed_or_missing_seed_run_leaves_the_cell_with_fewer_seeds(tmp_path: Path) -> None:
+    _write_task(tmp_path, "memorization", {"softmax": {1: 0.9, 2: 0.8}, "linear": {1: 0.5}})
+    _write_run(tmp_path / "memorization/seeds/x", 3, None, status="failed")
+    plan = json.loads((tmp_path / "memorization/tuned.json").read_text())
+    plan["configurations"][1]["seeds"].append({"seed": 3, "job": "seeds/x"})
+    plan["configurations"][1]["seeds"].append({"seed": 4, "job": "seeds/never-ran"})
+    (tmp_path / "memorization/tuned.json").write_text(json.dumps(plan))
+    cells = card.collect(tmp_path, ["memorization"])
+    assert [len(c.values) for c in cells] == [2, 1]
+    assert cells[1].half_width is None
+    assert cells[0].verdict == "tie"  # one seed against two: no test, so no win
+
+
+def test_a_variant_name_is_escaped_on_the_page(tmp_path: Path) -> None:
+    _write_task(tmp_path, "compression", {"<script>x</script>": {1: 0.5, 2: 0.6}})
+    page = card.card_html(card.collect(tmp_path, ["compression"]))
+    assert "<script>x" not in page and "&lt;script&gt;x" in page
+
+
+def test_the_command_line_refuses_unknown_names_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert card.main(["--variants", "scaled_dot,nonsense", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nonsense" in err[0]
+    assert card.main(["--tasks", "selective_copy", "--seeds", "a", "--out", str(tmp_path / "c")]) == 2
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_card_command_is_a_tuned_sweep_per_task(tmp_path: Path) -> None:
+    command = card.card_command("compression", ["scaled_dot", "linear"], tmp_path, seeds=[1, 2], grid=[3e-3, 1e-2])
+    assert "hydra/sweeper=tuned" in command and "experiment=card" in command and "task=compression" in command
+    assert "variant=scaled_dot,linear" in command and "hydra.sweeper.grid={lr:[0.003,0.01]}" in command
+    assert f"hydra.sweep.dir={tmp_path / 'compression'}" == command[-1]
+    assert set(card.CARD_TASKS) <= set(__import__("attnlab.tasks", fromlist=["list_tasks"]).list_tasks())
