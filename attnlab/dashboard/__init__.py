@@ -19,9 +19,14 @@ value of ``--facet``), a search view when a numeric key took 5 or more values (a
 generalisation, the step-0 diagnostics, training curves with seed bands, per layer × head heatmaps and attention
 maps (best run of each variant, with a selector), and the sortable runs table.
 
+A tuned sweep (``tuned.json``, :mod:`attnlab.dashboard.tuned`) is compared on its seed runs only, each configuration
+at its own best point, with the protocol said on the page and its tuning runs drawn as a sensitivity chart; where
+summary.json has the compute fields (schema 5), a Pareto view draws the test metric against FLOPs per token,
+parameters, state size and wall time, one point per configuration, with the frontier.
+
 Modules: ``load`` (run folders), ``dims`` (what varies), ``metrics`` (how each metric family is drawn),
-``stats`` (means, intervals, headline), ``figures`` (plotly figure dicts), ``page`` (HTML, with ``page.css``,
-``page.js`` and ``errors.js``), ``cli``.
+``stats`` (means, intervals, headline, Pareto frontier), ``tuned`` (tuned sweeps), ``figures`` (plotly figure
+dicts), ``page`` (HTML, with ``page.css``, ``page.js`` and ``errors.js``), ``cli``.
 """
 
 from attnlab.dashboard.cli import DEFAULT_OUTPUT, main, print_table, write_csv, write_dashboard
@@ -48,9 +53,11 @@ from attnlab.dashboard.stats import (
     holm,
     mean_ci,
     paired_difference,
+    pareto_front,
     t_critical,
     welch_difference,
 )
+from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
 
 __all__ = [
     "DEFAULT_OUTPUT",
@@ -65,9 +72,12 @@ __all__ = [
     "Run",
     "Series",
     "Sweep",
+    "Tuned",
+    "TunedSweep",
     "aggregate",
     "build_html",
     "find_run_dirs",
+    "find_tuned",
     "headline",
     "holm",
     "load_run",
@@ -76,6 +86,7 @@ __all__ = [
     "mean_ci",
     "metrics_in",
     "paired_difference",
+    "pareto_front",
     "parse_metric",
     "print_table",
     "register_metric",

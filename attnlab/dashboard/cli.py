@@ -17,6 +17,7 @@ from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run, load_runs
 from attnlab.dashboard.metrics import metrics_in, short_name, spec_for
 from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
+from attnlab.dashboard.tuned import Tuned, find_tuned
 from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sources
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
@@ -30,9 +31,11 @@ def write_dashboard(
     output: str | Path | None = None,
     runs: Sequence[Run] | None = None,
     options: Options | None = None,
+    tuned: Tuned | None = None,
 ) -> Path:
     """Write the page for the runs under ``path`` (or the given ``runs``) to ``output`` (default
-    ``<path>/dashboard.html``) and return its path.
+    ``<path>/dashboard.html``) and return its path. ``tuned``: the tuned sweeps among the runs (default: those whose
+    ``tuned.json`` is under ``path``, :func:`~attnlab.dashboard.tuned.find_tuned`).
 
     Raises FileNotFoundError when ``path`` is not a folder and ValueError when it holds no run or an option names
     a key that does not vary."""
@@ -42,7 +45,9 @@ def write_dashboard(
     runs = load_runs(root) if runs is None else runs
     if not runs:
         raise ValueError(f"no runs under {root} (no {SUMMARY_FILE} or {CONFIG_FILE} found)")
-    page = build_html(runs, title=f"attnlab · {root.resolve().name}", source=str(root), options=options)
+    page = build_html(
+        runs, title=f"attnlab · {root.resolve().name}", source=str(root), options=options, root=root, tuned=tuned
+    )
     out = Path(output) if output is not None else root / DEFAULT_OUTPUT
     with atomic_open(out, "wb") as f:  # (a link at that name is replaced, never written through)
         f.write(page.encode("utf-8"))
@@ -58,7 +63,7 @@ def _fmt(value: float | int | None, kind: str) -> str:
 def print_table(runs: Sequence[Run], console: Any = None) -> None:
     """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, the metrics of the
     ``table`` view (entropy and saturation), status and time; 120 columns wide when the output is not a terminal
-    (CI logs).
+    (CI logs). Then the metrics of the ``terminal`` view that some run reports (``FLOPs/tok``).
 
     The keys that labels name, the seed and the metrics are never cut or wrapped: where they do not fit the width,
     the status wraps first, and a table that still does not fit is printed wider than the console, never cropped.
@@ -77,12 +82,13 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
     knobs = [d for d in sweep.dims if d not in dims]
     metrics = headline_metrics(runs)[:2]
     extra = [m for m in metrics_in("table") if m not in metrics]
+    extra += [m for m in metrics_in("terminal") if m not in [*metrics, *extra] and any(r.final(m) for r in runs)]
     rows = []
     knob_sets: dict[str, str] = {}  # "max_steps=5 · eval_every=5" -> "k1"
     for run in runs:
         row = [printable(d.format(run.value(d.key))) for d in dims]
         row += [_fmt(run.seed, "int"), *[spec_for(m).format(run.final(m)) for m in metrics]]
-        row += [_fmt(run.final(m), "f") for m in extra]
+        row += [spec_for(m).format(run.final(m)) if spec_for(m).si else _fmt(run.final(m), "f") for m in extra]
         row += [printable(run.status), format_time(run.wall_time_s)]
         if knobs:
             text = " · ".join(printable(f"{d.name}={d.format(run.value(d.key))}") for d in knobs)
@@ -125,7 +131,9 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     """One row per run: identity, key config values, every key that varies across the runs (by its dotted config
     key: ``lr``, ``variant.params.d_attn``), the final metrics of the ``csv`` view and the step-0 (``init/...``)
     values of its diagnostics, settings, and ``test/acc@L`` (the ``length`` view: ``test/loss@L``, ``test/bpc@L``)
-    for every test length any run reports."""
+    for every test length any run reports. After ``params`` and ``state_size`` (summed over the layers), the
+    compute fields of the ``compute`` view (``params_non_embedding``, ``flops_per_token``, ``tokens_seen``,
+    ``step_time_s``; empty for a run before summary.json's schema 5)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep = Sweep(runs)
@@ -133,8 +141,10 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     known = {"variant.name", "mask.name", "task.name", "model.pos_encoding", "d_k", "num_heads", "d_model"}
     swept = [d.key for d in sweep.dims if d.key not in known]
     final = metrics_in("csv")
+    compute = [m for m in metrics_in("compute") if m not in final and m not in ("params", "state_size", "wall_time_s")]
     init = [m for m in final if m.startswith("attn/")]  # the diagnostics, also logged at step 0
-    columns = ["run", *fixed, *swept, "seed", "params", "state_size", "status", "reason", "wall_time_s", *final]
+    columns = ["run", *fixed, *swept, "seed", "params", "state_size", *compute, "status", "reason", "wall_time_s"]
+    columns += final
     columns += [f"init/{m}" for m in init]
     columns += list(CSV_SETTINGS)
     lengths = [f"{m}@{n}" for m in metrics_in("length") for n in sorted({n for r in runs for n in r.by_length(m)})]
@@ -148,7 +158,8 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
             row += [run.mask, run.task, run.setting("pos_encoding", "model.pos_encoding"), run.d_k, run.num_heads]
             row += [run.d_model]
             row += [None if run.value(k) == MISSING else run.value(k) for k in swept]
-            row += [run.seed, run.params, run.state_size, run.status, run.reason or ""]
+            row += [run.seed, run.params, run.state_size, *(run.final(m) for m in compute)]
+            row += [run.status, run.reason or ""]
             row += [None if run.wall_time_s is None else round(run.wall_time_s, 1)]
             row += [run.final(m) for m in final]
             row += [run.init(m) for m in init]
@@ -184,13 +195,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(x=args.x, facet=args.facet, metric=args.metric)
     try:
         runs = load_runs(args.path) if args.path.is_dir() else []
-        out = write_dashboard(args.path, args.output, runs=runs, options=options)
+        tuned = find_tuned(runs, args.path)
+        out = write_dashboard(args.path, args.output, runs=runs, options=options, tuned=tuned)
     except (FileNotFoundError, ValueError) as err:
         print(f"attnlab-dashboard: error: {err}", file=sys.stderr)
         return 2
     for run in runs:
         for problem in run.problems:
             print(f"attnlab-dashboard: warning: run {printable(run.name)}: {printable(problem)}", file=sys.stderr)
+    for problem in tuned.problems:
+        print(f"attnlab-dashboard: warning: {printable(problem)}", file=sys.stderr)
     csv_path = write_csv(runs, args.csv) if args.csv is not None else None
     try:
         print_table(runs)  # (Rich: on a broken pipe, the same as below, then SystemExit(1))

@@ -188,14 +188,21 @@ class Sweep:
 
     Args:
         runs: every run to compare (failed ones included: they still have a configuration).
+        exclude: config keys that are neither dimensions nor constants here (a tuned sweep's grid keys: each
+            configuration ran at its own best ``lr``, which names no configuration).
     """
 
-    def __init__(self, runs: Sequence[Run]) -> None:
+    def __init__(self, runs: Sequence[Run], exclude: Iterable[str] = ()) -> None:
         self.runs = list(runs)
+        self.exclude = frozenset(exclude)
         keys: set[str] = set()
         for run in self.runs:
             keys.update(run.flat)
-        keys = {k for k in keys if not is_neutral(k) and not any(fnmatch.fnmatchcase(k, p) for p in IGNORED_KEYS)}
+        keys = {
+            k
+            for k in keys
+            if not is_neutral(k) and k not in self.exclude and not any(fnmatch.fnmatchcase(k, p) for p in IGNORED_KEYS)
+        }
         if all(run.value("model.pattern") in (None, MISSING) for run in self.runs):
             keys = {k for k in keys if not k.startswith("model.layer_kinds.")}  # layer kinds act only in a pattern
         column = {k: [_hashable(run.value(k)) for run in self.runs] for k in keys}
@@ -207,8 +214,11 @@ class Sweep:
         kept: list[str] = []
         self.derived: dict[str, str] = {}  # key -> the categorical key that fixes it (pos follows the variant)
         swept = _overridden(self.runs)  # keys a sweep set on the command line: always dimensions
+        excluded = [[_hashable(run.value(k)) for run in self.runs] for k in sorted(self.exclude)]
         for key in varying:
             if any(column[key] == column[other] for other in [*kept, *self.derived]):  # a mirror
+                continue
+            if any(column[key] == values for values in excluded):  # a mirror of an excluded key
                 continue
             group = key.split(".")[0]
             parent = f"{group}.name"

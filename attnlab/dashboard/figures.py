@@ -18,14 +18,28 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnlab.dashboard.dims import Dimension, Sweep, wide_range
+from attnlab.dashboard.dims import Dimension, Sweep, format_value, wide_range
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import MetricSpec, spec_for
-from attnlab.dashboard.stats import Curve, Series, aggregate, aggregate_lengths, best_run, curves, x_position
+from attnlab.dashboard.stats import (
+    Curve,
+    Series,
+    aggregate,
+    aggregate_lengths,
+    best_run,
+    curves,
+    note_of,
+    pareto_front,
+    pareto_points,
+    x_position,
+)
+
+if TYPE_CHECKING:
+    from attnlab.dashboard.tuned import TunedSweep
 
 __all__ = [
     "MAX_COLS",
@@ -34,8 +48,10 @@ __all__ = [
     "curves_figure",
     "head_figure",
     "length_figure",
+    "pareto_figure",
     "plain",
     "search_figure",
+    "sensitivity_figure",
 ]
 
 MAX_COLS = 3
@@ -69,6 +85,7 @@ class Style:
         combos = sorted({tuple(run.value(d.key) for d in rest) for run in sweep.runs}, key=lambda t: natural_key(t))
         self.dash = {c: DASHES[i % len(DASHES)] for i, c in enumerate(combos)}
         self.symbol = {c: SYMBOLS[(i // len(DASHES)) % len(SYMBOLS)] for i, c in enumerate(combos)}
+        self.point_symbol = {c: SYMBOLS[i % len(SYMBOLS)] for i, c in enumerate(combos)}  # (points without lines)
 
     def _parts(self, key: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
         named = tuple(key[i] for i in self.index)
@@ -80,6 +97,11 @@ class Style:
 
     def marker(self, key: tuple[Any, ...]) -> dict[str, Any]:
         return {"symbol": self.symbol.get(self._parts(key)[1], "circle"), "size": 7}
+
+    def point(self, key: tuple[Any, ...]) -> str:
+        """The marker symbol of a point drawn without a line (the Pareto view): one per combination of the keys
+        after the first, where :meth:`marker` leaves that to the dash."""
+        return self.point_symbol.get(self._parts(key)[1], "circle")
 
 
 # ---------------------------------------------------------------------------------------------------- layout
@@ -636,3 +658,271 @@ def _rgba(colour: str, alpha: float) -> str:
     colour = colour.lstrip("#")
     r, g, b = (int(colour[k : k + 2], 16) for k in (0, 2, 4))
     return f"rgba({r},{g},{b},{alpha})"
+
+
+# ---------------------------------------------------------------------------------------------------- tuned sweeps
+FRONTIER_COLOUR = "#444"
+FAILED_SYMBOL = "x-thin-open"
+
+
+def _grid_axis(key: str, values: Sequence[Any]) -> tuple[Callable[[Any], float], bool]:
+    """Where a grid value sits on the x axis (the number, or its index for words) and whether the axis is log: a
+    numeric key of positive values spanning a factor of 8 or more, or a learning rate (``lr``, ``*.lr``)."""
+    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+    if not numeric:
+        return (lambda v: float(next(i for i, g in enumerate(values) if g == v and type(g) is type(v)))), False
+    positive = all(v > 0 for v in values)
+    log = positive and len(values) > 1 and (wide_range(values) or key.rsplit(".", 1)[-1] == "lr")
+    return (lambda v: float(v)), log
+
+
+def sensitivity_figure(tuned: TunedSweep) -> dict[str, Any] | None:
+    """The tuning runs of a tuned sweep: its metric (on ``tune_seed``) against each grid key, one panel per key
+    (the other keys at each configuration's best point), one line per configuration; a failed point is an x at
+    the panel's worst edge (the bottom where higher wins, the top where lower wins; hover "failed"), the chosen
+    point a star. None without a tuning job."""
+    sweep = tuned.sweep or Sweep([])
+    configs = [c for c in tuned.ordered() if c.tune]
+    if not configs:
+        return None
+    metric, spec = tuned.metric, spec_for(tuned.metric)
+    keys = list(tuned.grid)
+    style = Style(sweep, sweep.dims)
+    cols = min(MAX_COLS, len(keys))
+    titles = [f"{metric} vs {k.rsplit('.', 1)[-1]} (seed {tuned.tune_seed})" for k in keys]
+    labels = list(dict.fromkeys(c.label for c in configs))
+    layout = _grid(math.ceil(len(keys) / cols), cols, titles, legend_entries=[*labels, "failed", "chosen"])
+    layout["showlegend"] = True
+    data: list[dict[str, Any]] = []
+    shown: set[str] = set()
+    for i, key in enumerate(keys):
+        n = _axis(i)
+        values = tuned.grid[key]
+        where, log = _grid_axis(key, values)
+        panel = []  # (configuration, its jobs along this key in grid order)
+        for c in configs:
+            anchor = c.best or _anchor(c, tuned.maximize)
+            along = [job for job in c.tune if all(job.point[k] == anchor[k] for k in keys if k != key)]
+            along.sort(key=lambda job: where(job.point[key]))
+            panel.append((c, along))
+        finite = [job.value for _, along in panel for job in along if not job.failed and job.value is not None]
+        worst = _worst_edge(finite, spec, tuned.maximize)
+        failed_x, failed_y, failed_colour, failed_hover = [], [], [], []
+        best_x, best_y, best_colour, best_hover = [], [], [], []
+        for c, along in panel:
+            colour = style.line(c.key)["color"]
+            hover = []
+            for job in along:
+                shown_value = spec.format(job.value) if job.value is not None else "-"
+                state = "failed" if job.failed else "not run yet" if job.value is None else shown_value
+                where_text = plain(f"{key}={format_value(job.point[key])}")
+                hover.append(f"{plain(c.label)}<br>{where_text}: {plain(metric)} = {state}")
+                if job.failed:
+                    failed_x.append(where(job.point[key]))
+                    failed_y.append(worst)
+                    failed_colour.append(colour)
+                    reason = job.run.reason if job.run is not None and job.run.reason else job.status
+                    failed_hover.append(f"{plain(c.label)}<br>{where_text}: failed ({plain(reason)})")
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": [where(job.point[key]) for job in along],
+                    "y": [None if job.failed else job.value for job in along],
+                    "xaxis": f"x{n}",
+                    "yaxis": f"y{n}",
+                    "mode": "lines+markers",
+                    "name": plain(c.label),
+                    "legendgroup": plain(c.label),
+                    "showlegend": c.label not in shown,
+                    "line": {**style.line(c.key), "width": 1.6},
+                    "marker": style.marker(c.key),
+                    "hovertext": hover,
+                    "hoverinfo": "text",
+                }
+            )
+            shown.add(c.label)
+            chosen = c.best_job
+            on_panel = chosen is not None and any(job is chosen for job in along)
+            if on_panel and not chosen.failed and chosen.value is not None:
+                best_x.append(where(chosen.point[key]))
+                best_y.append(chosen.value)
+                best_colour.append(colour)
+                point = plain(", ".join(f"{k}={format_value(v)}" for k, v in chosen.point.items()))
+                best_hover.append(f"{plain(c.label)}: chosen {point}, {plain(metric)} = {spec.format(chosen.value)}")
+        if failed_x:
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": failed_x,
+                    "y": failed_y,
+                    "xaxis": f"x{n}",
+                    "yaxis": f"y{n}",
+                    "mode": "markers",
+                    "marker": {"symbol": FAILED_SYMBOL, "size": 12, "color": failed_colour, "line": {"width": 2.5}},
+                    "name": "failed",
+                    "legendgroup": "failed",
+                    "showlegend": "failed" not in shown,
+                    "hovertext": failed_hover,
+                    "hoverinfo": "text",
+                }
+            )
+            shown.add("failed")
+        if best_x:
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": best_x,
+                    "y": best_y,
+                    "xaxis": f"x{n}",
+                    "yaxis": f"y{n}",
+                    "mode": "markers",
+                    "marker": {
+                        "symbol": "star",
+                        "size": 17,
+                        "color": best_colour,
+                        "line": {"width": 1, "color": "#222"},
+                    },
+                    "name": "chosen",
+                    "legendgroup": "chosen",
+                    "showlegend": "chosen" not in shown,
+                    "hovertext": best_hover,
+                    "hoverinfo": "text",
+                }
+            )
+            shown.add("chosen")
+        axis = layout[f"xaxis{n}"]
+        ticks = [where(v) for v in values]
+        axis["title"] = {"text": plain(key), "standoff": 4}
+        axis.update(tickvals=ticks, ticktext=[plain(format_value(v)) for v in values])
+        if log:
+            axis["type"] = "log"
+        elif all(isinstance(v, str | bool) or v is None for v in values):
+            axis["range"] = [-0.5, len(values) - 0.5]
+        _y_axis(layout, i, spec, metric, [*finite, *([worst] if failed_x else [])])
+    return _figure(data, layout)
+
+
+def _anchor(config: Any, maximize: bool) -> dict[str, Any]:
+    """Where the other grid keys stand in a panel when the configuration has no best point yet: at its best
+    finished point, else at its first."""
+    done = [job for job in config.tune if not job.failed and job.value is not None]
+    if done:
+        return max(done, key=lambda job: job.value if maximize else -job.value).point
+    return config.tune[0].point
+
+
+def _worst_edge(values: Sequence[float], spec: MetricSpec, maximize: bool) -> float:
+    """Where a failed point is drawn: the worst end of the values drawn (the metric's bound where it has one on
+    that side: 0 for an accuracy), 10 % of their spread beyond them otherwise."""
+    bound = spec.low if maximize else spec.high
+    if bound is not None:
+        return bound
+    if not values:
+        return 0.0
+    low, high = min(values), max(values)
+    pad = 0.1 * (high - low) or 0.1 * abs(high) or 1.0
+    return low - pad if maximize else high + pad
+
+
+def pareto_figure(
+    runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str], costs: Sequence[str], notes: Sequence[str] = ()
+) -> dict[str, Any] | None:
+    """Each metric against each cost (``flops_per_token``, ``params``, ``state_size``, ``wall_time_s``: the ``cost``
+    view), log x: one point per configuration (every dimension of ``sweep``) at its mean cost, the mean metric
+    over its seeds with the 95 % t interval (clipped to the metric's range) as error bars, and the Pareto
+    frontier (better metric for less cost, by the metric's direction) as a dashed step line. A row of panels per
+    metric (two rows of two for four costs).
+
+    The legend names the first key that labels name (the variant: a colour), one trace per value in each panel;
+    the other keys are each point's marker symbol and its hover, which names the whole
+    configuration and ``notes`` (a tuned sweep's grid keys: the point each configuration ran at). The frontier
+    has no legend entry (the page's note says what it is). None without a point."""
+    style = Style(sweep, sweep.dims)
+    named = sweep.label_dims(sweep.dims)
+    first = named[0] if named else None
+    at = sweep.dims.index(first) if first is not None else None
+    cols = 2 if len(costs) == 4 else min(MAX_COLS, len(costs))
+    panels: list[tuple[str, str]] = []
+    for metric in metrics:
+        panels += [(metric, cost) for cost in costs]
+        while len(panels) % cols:
+            panels.append(("", ""))
+    found = {i: pareto_points(runs, sweep, m, c) for i, (m, c) in enumerate(panels) if m}
+    if not any(found.values()):
+        return None
+
+    def group(key: tuple[Any, ...]) -> str:
+        return first.label(key[at]) if first is not None and at is not None else "all runs"
+
+    present = {group(key) for points in found.values() for _, key, *_ in points}
+    ordered = [first.label(v) for v in first.values] if first is not None else ["all runs"]
+    names = [name for name in dict.fromkeys(ordered) if name in present]  # (in the order of the key's values)
+    titles = [f"{m} vs {c}" if m else "" for m, c in panels]
+    layout = _grid(math.ceil(len(panels) / cols), cols, titles, legend_entries=names)
+    layout["showlegend"] = True
+    data: list[dict[str, Any]] = []
+    shown: set[str] = set()
+    for i, (metric, cost) in enumerate(panels):
+        n = _axis(i)
+        if not metric or not found[i]:
+            _hide(layout, i)
+            continue
+        spec, cost_spec = spec_for(metric), spec_for(cost)
+        points = found[i]
+        for name in names:
+            mine = [(label, key, members, p) for label, key, members, p in points if group(key) == name]
+            if not mine:
+                continue
+            up, down, hover = [], [], []
+            for label, _key, members, p in mine:
+                bounds = p.interval(spec)
+                up.append(None if bounds is None else bounds[1] - p.mean)
+                down.append(None if bounds is None else p.mean - bounds[0])
+                note = note_of(members, notes)
+                ci = f"<br>95 % CI [{spec.format(bounds[0])}, {spec.format(bounds[1])}]" if bounds else ""
+                hover.append(
+                    f"{plain(label)}{f' ({plain(note)})' if note else ''}<br>{cost} = {cost_spec.format(p.x)}"
+                    f"<br>{metric} = {spec.format(p.mean)}{ci} (n={p.n})"
+                )
+            colour = style.line(mine[0][1])["color"]
+            data.append(
+                {
+                    "type": "scatter",
+                    "x": [p.x for *_, p in mine],
+                    "y": [p.mean for *_, p in mine],
+                    "xaxis": f"x{n}",
+                    "yaxis": f"y{n}",
+                    "mode": "markers",
+                    "name": plain(name),
+                    "legendgroup": plain(name),
+                    "showlegend": name not in shown,
+                    "marker": {"symbol": [style.point(key) for _, key, *_ in mine], "size": 9,
+                               "color": colour},
+                    "error_y": {"type": "data", "symmetric": False, "array": up, "arrayminus": down,
+                                "thickness": 1.3, "width": 3, "visible": True, "color": colour},
+                    "hovertext": hover,
+                    "hoverinfo": "text",
+                }
+            )  # fmt: skip
+            shown.add(name)
+        higher = spec.higher_is_better is not False
+        front = [points[k][3] for k in pareto_front([(p.x, p.mean) for *_, p in points], higher)]
+        data.append(
+            {
+                "type": "scatter",
+                "x": [p.x for p in front],
+                "y": [p.mean for p in front],
+                "xaxis": f"x{n}",
+                "yaxis": f"y{n}",
+                "mode": "lines",
+                "line": {"shape": "hv", "color": FRONTIER_COLOUR, "dash": "dash", "width": 1.4},
+                "name": "Pareto frontier",
+                "legendgroup": "Pareto frontier",
+                "showlegend": False,
+                "hoverinfo": "skip",
+            }
+        )
+        axis = layout[f"xaxis{n}"]
+        axis.update(type="log", title={"text": plain(cost_spec.axis_title(cost)), "standoff": 4})
+        _y_axis(layout, i, spec, metric, [v for *_, p in points for v in p.values])
+    return _figure(data, layout)

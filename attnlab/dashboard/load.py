@@ -34,6 +34,7 @@ from attnlab.runs import (
 from attnlab.runs import load_run as read_run_folder
 
 __all__ = [
+    "COMPUTE_FIELDS",
     "CURVE_POINTS",
     "MISSING",
     "NO_SUMMARY",
@@ -59,6 +60,19 @@ RESOLVED_KEYS = {
 """Config keys whose null means "derived from another" (``d_k: null`` = ``d_model // num_heads``, ``num_kv_heads:
 null`` = ``num_heads``, ``d_v: null`` = ``d_k``): :meth:`Run.value` reads them as the value the run used (from the
 summary), :attr:`Run.raw_value` as written."""
+COMPUTE_FIELDS = {
+    "params": int,
+    "params_non_embedding": int,
+    "flops_per_token": float,
+    "state_size": int,
+    "tokens_per_step": int,
+    "tokens_seen": int,
+    "step_time_s": float,
+    "wall_time_s": float,
+}
+"""summary.json's compute fields (:class:`attnlab.runs.Summary`, schema 5; ``params``, ``state_size`` and
+``wall_time_s`` are older) and their types: :meth:`Run.final` reads them by name (``state_size`` summed over the
+layers), so that the metric registry (:mod:`attnlab.dashboard.metrics`) lists them like any metric."""
 MISSING = "—"
 """The value of a config key that a run does not have (e.g. ``variant.params.d_attn`` for a dot-product run)."""
 
@@ -424,8 +438,22 @@ class Run:
         return value if isinstance(value, str) and value else None
 
     # -------------------------------------------------------------------------------- metrics
+    def compute(self, name: str) -> float | int | None:
+        """A compute field of summary.json (:data:`COMPUTE_FIELDS`: ``flops_per_token``, ``params``, ...; the
+        ``state_size`` summed over the layers), an int for a count; None where the summary lacks it (older than
+        schema 5) or it is not a finite number."""
+        if self.summary is None or name not in COMPUTE_FIELDS:
+            return None
+        if name == "state_size":
+            return self.state_size
+        value = finite(self.summary.get(name))
+        return None if value is None else COMPUTE_FIELDS[name](value)
+
     def final(self, metric: str) -> float | None:
-        """The final value of ``metric``: the summary's, else the last finite value in ``metrics.jsonl``."""
+        """The final value of ``metric``: the summary's, else the last finite value in ``metrics.jsonl``; for a
+        compute field (:data:`COMPUTE_FIELDS`), the summary's (:meth:`compute`)."""
+        if metric in COMPUTE_FIELDS:
+            return self.compute(metric)
         metrics = _dig(self.summary, "metrics") if self.summary is not None else None
         if isinstance(metrics, dict) and finite(metrics.get(metric)) is not None:
             return finite(metrics[metric])

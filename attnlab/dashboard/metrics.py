@@ -39,6 +39,7 @@ __all__ = [
     "register_metric",
     "short_name",
     "show_metric",
+    "si_number",
     "spec_for",
 ]
 
@@ -55,6 +56,7 @@ class MetricSpec:
         percent: a fraction shown as a percentage (0.875 → 87.5 %).
         chance: draw the task's chance accuracy as a dashed line.
         log_y: draw on a log y axis.
+        si: a count shown with an SI prefix (704572 → ``705k``, 1.2e9 → ``1.2G``): FLOPs, parameters, tokens.
     """
 
     title: str
@@ -65,6 +67,7 @@ class MetricSpec:
     percent: bool = False
     chance: bool = False
     log_y: bool = False
+    si: bool = False
 
     def axis_title(self, name: str) -> str:
         """``"test/acc: accuracy (%)"`` for an axis."""
@@ -78,7 +81,7 @@ class MetricSpec:
             return "-"
         if self.percent:
             return f"{100 * value:.1f} %"
-        return plain_number(value, digits)
+        return si_number(value, digits) if self.si else plain_number(value, digits)
 
     def format_margin(self, value: float) -> str:
         """A difference of two values: ``5.1 points`` for a percentage."""
@@ -118,6 +121,10 @@ VIEWS: dict[str, str] = {
     "table": "a column of the page's runs table and of the terminal table",
     "csv": "a column of the CSV export (a diagnostic, attn/..., also as init/<name>)",
     "length": "a CSV column <name>@<L> for every test length L a run reports",
+    "compute": "a CSV column after params and state_size (a compute field of summary.json, read by Run.final)",
+    "terminal": "a column of the terminal table only, where some run reports it (titled by its short name)",
+    "pareto": "a row of the Pareto view: the metric against each cost (one row per metric a finished run reports)",
+    "cost": "a panel of the Pareto view: the metric against it, log x (drawn only when every cost is reported)",
 }
 """The places the dashboard lists metrics by name: ``view → what it is``."""
 
@@ -192,13 +199,22 @@ register_metric(r"attn/first_mass", "weight on the first key", **_FRACTION)
 register_metric(r"attn/logit_std", "std of a row's logits", low=0.0)
 register_metric(r"attn/logit_max", "largest logit")
 register_metric(r"attn/attn_distance", "mean |i − j| attended", unit="tokens", low=0.0)
+# compute (summary.json's fields, schema 5; Run.final reads them, state_size summed over the layers)
+register_metric(r"params", "trainable parameters", low=0.0, si=True)
+register_metric(r"params_non_embedding", "parameters but the embeddings", low=0.0, si=True)
+register_metric(r"flops_per_token", "training FLOPs per token", unit="FLOPs", low=0.0, si=True)
+register_metric(r"state_size", "state per sequence, all layers", unit="floats", low=0.0, si=True)
+register_metric(r"tokens_per_step", "tokens per step", unit="tokens", low=0.0, si=True)
+register_metric(r"tokens_seen", "tokens seen in training", unit="tokens", low=0.0, si=True)
+register_metric(r"step_time_s", "median step time", unit="s", low=0.0)
+register_metric(r"wall_time_s", "wall time", unit="s", low=0.0)
 
 # where each metric the runs log is listed, in this order (a view lists its metrics in the order of these calls)
 show_metric("val/acc_best", "final", "csv")
 show_metric("val/loss", "csv")
-show_metric("test/acc", "final", "csv", "length")
+show_metric("test/acc", "final", "csv", "length", "pareto")
 show_metric("test/loss", "final", "csv", "length")
-show_metric("test/bpc", "final", "csv", "length")
+show_metric("test/bpc", "final", "csv", "length", "pareto")
 show_metric("val/bpc", "final")
 show_metric("train/loss", "curve")
 show_metric("train/acc")
@@ -216,6 +232,13 @@ show_metric("attn/logit_max", "init", "csv")
 show_metric("attn/entropy")
 show_metric("train/plateau_steps", "final", "csv")
 show_metric("train/steps_to_99", "final", "csv")
+show_metric("params_non_embedding", "compute")
+show_metric("flops_per_token", "cost", "compute", "terminal", short="FLOPs/tok")
+show_metric("params", "cost")  # (params, state_size and wall_time_s have CSV columns of their own)
+show_metric("state_size", "cost")
+show_metric("wall_time_s", "cost")
+show_metric("tokens_seen", "compute")
+show_metric("step_time_s", "compute")
 
 _LENGTH = re.compile(r"^(?P<base>.+)@(?P<length>\d+)$")
 _HEAD = re.compile(r"^attn/L(?P<layer>\d+)H(?P<head>\d+)/(?P<stat>\w+)$")
@@ -232,6 +255,22 @@ def plain_number(value: float, digits: int = 3) -> str:
         return f"{value:.{digits}g}"
     text = f"{value:.{max(digits - 1 - magnitude, 0)}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def si_number(value: float, digits: int = 3) -> str:
+    """``value`` with an SI prefix from 1000 on (``705k``, ``1.2M``, ``3.4G``; at most ``P``), ``digits``
+    significant digits; :func:`plain_number` below 1000."""
+    if not math.isfinite(value) or abs(value) < 1000:
+        return plain_number(value, digits)
+    power = min(15, 3 * (math.floor(math.log10(abs(value))) // 3))
+    scaled = float(f"{value / 10**power:.{digits}g}")
+    if abs(scaled) >= 1000 and power < 15:  # 999,950 rounds to 1000k: 1M
+        power += 3
+        scaled = float(f"{value / 10**power:.{digits}g}")
+    return f"{plain_number(scaled, digits)}{_PREFIX[power]}"
+
+
+_PREFIX = {3: "k", 6: "M", 9: "G", 12: "T", 15: "P"}
 
 
 def parse_metric(name: str) -> tuple[str, str, dict[str, int]]:

@@ -24,10 +24,11 @@ from importlib import resources
 from typing import Any
 
 from attnlab.dashboard import figures
-from attnlab.dashboard.dims import Sweep
+from attnlab.dashboard.dims import Dimension, Sweep, format_value
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import listed_metrics, metrics_in, parse_metric, spec_for
 from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, headline
+from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
 from attnlab.runs import RunFileError, read_bytes
 
 __all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
@@ -230,9 +231,10 @@ def _headline_html(table: Headline) -> str:
                 continue
             cls = ' class="best"' if table.is_best(key, col) else ""
             text = f"{spec.format(cell.mean)}{cell.half_text(spec)}"
+            note = f'<span class="pt">at {_e(cell.note)}</span>' if cell.note else ""
             cells.append(
                 f'<td{cls}>{_e(text)} <span class="n">({cell.n})</span>'
-                f'<span class="p">{_e(_params_text(cell.params))} params</span></td>'
+                f'<span class="p">{_e(_params_text(cell.params))} params</span>{note}</td>'
             )
         body.append(f'<tr><td class="t">{_e(label)}</td>{"".join(cells)}</tr>')
     caption = (
@@ -248,6 +250,11 @@ def _headline_html(table: Headline) -> str:
         )
         + "."
         + (" ± > 100: the interval is wider than the metric's whole range." if spec.percent else "")
+        + (
+            " Under each cell, the point its configuration was tuned to (its seed runs ran there)."
+            if any(cell.note for cell in table.cells.values())
+            else ""
+        )
     )
     return (
         f'<p class="verdict">{_e(table.sentence())}</p>'
@@ -255,6 +262,86 @@ def _headline_html(table: Headline) -> str:
         f'<thead><tr><th class="t">{_e(spec.axis_title(table.metric))}</th>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>" + _rivals_html(table)
     )
+
+
+def _column(sweep: Sweep, preferred: str | None) -> Dimension | None:
+    """The headline's column key for a group of runs with a sweep of its own (a tuned sweep's, whose dimensions
+    leave out the tuned keys): ``preferred`` where it varies there, else the default main key; None where the
+    table has one column (see :func:`build_html`)."""
+    try:
+        x = sweep.main_dim(preferred)
+    except ValueError:  # (--x names a tuned key, or one that varies only elsewhere in the folder)
+        x = sweep.main_dim(None)
+    if x is None and sweep.dims:
+        x = sweep.dims[0]
+    return x if x is not None and (x.numeric or len(sweep.dims) > 1) else None
+
+
+def _groups(runs: Sequence[Run], sweep: Sweep, tuned: Tuned) -> list[tuple[str, TunedSweep | None, list[Run], Sweep]]:
+    """What the headline and the Pareto view compare, (title, tuned sweep, runs, sweep) each: every tuned sweep's
+    seed runs (its tuning runs never pool into a cell), then the runs outside every tuned sweep with ``sweep``
+    (theirs alone where some are tuned). Titles only where there are several groups."""
+    out: list[tuple[str, TunedSweep | None, list[Run], Sweep]] = []
+    for t in tuned.sweeps:
+        out.append((f"Tuned sweep {t.name}", t, t.seed_runs, t.sweep or Sweep(t.seed_runs)))
+    inside = {id(run) for t in tuned.sweeps for run in t.runs}
+    rest = [run for run in runs if id(run) not in inside]
+    if rest:
+        out.append(("Other runs (not tuned)", None, rest, sweep if not out else Sweep(rest)))
+    return out if len(out) > 1 else [("", t, r, s) for _, t, r, s in out]
+
+
+def _tuned_html(tuned: TunedSweep) -> str:
+    """The protocol of a tuned sweep in one sentence, and each configuration's chosen point."""
+    spec = spec_for(tuned.metric)
+    listed = sum(len(c.seeds) for c in tuned.configurations)
+    found = len(tuned.seed_runs)
+    reused = sum(job.reused and job.run is not None for c in tuned.configurations for job in c.seeds)
+    tuning = len(tuned.tune_runs) - reused
+    text = (
+        f"Tuned sweep ({_e(tuned.name)}/tuned.json): {_e(tuned.protocol())}. The tables below use only the "
+        f"{found} seed run{'s' if found != 1 else ''}"
+        + (f" (of {listed} listed)" if found != listed else "")
+        + f", each configuration at its own chosen point; the {tuning} other tuning run{'s' if tuning != 1 else ''}"
+        " show in the tuning chart, not here."
+    )
+    if tuned.stage != "done":
+        text += f" Unfinished: tuned.json is at stage {_e(tuned.stage)}."
+    rows = []
+    for c in tuned.ordered():
+        job = c.best_job
+        if c.best is not None:
+            point = ", ".join(f"{k}={format_value(v)}" for k, v in c.best.items())
+        elif c.tune and all(j.failed for j in c.tune):
+            point = "every point failed"
+        else:
+            point = "not chosen yet"
+        value = spec.format(job.value) if job is not None and job.value is not None else "-"
+        done = sum(1 for s in c.seeds if s.run is not None and s.run.ok)
+        seeds = ", ".join(str(s.seed) for s in c.seeds) or "-"
+        rows.append(
+            f'<tr><td class="t">{_e(c.label)}</td><td class="t">{_e(point)}</td><td>{_e(value)}</td>'
+            f'<td class="t">{_e(seeds)} ({done} finished)</td></tr>'
+        )
+    head = (
+        f'<th class="t">configuration</th><th class="t">chosen point</th><th>{_e(tuned.metric)} there (seed '
+        f'{tuned.tune_seed})</th><th class="t">seed runs</th>'
+    )
+    return (
+        f'<p class="protocol">{text}</p><div class="scroll"><table class="tuned" data-sweep="{_e(tuned.name)}">'
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def _pareto_inputs(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
+    """(metrics, costs) of the Pareto view for ``runs``: the ``pareto`` view's metrics that a finished run reports,
+    and the ``cost`` view's quantities, or none unless some finished run reports each of them (runs before
+    summary.json's schema 5 have no FLOPs: no view)."""
+    ok = [r for r in runs if r.ok]
+    costs = metrics_in("cost")
+    if not ok or not all(any(r.final(c) is not None for r in ok) for c in costs):
+        return [], []
+    return [m for m in metrics_in("pareto") if any(r.final(m) is not None for r in ok)], costs
 
 
 def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> str:
@@ -392,9 +479,15 @@ def _maps_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -
 
 
 def build_html(
-    runs: Sequence[Run], title: str = "attnlab results", source: str = "", options: Options | None = None
+    runs: Sequence[Run],
+    title: str = "attnlab results",
+    source: str = "",
+    options: Options | None = None,
+    root: str | os.PathLike[str] | None = None,
+    tuned: Tuned | None = None,
 ) -> str:
-    """The whole self-contained page for ``runs``."""
+    """The whole self-contained page for ``runs``. ``tuned``: the tuned sweeps among them (default
+    :func:`~attnlab.dashboard.tuned.find_tuned` of ``runs`` under ``root``, default their common folder)."""
     from plotly.offline import get_plotlyjs
 
     if not runs:
@@ -408,15 +501,71 @@ def build_html(
     ok = [r for r in runs if r.ok]
     page = _Page()
     sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
+    tuned = find_tuned(runs, root) if tuned is None else tuned
+    groups = _groups(runs, sweep, tuned)
 
     top = headline_metrics(runs, options.metric)
     column = x if x is not None and (x.numeric or len(sweep.dims) > 1) else None
     head_html = []
-    for metric in top:
-        head_html.append(f"<h3>{_e(metric)}</h3>{_headline_html(headline(runs, sweep, metric, column))}")
-    sections.append(
-        ("headline", "Who wins", "".join(head_html) or '<p class="note">No finished run reports a metric yet.</p>')
-    )
+    for name, plan, group_runs, group_sweep in groups:
+        group_column = column if group_sweep is sweep else _column(group_sweep, options.x)
+        level = "h4" if name else "h3"
+        notes = list(plan.grid) if plan is not None else []
+        part = [f"<h3>{_e(name)}</h3>"] if name else []
+        part += [_tuned_html(plan)] if plan is not None else []
+        for metric in headline_metrics(group_runs, options.metric) if group_runs else []:
+            table = headline(group_runs, group_sweep, metric, group_column, notes=notes)
+            part.append(f"<{level}>{_e(metric)}</{level}>{_headline_html(table)}")
+        if len(part) == bool(name) + (plan is not None):
+            part.append('<p class="note">No finished run reports a metric yet.</p>')
+        head_html.append("".join(part))
+    sections.append(("headline", "Who wins", "".join(head_html)))
+
+    tuning_html = []
+    for plan in tuned.sweeps:
+        fig = figures.sensitivity_figure(plan)
+        if fig is None:
+            continue
+        keys = ", ".join(k.rsplit(".", 1)[-1] for k in plan.grid)
+        edge = "bottom" if plan.maximize else "top"
+        note = (
+            f'<p class="note">The tuning runs of {_e(plan.name)} (seed {plan.tune_seed}): {_e(plan.metric)} against '
+            f"each tuned key ({_e(keys)}), one line per configuration"
+            + (", the other keys at its chosen point" if len(plan.grid) > 1 else "")
+            + f"; × a failed run (drawn at the {edge}, hover for the reason), ★ the point chosen for the seed runs."
+            " One seed: no interval; these runs are not pooled into the headline.</p>"
+        )
+        tuning_html.append((f"<h3>{_e(plan.name)}</h3>" if len(tuned.sweeps) > 1 else "") + note + page.figure(fig))
+    if tuning_html:
+        sections.append(("tuning", "Tuning", "".join(tuning_html)))
+
+    pareto_html = []
+    for name, plan, group_runs, group_sweep in groups:
+        metrics_p, costs = _pareto_inputs(group_runs)
+        notes = list(plan.grid) if plan is not None else []
+        fig = figures.pareto_figure(group_runs, group_sweep, metrics_p, costs, notes) if metrics_p else None
+        if fig is None:
+            continue
+        which = "seed run" if plan is not None else "run"
+        named = group_sweep.label_dims(group_sweep.dims)
+        keys_note = (
+            f"; colour: the {_e(named[0].name)}, marker: the other keys (hover a point for its name)"
+            if len(named) > 1
+            else ""
+        )
+        note = (
+            f'<p class="note">One point per configuration: the mean cost of its {which}s (log x) and its mean '
+            f"{_e(' / '.join(metrics_p))} over them with the 95 % t interval (clipped to the metric's range)"
+            + (", each at its own tuned point" if plan is not None else "")
+            + keys_note
+            + ". The dashed step line is the Pareto frontier: the configurations that no cheaper one matches "
+            "(higher accuracy, lower bits per byte or loss wins). Costs from summary.json: FLOPs of a training step "
+            "per token (forward and backward), trainable parameters, the state a sequence carries summed over the "
+            "layers (softmax's key/value cache, linear attention's state), and the run's wall time.</p>"
+        )
+        pareto_html.append((f"<h3>{_e(name)}</h3>" if name else "") + note + page.figure(fig))
+    if pareto_html:
+        sections.append(("pareto", "Cost", "".join(pareto_html)))
 
     metrics = page_metrics(runs, top)
     flat = {}  # metrics with one value in every finished run that reports them (softmax's row mass): named only
@@ -511,6 +660,7 @@ def build_html(
         "</head><body>",
         '<div id="js-errors"></div>',
         _header(runs, sweep, title, source),
+        *(f'<p class="meta warn">Warning: {_e(problem)}</p>' for problem in tuned.problems),
         f"<nav>{nav}</nav>",
     ]
     parts += [f'<section id="{a}"><h2>{_e(h)}</h2>{body}</section>' for a, h, body in sections]

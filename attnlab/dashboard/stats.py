@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from attnlab.dashboard.dims import Dimension, Sweep, numeric_x
-from attnlab.dashboard.load import Run, finite
+from attnlab.dashboard.dims import Dimension, Sweep, format_value, numeric_x
+from attnlab.dashboard.load import Run, finite, natural_key
 from attnlab.dashboard.metrics import MetricSpec, spec_for
 
 __all__ = [
@@ -57,6 +57,8 @@ __all__ = [
     "holm",
     "mean_ci",
     "paired_difference",
+    "pareto_front",
+    "pareto_points",
     "t_critical",
     "t_two_sided_p",
     "welch_difference",
@@ -410,13 +412,15 @@ def curves(
 @dataclass(frozen=True)
 class Cell:
     """One configuration at one value of the main key: mean, 95 % half-width (None for one seed), seeds, the
-    parameter counts of its runs, and each run's ``(seed, value)`` (what the paired comparisons pair on)."""
+    parameter counts of its runs, each run's ``(seed, value)`` (what the paired comparisons pair on), and a note
+    naming its runs' values of keys that no row or column shows (a tuned sweep's chosen point: ``lr=0.003``)."""
 
     mean: float
     half_width: float | None
     n: int
     params: tuple[int, ...] = ()
     seeds: tuple[tuple[Any, float], ...] = ()
+    note: str = ""
 
     def half_text(self, spec: MetricSpec) -> str:
         """`` ± 1.2``: the half-width in the metric's display unit (points for a percentage; ``± > 100`` when it
@@ -497,6 +501,12 @@ class Headline:
     def row_label(self, row: tuple[Any, ...]) -> str:
         return next(label for label, key in self.rows if key == row)
 
+    def cell_label(self, row: tuple[Any, ...], col: Any) -> str:
+        """The row's name, with the cell's note where it has one: ``dot (lr=0.003)``."""
+        cell = self.cells.get((row, col))
+        note = cell.note if cell is not None else ""
+        return f"{self.row_label(row)} ({note})" if note else self.row_label(row)
+
     def comparisons(self, alpha: float = ALPHA) -> list[Comparison]:
         """The winner against every other configuration at its value of the main key, in the rows' order:
         :func:`paired_difference` (winner − rival) and the Holm adjustment (:func:`holm`) over all of them, an
@@ -511,7 +521,7 @@ class Headline:
         adjusted = holm([1.0 if d.p is None else d.p for d in diffs])
         sign = 1.0 if self.spec.higher_is_better else -1.0
         return [
-            Comparison(key, self.row_label(key), d, p, d.p is not None and p < alpha and sign * d.mean > 0)
+            Comparison(key, self.cell_label(key, col), d, p, d.p is not None and p < alpha and sign * d.mean > 0)
             for key, d, p in zip(rivals, diffs, adjusted, strict=True)
         ]
 
@@ -543,7 +553,7 @@ class Headline:
         row, col = won
         cell = self.cells[row, col]
         where = f" at {self.column_label(col)}" if self.column is not None and len(self.columns) > 1 else ""
-        text = f"Best {name}: {self.row_label(row)}{where}, {cell.text(spec)}."
+        text = f"Best {name}: {self.cell_label(row, col)}{where}, {cell.text(spec)}."
         rivals = [(r, c) for (r, c) in self.cells if c == col and r != row]
         if not rivals:
             return text + " It is the only configuration there."
@@ -553,7 +563,7 @@ class Headline:
                 runner = other
         second = self.cells[runner]
         if abs(cell.mean - second.mean) <= 1e-12:
-            return text + f" Tied with {self.row_label(runner[0])}, {second.text(spec)}: no winner at this scale."
+            return text + f" Tied with {self.cell_label(*runner)}, {second.text(spec)}: no winner at this scale."
         comps = self.comparisons(alpha)
         d = next(c.difference for c in comps if c.rival == runner[0])
         sign = 1.0 if spec.higher_is_better else -1.0
@@ -565,7 +575,7 @@ class Headline:
             how = f" ({half}paired over {d.n} seeds)"
         else:  # one common seed: said only where they ran more
             how = "" if cell.n == second.n == 1 else " (on their one common seed)"
-        text += f" Runner-up: {self.row_label(runner[0])}, {second.text(spec)}, {margin} behind{how}."
+        text += f" Runner-up: {self.cell_label(*runner)}, {second.text(spec)}, {margin} behind{how}."
         tested = [c for c in comps if c.difference.tested]
         m = len(comps)
         if not tested:
@@ -599,8 +609,14 @@ class Headline:
         return text
 
 
-def headline(runs: Sequence[Run], sweep: Sweep, metric: str, column: Dimension | None) -> Headline:
-    """The :class:`Headline` of ``metric`` over the finished runs, columns by ``column`` (None: one column)."""
+def headline(
+    runs: Sequence[Run], sweep: Sweep, metric: str, column: Dimension | None, notes: Sequence[str] = ()
+) -> Headline:
+    """The :class:`Headline` of ``metric`` over the finished runs, columns by ``column`` (None: one column).
+
+    ``notes``: config keys that no row or column shows (a tuned sweep's grid keys, left out of ``sweep``'s
+    dimensions): each cell's :attr:`Cell.note` names its runs' values of them (``lr=0.003``; ``lr=0.001/0.003``
+    where they differ)."""
     spec = spec_for(metric)
     row_dims = sweep.series_dims(column)
     columns = list(column.values) if column is not None else [None]
@@ -617,7 +633,7 @@ def headline(runs: Sequence[Run], sweep: Sweep, metric: str, column: Dimension |
             mean, half, n = mean_ci(run.final(metric) for run in group)
             params = tuple(sorted({run.params for run in group if run.params is not None}))
             seeds = tuple((run.seed, run.final(metric)) for run in group)
-            table.cells[key, col] = Cell(mean, half, n, params, seeds)
+            table.cells[key, col] = Cell(mean, half, n, params, seeds, note_of(group, notes))
     table.columns = [c for c in columns if any(col == c for _, col in table.cells)]
     if spec.higher_is_better is not None:
         for col in table.columns:
@@ -628,6 +644,48 @@ def headline(runs: Sequence[Run], sweep: Sweep, metric: str, column: Dimension |
                     best_row, best_cell = row, cell
             table.best[col] = best_row
     return table
+
+
+def note_of(runs: Sequence[Run], keys: Sequence[str]) -> str:
+    """``lr=0.003, weight_decay=0``: the runs' values of ``keys`` (each key by its last part; ``a/b`` where the runs
+    differ); "" without keys."""
+    parts = []
+    for key in keys:
+        values = sorted({format_value(run.value(key)) for run in runs}, key=natural_key)
+        parts.append(f"{key.rsplit('.', 1)[-1]}={'/'.join(values)}")
+    return ", ".join(parts)
+
+
+def pareto_points(
+    runs: Sequence[Run], sweep: Sweep, metric: str, cost: str
+) -> list[tuple[str, tuple[Any, ...], list[Run], Point]]:
+    """One point per configuration (every dimension of ``sweep``) of the finished runs that report both ``metric``
+    and a positive ``cost`` (:meth:`Run.final`: a compute field such as ``flops_per_token``): ``(label, key, runs,
+    point)``, the point's ``x`` the mean cost over those runs and its mean, half-width and n the metric's over
+    them (:func:`mean_ci`)."""
+    out = []
+    for label, key, members in grouped([r for r in runs if r.ok], sweep, sweep.dims):
+        used = [r for r in members if r.final(metric) is not None and (r.final(cost) or 0) > 0]
+        if not used:
+            continue
+        values = [r.final(metric) for r in used]
+        mean, half, n = mean_ci(values)
+        x = sum(r.final(cost) for r in used) / len(used)
+        out.append((label, key, used, Point(x=x, mean=mean, half_width=half, n=n, values=tuple(values))))
+    return out
+
+
+def pareto_front(points: Sequence[tuple[float, float]], higher_is_better: bool = True) -> list[int]:
+    """The indices of the points ``(cost, value)`` on the Pareto frontier, by ascending cost: those whose value is
+    strictly better than that of every point of lower or equal cost (of equal costs, only the best; the first of
+    equal ones)."""
+    sign = 1.0 if higher_is_better else -1.0
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -sign * points[i][1], i))
+    front: list[int] = []
+    for i in order:
+        if not front or sign * points[i][1] > sign * points[front[-1]][1]:  # (of equal costs the best comes first)
+            front.append(i)
+    return front
 
 
 def best_run(runs: Sequence[Run], metric: str) -> Run | None:
