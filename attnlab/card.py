@@ -116,6 +116,7 @@ def _variant_of(label: str) -> str:
 def collect(out: Path, tasks: Sequence[str] = CARD_TASKS) -> list[CardCell]:
     """The card's cells from the tuned sweeps under ``out`` (a task without ``tuned.json`` is left out)."""
     from attnlab.dashboard.stats import mean_ci
+    from attnlab.dashboard.tuned import job_folder
     from attnlab.runs import RunFileError, RunFolder
     from attnlab.training.tuned import read_plan
 
@@ -129,9 +130,9 @@ def collect(out: Path, tasks: Sequence[str] = CARD_TASKS) -> list[CardCell]:
             values: dict[int, float] = {}
             chance = None
             for item in entry.get("seeds") or []:
-                try:
-                    summary = RunFolder(out / task / str(item.get("job"))).read_summary(problems=[])
-                except (RunFileError, OSError):
+                try:  # (tuned.json is untrusted: a job outside the sweep folder is never read)
+                    summary = RunFolder(out / task / job_folder(item.get("job"))).read_summary(problems=[])
+                except (RunFileError, OSError, ValueError):
                     continue
                 if summary is None or summary.status != "ok":
                     continue

@@ -113,6 +113,8 @@ def test_a_failed_or_missing_seed_run_leaves_the_cell_with_fewer_seeds(tmp_path:
     plan = json.loads((tmp_path / "memorization/tuned.json").read_text())
     plan["configurations"][1]["seeds"].append({"seed": 3, "job": "seeds/x"})
     plan["configurations"][1]["seeds"].append({"seed": 4, "job": "seeds/never-ran"})
+    _write_run(tmp_path / "outside", 5, 0.99)  # a finished run outside the sweep folder: never read
+    plan["configurations"][1]["seeds"].append({"seed": 5, "job": "../outside"})
     (tmp_path / "memorization/tuned.json").write_text(json.dumps(plan))
     cells = card.collect(tmp_path, ["memorization"])
     assert [len(c.values) for c in cells] == [2, 1]

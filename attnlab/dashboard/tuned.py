@@ -24,7 +24,7 @@ from typing import Any
 from attnlab.dashboard.dims import Sweep, format_value
 from attnlab.dashboard.load import Run, finite
 
-__all__ = ["SeedJob", "TuneJob", "Tuned", "TunedConfiguration", "TunedSweep", "find_tuned"]
+__all__ = ["SeedJob", "TuneJob", "Tuned", "TunedConfiguration", "TunedSweep", "find_tuned", "job_folder"]
 
 TUNED_FILE = "tuned.json"  # (attnlab.training.tuned.TUNED_FILE; not imported: that module imports Hydra)
 STAGES = ("tune", "seeds", "done")
@@ -266,7 +266,7 @@ def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
             if not isinstance(item, dict):
                 raise _Bad(f"{at} is {_show(item)}, not an object")
             point = _point(item.get("point"), grid, f"{at}.point")
-            job = _job(item.get("job"), f"{at}.job")
+            job = job_folder(item.get("job"), f"{at}.job")
             if job in jobs:
                 raise _Bad(f"{at}.job {_show(job)} is listed twice")
             jobs.add(job)
@@ -295,7 +295,7 @@ def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
             seed = item.get("seed")
             if not _is_int(seed):
                 raise _Bad(f"{at}.seed is {_show(seed)}, not an integer")
-            job = _job(item.get("job"), f"{at}.job")
+            job = job_folder(item.get("job"), f"{at}.job")
             reused = item.get("reused", False)
             if not isinstance(reused, bool):
                 raise _Bad(f"{at}.reused is {_show(reused)}, not true or false")
@@ -320,9 +320,10 @@ def _point(value: Any, grid: dict[str, list[Any]], where: str) -> dict[str, Any]
     return {key: value[key] for key in grid}
 
 
-def _job(value: Any, where: str) -> str:
+def job_folder(value: Any, where: str = "job") -> str:
     """A job's folder, relative to the sweep's: words separated by ``/``, none of them empty, ``.`` or ``..``;
-    never absolute."""
+    never absolute. A ValueError naming ``where`` otherwise (``tuned.json`` is untrusted: its jobs are never
+    followed out of the sweep folder)."""
     if not isinstance(value, str) or not value or len(value) > 1000:
         raise _Bad(f"{where} is {_show(value)}, not a folder name")
     parts = value.split("/")
