@@ -253,6 +253,9 @@ class MultiHeadAttention(nn.Module):
             if reason is not None:
                 raise ValueError(f"attention.backend={config.backend} cannot compute this layer: {reason}")
         check_backend_params(config.backend_params, config.backend)
+        self.head_gate: Tensor | None = None
+        """(H,) or None: each head's output is multiplied by its gate before ``out_proj`` (every backend; set for a
+        block by :func:`attnlab.heads.head_gates`: head importance and pruning). Not a parameter or buffer."""
         self._register_load_state_dict_pre_hook(self._rename_old_keys)
 
     def _check_recurrent(self) -> None:
@@ -432,11 +435,14 @@ class MultiHeadAttention(nn.Module):
 
     def merge(self, z: Tensor) -> Tensor:
         """z (B, H, Lq, d_v) → (B, Lq, d_model); differential attention first norms each head and scales it by
-        (1 − λ_init); a decay or delta-rule form norms each head (its ``output_norm``)."""
+        (1 − λ_init); a decay or delta-rule form norms each head (its ``output_norm``); a head gate
+        (:attr:`head_gate`, (H,)) then scales each head."""
         if self.differential:
             z = self.sub_norm(z) * (1 - self.lambda_init)
         if self.is_recurrent:
             z = self.score.norm_output(z)
+        if self.head_gate is not None:  # Michel et al. 2019's ξ_h (attnlab.heads.head_gates): 0 removes head h
+            z = z * self.head_gate.to(z.dtype).view(1, -1, 1, 1)
         B, _, Lq, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
 

@@ -6,7 +6,15 @@ and logs :func:`attnlab.metrics.attention_stats` for every layer and head:
 ``attn/L{layer}H{head}/{metric}``, layer means ``attn/L{layer}/{metric}`` and model means ``attn/{metric}``.
 A layer whose attention module has ``differential = True`` (signed weights) is measured with ``signed=True`` and
 also logs ``negative_mass``; every other layer with ``signed=False``, so the logged columns never depend on the
-values of the weights and are the same at every step.
+values of the weights and are the same at every step. Each layer's statistics use that layer's own mask.
+
+With ``heads=True`` (the default) the same probes also log what the heads do (:mod:`attnlab.heads`): the
+dilution of each head on the validation probe (``near_mass``, ``locality``), each layer's rank collapse
+(``attn/L{layer}/rank_residual`` after the attention sublayer and ``attn/L{layer}/rank_residual_attn`` of the
+attention output alone; model means over the layers), and, on a second probe of repeated random tokens ``[x; x]``
+(:meth:`~attnlab.tasks.base.SequenceTask.repeated_probe`), the head-type scores ``prev_token``, ``duplicate``,
+``induction`` and ``local`` per head, with ``attn/{score}_max`` the largest over every head of every layer. A task
+without a vocabulary (pixels) has no repeated probe: its runs log no head-type scores (:attr:`notes` says why).
 At the end it also saves ``maps.png`` (layers × heads heatmaps of one probe sequence) in the run folder's
 ``attention/`` and logs it to W&B when that logger is on. Between those steps the training forward takes the fast
 path and computes no weights.
@@ -23,6 +31,7 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 
 from attnlab.checks import check_int, check_number
+from attnlab.heads import HEAD_SCORES, dilution, head_scores, rank_residual
 from attnlab.metrics import attention_stats, flatten_stats
 from attnlab.runs import atomic_open
 
@@ -70,14 +79,17 @@ def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | Non
 
 
 class AttentionDiagnostics(L.Callback):
-    """Entropy, saturation and friends per layer and head on a fixed probe batch.
+    """Entropy, saturation and friends per layer and head on a fixed probe batch, and what the heads do.
 
     Args:
         every_n_steps: log every N optimizer steps (besides step 0 and the end); 0 = only step 0 and the end.
-        probe_size: number of validation sequences in the probe batch.
+        probe_size: number of validation sequences in the probe batch (and of repeated-token sequences).
         threshold: the max-weight threshold of ``saturation``.
         heatmaps: save ``maps.png`` at the end (and log it to W&B).
         output_dir: the folder the heatmaps go to (default: ``attention/`` in the trainer's ``default_root_dir``).
+        heads: also log the head-type scores, rank collapse and dilution (:mod:`attnlab.heads`).
+        window: the local score's window ±w.
+        near_keys: dilution's k nearest keys.
     """
 
     def __init__(
@@ -87,15 +99,24 @@ class AttentionDiagnostics(L.Callback):
         threshold: float = 0.99,
         heatmaps: bool = True,
         output_dir: str | Path | None = None,
+        heads: bool = True,
+        window: int = 2,
+        near_keys: int = 4,
     ) -> None:
         self.every_n_steps = check_int("diagnostics.every_n_steps", every_n_steps, minimum=0)
         self.probe_size = check_int("diagnostics.probe_size", probe_size, minimum=1)
         self.threshold = check_number("diagnostics.threshold", threshold, 0.0, 1.0, low_open=True, high_open=True)
         self.heatmaps = heatmaps
         self.output_dir = output_dir
+        self.heads = bool(heads)
+        self.window = check_int("diagnostics.window", window, minimum=0)
+        self.near_keys = check_int("diagnostics.near_keys", near_keys, minimum=1)
         self.initial: dict[str, float] = {}
         self.final: dict[str, float] = {}
+        self.notes: list[str] = []
+        """Why a part of the diagnostics is not logged (a task with no vocabulary: no head-type scores)."""
         self._probe: Tensor | None = None
+        self._repeated: Tensor | None = None
         self._last_step = -1
         self._resumed: dict[str, Any] | None = None
 
@@ -108,10 +129,15 @@ class AttentionDiagnostics(L.Callback):
         tokens = self._probe
         was_training = pl_module.training
         pl_module.eval()
+        inputs: list[Tensor] = []  # each layer's input (B, L, d_model), for the state after its attention
+        hooks = [layer.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for layer in encoder.layers]
         try:
-            _, records = encoder(tokens, need_weights=True)
-            prepared = encoder.build_mask(tokens)
-            key_mask = None if prepared is None else prepared.allowed
+            try:
+                _, records = encoder(tokens, need_weights=True)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            masks = [None if m is None else m.allowed for m in encoder.build_masks(tokens)]
             # differential attention has signed weights: its layers always report negative_mass (the others
             # never), so a run logs the same columns at every step
             per_layer = [
@@ -122,11 +148,41 @@ class AttentionDiagnostics(L.Callback):
                     self.threshold,
                     signed=bool(getattr(layer.self_attn, "differential", False)),
                 )
-                for r, layer in zip(records, encoder.layers, strict=True)
+                for r, layer, key_mask in zip(records, encoder.layers, masks, strict=True)
             ]
+            extra: dict[str, float] = {}
+            if self.heads:
+                keep = None if encoder.pad_id is None else tokens != encoder.pad_id
+                for stats, r, key_mask in zip(per_layer, records, masks, strict=True):
+                    stats.update(dilution(r.weights, key_mask, self.near_keys))
+                for n, (layer, x, r) in enumerate(zip(encoder.layers, inputs, records, strict=True)):
+                    after = x + r.out if layer.norm_first else layer.norm1(x + r.out)  # (eval: no dropout)
+                    extra[f"attn/L{n}/rank_residual"] = float(rank_residual(after, keep))
+                    extra[f"attn/L{n}/rank_residual_attn"] = float(rank_residual(r.out, keep))
+                if self._repeated is not None:
+                    self._head_scores(encoder, per_layer)
         finally:
             pl_module.train(was_training)
-        return flatten_stats(per_layer), [r.weights for r in records]
+        flat = flatten_stats(per_layer)
+        if extra:
+            flat.update(extra)
+            for name in ("rank_residual", "rank_residual_attn"):
+                values = [v for k, v in extra.items() if k.endswith(f"/{name}")]
+                flat[f"attn/{name}"] = float(torch.tensor(values, dtype=torch.float64).nanmean())
+        if self.heads and self._repeated is not None:
+            for name in HEAD_SCORES:
+                values = torch.cat([stats[name].double().reshape(-1).cpu() for stats in per_layer])
+                finite = values[values.isfinite()]
+                flat[f"attn/{name}_max"] = float(finite.max()) if finite.numel() else float("nan")
+        return flat, [r.weights for r in records]
+
+    def _head_scores(self, encoder: torch.nn.Module, per_layer: list[dict[str, Tensor]]) -> None:
+        """The head-type scores of every layer on the repeated-token probe, into ``per_layer``."""
+        tokens = self._repeated
+        _, records = encoder(tokens, need_weights=True)
+        masks = [None if m is None else m.allowed for m in encoder.build_masks(tokens)]
+        for stats, r, key_mask in zip(per_layer, records, masks, strict=True):
+            stats.update(head_scores(r.weights, tokens, key_mask, self.window))
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         step = trainer.global_step
@@ -146,6 +202,14 @@ class AttentionDiagnostics(L.Callback):
             raise ValueError("AttentionDiagnostics needs a datamodule with probe_batch(n)")
         tokens, _ = datamodule.probe_batch(self.probe_size)
         self._probe = tokens.to(pl_module.device)
+        self._repeated, self.notes = None, []
+        if self.heads:
+            repeated = datamodule.repeated_probe(self.probe_size) if hasattr(datamodule, "repeated_probe") else None
+            if repeated is not None:
+                self._repeated = repeated.to(pl_module.device)
+            else:
+                why = getattr(datamodule, "no_token_probe", None) or "the task has no repeated-token probe"
+                self.notes.append(f"no head-type scores (prev_token, duplicate, induction, local): {why}")
         if self._resumed is not None:  # a resumed run: its step-0 diagnostics were logged before, and saved
             self.initial = dict(self._resumed.get("initial", {}))
             self.final = dict(self._resumed.get("final", {}))

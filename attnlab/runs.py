@@ -8,6 +8,7 @@ A run folder is what a researcher keeps, copies, compares and resumes::
     train.log         the run's own log (start, validations, end, errors)
     checkpoints/      best.ckpt (best val/acc, used for the test) and last.ckpt (every validation)
     attention/        attention maps saved at the end (maps.png)
+    pruning.json      head importance and pruning curves, written at the end (see :func:`check_pruning`)
     wandb/            the W&B run, with logger=wandb (its id in wandb_id.txt)
     .attnlab.lock     held (flock, through ``filelock``) while a process writes the folder
 
@@ -51,6 +52,7 @@ __all__ = [
     "LOG_FILE",
     "METRICS_FILE",
     "NEUTRAL_KEYS",
+    "PRUNING_FILE",
     "SCHEMA_VERSION",
     "SUMMARY_FILE",
     "SWEEP_FILE",
@@ -63,6 +65,7 @@ __all__ = [
     "Summary",
     "SweepJournal",
     "atomic_open",
+    "check_pruning",
     "config_defaults",
     "find_runs",
     "flatten_config",
@@ -89,6 +92,8 @@ WANDB_ID_FILE = "wandb_id.txt"
 LOCK_FILE = ".attnlab.lock"
 HOLDER_FILE = ".attnlab.lock.json"
 SWEEP_FILE = "sweep.jsonl"
+PRUNING_FILE = "pruning.json"
+MAX_PRUNING_BYTES = 8_000_000  # a pruning.json larger than this is not read (4,096 heads and 64 orders fit in less)
 SCHEMA_VERSION = 5
 """2: ``schema_version``, ``segments``, paths relative to the folder. Version 1 (no ``schema_version``) stored
 absolute paths; :meth:`Summary.from_dict` reads it. 3: ``settings``, ``attention``, ``pattern``, ``layers``,
@@ -98,7 +103,7 @@ absolute paths; :meth:`Summary.from_dict` reads it. 3: ``settings``, ``attention
 LOCK_WAIT_S = 2.0  # how long a second writer waits for the lock (a dashboard may probe it for a moment)
 # the files and folders that make up a run (what overwrite=true removes); anything else in the folder is left alone
 RUN_FILES = {
-    ".": (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, WANDB_ID_FILE, "attention_maps.png"),
+    ".": (CONFIG_FILE, SUMMARY_FILE, METRICS_FILE, LOG_FILE, WANDB_ID_FILE, PRUNING_FILE, "attention_maps.png"),
     CHECKPOINT_DIR: ("best.ckpt", "last.ckpt"),
     ATTENTION_DIR: ("maps.png",),
     "csv": ("metrics.csv", "hparams.yaml"),  # Lightning's CSVLogger (logger=csv)
@@ -166,7 +171,7 @@ def attention_sources() -> dict[str, str]:
 @functools.cache
 def config_defaults() -> dict[str, Any]:
     """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...), the
-    leaves of its ``match`` node (``match.by: null``) and
+    leaves of its ``match`` and ``diagnostics`` nodes (``match.by: null``, ``diagnostics.heads: true``) and
     the plain leaves of ``conf/model/default.yaml`` (``model.pattern: null``, ``model.rope.spectrum: full``): what a
     run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not beside the
     package."""
@@ -177,7 +182,7 @@ def config_defaults() -> dict[str, Any]:
         return {}
     values = OmegaConf.to_container(OmegaConf.load(conf / "config.yaml"))
     out = {k: v for k, v in values.items() if isinstance(k, str) and not isinstance(v, (dict, list))}
-    for node in ("match",):  # a node of plain leaves, added since (0.5): its leaves as ``match.by``
+    for node in ("match", "diagnostics"):  # nodes of plain leaves with keys added since (0.5, 0.6): ``match.by``
         if isinstance(values.get(node), dict):
             out |= {f"{node}.{k}": v for k, v in flatten_config(values[node]).items()}
     if (conf / "model" / "default.yaml").is_file():
@@ -306,6 +311,75 @@ def _read_json(path: Path) -> Any:
         raise RunFileError(f"{path} cannot be read as JSON ({' '.join(str(exc).split())[:120]})") from None
     except RecursionError:
         raise RunFileError(f"{path} is nested too deeply to be read") from None
+
+
+# ---------------------------------------------------------------------------------------------------- pruning
+
+MAX_PRUNED_HEADS = 4096
+MAX_PRUNING_ORDERS = 64
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_pruning(data: Any, source: str | Path = PRUNING_FILE) -> dict[str, Any]:
+    """pruning.json (read as untrusted input) checked and reduced to what readers use, or :class:`RunFileError`
+    naming the first problem.
+
+    The file (:func:`attnlab.training.heads.prune_heads` writes it): ``metric`` (``acc`` or ``bpc``), ``num_layers``
+    and ``num_heads`` (at most :data:`MAX_PRUNED_HEADS` heads in all), ``importance`` (layers × heads finite
+    numbers), and ``curves``: ``{"importance": [curve], "random": [curve, ...]}`` (at most
+    :data:`MAX_PRUNING_ORDERS` curves), each curve the points k = 0 … layers·heads, point k an object with
+    ``removed`` = k and a finite value of the metric. Returns ``{metric, higher_is_better, num_layers, num_heads,
+    importance, curves: {order: [[value at k = 0, 1, ...], ...]}}``."""
+
+    def bad(what: str) -> RunFileError:
+        return RunFileError(f"{source}: {what}")
+
+    if not isinstance(data, dict):
+        raise bad("not a JSON object")
+    metric = data.get("metric")
+    if metric not in ("acc", "bpc"):
+        raise bad(f"metric must be acc or bpc, got {str(metric)[:40]!r}")
+    layers, heads = data.get("num_layers"), data.get("num_heads")
+    for name, value in (("num_layers", layers), ("num_heads", heads)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PRUNED_HEADS:
+            raise bad(f"{name} must be an integer from 1 to {MAX_PRUNED_HEADS}")
+    if layers * heads > MAX_PRUNED_HEADS:
+        raise bad(f"{layers} × {heads} heads: more than {MAX_PRUNED_HEADS}")
+    importance = data.get("importance")
+    if (
+        not isinstance(importance, list)
+        or len(importance) != layers
+        or not all(isinstance(row, list) and len(row) == heads and all(map(_finite_number, row)) for row in importance)
+    ):
+        raise bad(f"importance must be {layers} lists of {heads} finite numbers")
+    curves = data.get("curves")
+    if not isinstance(curves, dict) or "importance" not in curves or not set(curves) <= {"importance", "random"}:
+        raise bad("curves must be an object with the orders importance (and random)")
+    out: dict[str, list[list[float]]] = {}
+    for order, listed in curves.items():
+        if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_PRUNING_ORDERS:
+            raise bad(f"curves.{order} must be a list of 1 to {MAX_PRUNING_ORDERS} curves")
+        out[order] = []
+        for n, curve in enumerate(listed):
+            if not isinstance(curve, list) or len(curve) != layers * heads + 1:
+                raise bad(f"curves.{order}[{n}] must have {layers * heads + 1} points (0 to {layers * heads} removed)")
+            values = []
+            for k, point in enumerate(curve):
+                if not isinstance(point, dict) or point.get("removed") != k or not _finite_number(point.get(metric)):
+                    raise bad(f"curves.{order}[{n}][{k}] must be an object with removed = {k} and a finite {metric}")
+                values.append(float(point[metric]))
+            out[order].append(values)
+    return {
+        "metric": metric,
+        "higher_is_better": metric == "acc",
+        "num_layers": layers,
+        "num_heads": heads,
+        "importance": [[float(v) for v in row] for row in importance],
+        "curves": out,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- summary
@@ -752,6 +826,25 @@ class RunFolder:
     def metrics(self) -> MetricsFile:
         """metrics.jsonl, for appending."""
         return MetricsFile(self.metrics_path)
+
+    @property
+    def pruning_path(self) -> Path:
+        return self.path / PRUNING_FILE
+
+    def write_pruning(self, pruning: dict[str, Any]) -> None:
+        """Replace pruning.json atomically (checked first: what is written reads back)."""
+        check_pruning(_json_safe(pruning), self.pruning_path)
+        write_json_atomic(self.pruning_path, pruning)
+
+    def read_pruning(self) -> dict[str, Any] | None:
+        """pruning.json, checked (:func:`check_pruning`), or None when there is none; :class:`RunFileError` (one
+        line) when it is a link, too large, corrupt or not what attnlab writes."""
+        path = self.pruning_path
+        if not os.path.lexists(path):
+            return None
+        if not path.is_symlink() and path.is_file() and path.stat().st_size > MAX_PRUNING_BYTES:
+            raise RunFileError(f"{path} is larger than {MAX_PRUNING_BYTES:,} bytes: not read")
+        return check_pruning(_read_json(path), path)
 
     # ------------------------------------------------------------------------ writers
     @contextlib.contextmanager

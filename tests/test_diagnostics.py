@@ -80,7 +80,11 @@ def test_diagnostics_log_at_step_zero_every_n_steps_and_at_the_end(tmp_path):
     assert row["attn/entropy"] == pytest.approx(sum(heads) / len(heads))
     assert (tmp_path / "maps.png").stat().st_size > 1000  # output_dir is the run's attention/ folder
     assert diag.initial["attn/entropy_norm"] > 0.5  # near-uniform at initialisation
-    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in METRICS}
+    # digits has no vocabulary: dilution and rank collapse, but no head-type scores (and a note saying why)
+    heads = {"near_mass", "locality", "rank_residual", "rank_residual_attn"}
+    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in (*METRICS, *heads)}
+    assert {"attn/L1/rank_residual", "attn/L0/rank_residual_attn", "attn/L1H2/locality"} <= set(row)
+    assert diag.notes and "pixel" in diag.notes[0]
 
 
 def test_training_forward_takes_the_fast_path_between_probes(tmp_path, monkeypatch):
@@ -178,6 +182,8 @@ def test_multirun_jobs_get_distinct_offline_wandb_runs_with_diagnostics(tmp_path
         assert run_record["config"]["update"]["variant"]["name"] == summary["variant"]  # full resolved config
         logged = {k for item in history for k in item}
         assert {"attn/entropy", "attn/saturation", "attn/L0H0/entropy_norm", "train/loss", "val/acc"} <= logged
+        # what the heads do: dilution and rank collapse at every probe, importance and the pruning curves at the end
+        assert {"attn/L1H0/locality", "attn/L0/rank_residual", "attn/L1H3/importance", "prune/auc_random"} <= logged
         step0 = [item for item in history if item.get("trainer/global_step") == 0 and "attn/entropy" in item]
         assert step0, "diagnostics at initialisation (step 0) are in the W&B history"
     assert len(run_ids) == 2  # one W&B run per job, never shared
@@ -196,4 +202,7 @@ def test_csv_and_none_loggers_still_write_local_metrics_and_summary(tmp_path, lo
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert any("attn/L1H3/saturation" in r for r in rows)
     assert (tmp_path / "csv" / "metrics.csv").exists() == (logger == "csv")
+    assert (
+        "no head-type scores for task digits: its tokens are pixel intensities" in (tmp_path / "train.log").read_text()
+    )
     assert not (tmp_path / "wandb").exists()

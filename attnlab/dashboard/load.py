@@ -523,6 +523,18 @@ class Run:
         """A (layers, heads) array of ``attn/L{l}H{h}/{metric}`` from the last row with per-head diagnostics."""
         return self.metric_log.head_grid(metric)
 
+    @functools.cached_property
+    def pruning(self) -> dict[str, Any] | None:
+        """The run's ``pruning.json``, checked (:meth:`attnlab.runs.RunFolder.read_pruning`): head importance and the
+        pruning curves; None when there is none, or when it cannot be used (then one line in :attr:`problems`)."""
+        if not self.path.is_dir():
+            return None
+        try:
+            return RunFolder(self.path).read_pruning()
+        except RunFileError as exc:
+            self.problems.append(str(exc))
+            return None
+
     def images(self) -> list[Path]:
         """Saved attention-map images: ``attention_maps.png`` (older runs) first, then ``attention/**/*.png``. A
         symbolic link (file or folder) is left out, and noted once in :attr:`problems`: the page never embeds what

@@ -25,10 +25,12 @@ from typing import Any
 
 from attnlab.dashboard import figures
 from attnlab.dashboard.dims import Dimension, Sweep, format_value
+from attnlab.dashboard.heads import TYPE_COLOURS, atlas_figure, pruning_figure, rank_figure
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import listed_metrics, metrics_in, parse_metric, spec_for
 from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, headline
 from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
+from attnlab.heads import HEAD_THRESHOLD, HEAD_TYPES
 from attnlab.runs import RunFileError, read_bytes
 
 __all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
@@ -436,6 +438,73 @@ def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) 
     return "".join(out) or '<p class="note">No per-head diagnostics (attn/L{l}H{h}/...) in metrics.jsonl.</p>'
 
 
+def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
+    """What the heads do: the head atlas of each value of the first key (the variant; its best run first, a
+    selector for the others), then the pruning curves and rank collapse against depth of the whole sweep."""
+    first = sweep.dims[0] if sweep.dims else None
+    out = []
+    for group, members in sorted(_ranked(runs, metric, first).items(), key=lambda kv: natural_key(kv[0])):
+        figs: dict[str, Any] = {}
+        labels = []
+        for run in members:
+            fig = atlas_figure(run)
+            if fig is not None:
+                figs[str(len(figs))] = fig
+                labels.append(_selector_label(run, sweep, metric))
+            if len(figs) >= MAX_SELECTOR_RUNS:
+                break
+        if not figs:
+            continue
+        div = f"atlas-{len(page.scripts)}"
+        name = first.label(group) if first else "all runs"
+        options = "".join(f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(labels))
+        page.data(f"{div}-choices", figs)
+        out.append(
+            f'<h3>{_e(name)}</h3><div class="pick"><label>run (best first by {_e(metric)}): <select '
+            f'data-choices="{div}-choices" data-target="{div}">{options}</select></label></div>'
+            + page.figure(figs["0"], div)
+        )
+    legend = " ".join(
+        f'<span class="type" style="background:{colour}">{_e(HEAD_TYPES[kind])}</span>'
+        for kind, colour in TYPE_COLOURS.items()
+    )
+    parts = [
+        '<p class="note">Each head of the run, named by its highest head-type score on a probe of repeated random '
+        "tokens [x; x] (previous token, duplicate token, induction; local only when none of those reaches "
+        f"{HEAD_THRESHOLD:g}, none when nothing does), with that score, its importance |∂L/∂ξ_h| on the validation "
+        "set at the end (Michel et al. 2019) and the first diagnostics step at which that score reached the "
+        f"threshold; hover a head for every score. {legend}</p>"
+    ]
+    none = (
+        '<p class="note">No run logged head-type scores (attn/L{l}H{h}/induction ...): a task without a vocabulary '
+        "(digits), diagnostics.heads=false, or runs of attnlab before 0.6.</p>"
+    )
+    parts += out or [none]
+    fig = pruning_figure(runs, sweep)
+    parts.append("<h3>Pruning</h3>")
+    if fig is not None:
+        parts.append(
+            '<p class="note">The test metric of each configuration as its heads are removed at test time (gate 0), '
+            "from the least important up (importance normalised per layer, Michel et al. 2019; solid) and in random "
+            "order (dotted), the mean over its seeds; the first point is the unpruned model's test metric "
+            "(pruning.json of each run).</p>" + page.figure(fig, "fig-pruning")
+        )
+    else:
+        parts.append('<p class="note">No run wrote pruning.json (diagnostics.importance=false, or an older run).</p>')
+    fig = rank_figure(runs, sweep)
+    parts.append("<h3>Rank collapse</h3>")
+    if fig is not None:
+        parts.append(
+            '<p class="note">The relative residual ‖X − 1x̄ᵀ‖_F / ‖X‖_F of the token representations of the '
+            "validation probe from their mean (Dong et al. 2021), at the end of training, against the layer: 0 means "
+            "every token has the same representation (rank 1). Mean over seeds with the 95 % t interval.</p>"
+            + page.figure(fig, "fig-rank")
+        )
+    else:
+        parts.append('<p class="note">No run logged rank collapse (attn/L{l}/rank_residual).</p>')
+    return "".join(parts)
+
+
 def _maps_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
     """The attention maps the runs saved, one per value of the first key (the variant): the best run's, with a
     selector for the others."""
@@ -636,6 +705,7 @@ def build_html(
 
     rank_metric = top[0] if top else "val/acc_best"
     sections.append(("heads", "Per layer × head", _heads_section(page, runs, sweep, rank_metric)))
+    sections.append(("atlas", "What the heads do", _atlas_section(page, runs, sweep, rank_metric)))
     sections.append(("maps", "Attention maps", _maps_section(page, runs, sweep, rank_metric)))
     table_metrics = list(dict.fromkeys([*top, *metrics_in("table")]))
     table_metrics = [m for m in table_metrics if any(r.final(m) is not None for r in runs)]

@@ -200,6 +200,10 @@ class SequenceTask(L.LightningDataModule):
     """The label at a position is a later input token (language modelling): a run with a mask that lets a position
     see a later key is refused before it starts."""
 
+    no_token_probe: ClassVar[str | None] = None
+    """Why the head-type scores' repeated-token probe (:meth:`repeated_probe`) does not apply to this task (its tokens
+    are not a vocabulary: pixel intensities), or None when it does."""
+
     data_defaults: ClassVar[DataOptions] = DataOptions()
 
     batch_size: _Option[int] = _Option()
@@ -406,6 +410,19 @@ class SequenceTask(L.LightningDataModule):
         n = check_int("n", n, minimum=1, maximum=self.num_val)
         tokens, labels = self.tensors("val")
         return tokens[:n].clone(), labels[:n].clone()
+
+    def repeated_probe(self, n: int = 8, seed: int | None = None) -> torch.Tensor | None:
+        """The head-type scores' probe (:func:`attnlab.heads.repeated_tokens`): ``n`` sequences ``[x; x]`` of
+        ``seq_len // 2`` random content tokens (every id but padding) each, (n, 2·(seq_len // 2)), drawn from ``seed``
+        (default the task's); None for a task whose tokens are not a vocabulary (:attr:`no_token_probe`)."""
+        if self.no_token_probe is not None:
+            return None
+        from attnlab.heads import repeated_tokens
+
+        n = check_int("n", n, minimum=1)
+        half = max(2, self.seq_len // 2)
+        generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
+        return repeated_tokens(n, half, [t for t in range(self.vocab_size) if t != self.pad_id], generator)
 
     def describe(self) -> str:
         """One-line summary of the task and its sizes."""

@@ -50,6 +50,7 @@ class Digits(SequenceTask):
 
     per_token = False
     data_defaults = DataOptions(num_train=None, num_val=270, num_test=270)
+    no_token_probe = "its tokens are pixel intensities, not a vocabulary"
 
     def __init__(self, permute: bool = False, **data: Any) -> None:
         super().__init__(**data)

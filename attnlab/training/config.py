@@ -232,6 +232,8 @@ def validate_config(cfg: DictConfig) -> Any:
         "smoke",
         "diagnostics.enabled",
         "diagnostics.heatmaps",
+        "diagnostics.heads",
+        "diagnostics.importance",
     ):
         _flag(cfg, key)
     if cfg.get("ckpt_path") is not None and not isinstance(cfg.ckpt_path, str):
@@ -356,6 +358,9 @@ def _check_diagnostics(cfg: DictConfig) -> None:
     _check(check_int, "diagnostics.every_n_steps", d.every_n_steps, minimum=0)
     _check(check_int, "diagnostics.probe_size", d.probe_size, minimum=1)
     _check(check_number, "diagnostics.threshold", d.threshold, 0.0, 1.0, low_open=True, high_open=True)
+    _check(check_int, "diagnostics.window", d.window, minimum=0)
+    _check(check_int, "diagnostics.near_keys", d.near_keys, minimum=1)
+    _check(check_int, "diagnostics.random_orders", d.random_orders, minimum=0)
 
 
 def _check_logger(logger: DictConfig) -> None:
@@ -1035,7 +1040,12 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
     a, b = flatten_config(old), flatten_config(new)
     absent = "<absent>"
     defaults = config_defaults()
-    added = {**_ADDED_IN_0_4, **_added_in_0_5(), **(_added_defaults() if "attention" not in old else {})}
+    added = {
+        **_ADDED_IN_0_4,
+        **_added_in_0_5(),
+        **_added_in_0_6(),
+        **(_added_defaults() if "attention" not in old else {}),
+    }
     changes = [
         (key, a.get(key, absent), b.get(key, absent))
         for key in sorted(a.keys() | b.keys())
@@ -1081,6 +1091,21 @@ _ADDED_IN_0_4: dict[str, Any] = {
 }
 """The keys that a run of attnlab 0.3 lacks, with the value it ran with (no short convolution, no backend
 parameters)."""
+
+
+def _added_in_0_6() -> dict[str, Any]:
+    """The keys that a run of attnlab 0.5 lacks (what the heads do: ``diagnostics.heads`` ...), with the value it ran
+    with: none of it (a resume adds the new diagnostics from there on, which changes no trained number)."""
+    return {key: value for key, value in config_defaults().items() if key in _DIAGNOSTICS_0_6}
+
+
+_DIAGNOSTICS_0_6 = (
+    "diagnostics.heads",
+    "diagnostics.window",
+    "diagnostics.near_keys",
+    "diagnostics.importance",
+    "diagnostics.random_orders",
+)
 
 
 def _added_in_0_5() -> dict[str, Any]:

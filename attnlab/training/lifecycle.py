@@ -21,6 +21,7 @@ Guarantees (the README's "Runs and resuming" section states them for users):
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -92,6 +93,14 @@ def _one_line(exc: BaseException) -> str:
 
 def _n(count: Any, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _first(counts: Any) -> int | None:
+    """The batches the trainer ran of its first loader (``trainer.num_test_batches``: a list per loader), or None
+    when it does not say (then every batch)."""
+    if isinstance(counts, list | tuple) and counts and isinstance(counts[0], int | float):
+        return int(counts[0]) if math.isfinite(counts[0]) else None
+    return None
 
 
 def shown(path: Path) -> str:
@@ -167,7 +176,8 @@ class Run:
                 self.start()  # 5. config.yaml (new runs), summary "running", train.log
                 self.fit()  # 6. train, from the last checkpoint when resuming
                 self.test()  # 7. test the best checkpoint
-                return self.finish()  # 8. summary "ok", results table, run folder
+                self.heads()  # 8. head importance and pruning curves (pruning.json)
+                return self.finish()  # 9. summary "ok", results table, run folder
         except (ConfigError, RunFolderBusy, RunFileError) as exc:
             return self.refuse(exc)
         except (KeyboardInterrupt, SystemExit) as exc:
@@ -365,7 +375,14 @@ class Run:
         if cfg.diagnostics.enabled:
             d = cfg.diagnostics
             self.diagnostics = AttentionDiagnostics(
-                d.every_n_steps, d.probe_size, d.threshold, d.heatmaps, self.folder.attention_dir
+                d.every_n_steps,
+                d.probe_size,
+                d.threshold,
+                d.heatmaps,
+                self.folder.attention_dir,
+                heads=d.heads,
+                window=d.window,
+                near_keys=d.near_keys,
             )
             callbacks.append(self.diagnostics)
         callbacks.append(last)
@@ -407,6 +424,9 @@ class Run:
         self.state.jsonl = self.loggers[0]
         self._truncate_metrics()
         self.log.info(self._start_line(step))
+        why = getattr(self.datamodule, "no_token_probe", None)
+        if self.diagnostics is not None and self.diagnostics.heads and why:
+            self.log.info(f"diagnostics: no head-type scores for task {self.datamodule.name}: {why}")
 
     def fit(self) -> None:
         from attnlab.training.checkpoints import close_restored_loops
@@ -425,6 +445,48 @@ class Run:
         ckpt = str(best) if best.exists() else None
         self.trainer.test(self.module, datamodule=self.datamodule, ckpt_path=ckpt, verbose=False, weights_only=True)
 
+    def heads(self) -> None:
+        """Head importance on the validation set and the pruning curves on the test set, with the weights the test
+        used (:mod:`attnlab.heads`): per-head ``attn/L{l}H{h}/importance`` and ``prune/auc_*`` logged,
+        ``pruning.json`` written. Rank 0 only, with ``diagnostics.enabled`` and ``diagnostics.importance``."""
+        self.pruning: dict[str, Any] | None = None
+        d = self.cfg.diagnostics
+        if not (self.writer and d.enabled and d.importance):
+            return
+        from attnlab.training.heads import prune_heads
+
+        started = time.perf_counter()
+        module = self.module
+        heads = len(module.encoder.layers) * module.encoder.num_heads
+        self.log.info(f"head importance and pruning: {heads} heads, {1 + heads} test points per order ...")
+        limits = [_first(getattr(self.trainer, f"num_{split}_batches", None)) for split in ("val", "test")]
+        with self.trainer.precision_plugin.forward_context():
+            self.pruning, logged = prune_heads(module, self.datamodule, self.cfg.seed, int(d.random_orders), *limits)
+        for logger in self.loggers:
+            logger.log_metrics(logged, step=self.trainer.global_step)
+        self._log_pruning_table()
+        self.folder.write_pruning(self.pruning)
+        auc = self.pruning["auc"]
+        shown_auc = ", ".join(f"{k} {v:.4g}" for k, v in auc.items())
+        self.log.info(
+            f"pruning.json: mean {self.pruning['metric']} over the curve: {shown_auc} "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
+
+    def _log_pruning_table(self) -> None:
+        """The pruning curves as one W&B table (order, heads removed, metric), where W&B logs."""
+        from lightning.pytorch.loggers import WandbLogger
+
+        rows = [
+            [order, int(point["removed"]), point[self.pruning["metric"]]]
+            for order, curves in self.pruning["curves"].items()
+            for curve in curves
+            for point in curve
+        ]
+        for logger in self.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_table("prune/curves", columns=["order", "removed", self.pruning["metric"]], data=rows)
+
     def finish(self) -> float:
         from attnlab.training.console import results_line, results_table
         from attnlab.training.loggers import finish_wandb
@@ -437,6 +499,8 @@ class Run:
             initial, final = self.diag
             metrics.update(final)
             self.summary.attn_init = initial
+        if getattr(self, "pruning", None) is not None:
+            metrics.update({f"prune/auc_{order}": value for order, value in self.pruning["auc"].items()})
         self.summary.metrics = metrics
         best = self.folder.checkpoint("best")
         self.summary.best_checkpoint = self.folder.relative(best) if best.exists() else None
