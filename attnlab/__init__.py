@@ -33,7 +33,7 @@ from attnlab.scores import (
 )
 from attnlab.tasks import build_task, list_tasks, register_task
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "AttentionConfig",

@@ -483,7 +483,7 @@ def test_page_is_self_contained_escaped_and_lists_every_run(page: Path, sweeps: 
                        "test/acc", "attn/entropy_norm", "attn/saturation"]  # fmt: skip
     # sections: the headline first, then the charts; no length chart (no run has test/acc@L)
     sections = re.findall(r'<section id="([\w-]+)">', html)
-    assert sections == ["headline", "final", "init", "curves", "heads", "maps", "runs"]
+    assert sections == ["headline", "final", "init", "curves", "heads", "atlas", "maps", "runs"]
     # one heatmap per variant with per-head values, and one attention map per variant that saved one
     assert len(re.findall(r'<select data-choices="heads-\d+-choices"', html)) == 3
     assert len(re.findall(r'<img id="map-\d+" src="data:image/png;base64,', html)) == 2
@@ -1054,9 +1054,16 @@ def test_a_registered_metric_appears_in_every_view_it_is_listed_in(tmp_path: Pat
 
 
 def test_views_and_their_registration_errors() -> None:
-    assert metrics_in("curve") == ["train/loss", "val/acc", "attn/entropy_norm", "attn/saturation"]
+    assert metrics_in("curve") == [
+        "train/loss",
+        "val/acc",
+        "attn/entropy_norm",
+        "attn/saturation",
+        "attn/induction_max",
+    ]
     assert metrics_in("length") == ["test/acc", "test/loss", "test/bpc"]
-    assert metrics_in("head") == metrics_in("table") == ["attn/entropy_norm", "attn/saturation"]
+    assert metrics_in("table") == ["attn/entropy_norm", "attn/saturation"]
+    assert metrics_in("head") == ["attn/entropy_norm", "attn/saturation", "attn/induction"]
     with pytest.raises(ValueError, match=r"^unknown dashboard view 'curves'; did you mean 'curve'\?"):
         show_metric("attn/x", "curves")
     with pytest.raises(ValueError, match=r"^unknown dashboard view 'heads'; did you mean 'head'\?"):

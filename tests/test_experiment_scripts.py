@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import importlib.util
 import json
 import math
 import statistics
@@ -18,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -562,3 +564,34 @@ def test_curves_main_refuses_a_path_that_is_not_a_folder(tmp_path: Path, capsys:
     assert exited.value.code == 2
     assert "is not a folder of runs" in capsys.readouterr().err
     assert not (tmp_path / "c.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------- induction, pruning
+
+
+def _study_script(study: str) -> ModuleType:
+    """``experiments/<study>/analyze.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(f"{study}_analyze", REPO / "experiments" / study / "analyze.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_jump_step_is_where_half_the_rise_to_the_end_is_covered() -> None:
+    jump_step = _study_script("induction").jump_step
+    steps = np.arange(0, 110, 10, dtype=float)
+    rise = np.array([0.05, 0.05, 0.06, 0.05, 0.1, 0.3, 0.5, 0.55, 0.56, 0.55, 0.56])
+    assert jump_step(steps, rise, 0.05) == 60.0  # start 0.05, end 0.5567: half-way is 0.303 (step 50 has 0.3)
+    bump = np.array([0.05, 0.05, 0.3, 0.05, 0.05, 0.05, 0.05, 0.06, 0.05, 0.05, 0.05])
+    assert jump_step(steps, bump, 0.05) is None  # a transient bump is no jump
+    acc = np.array([0.02, 0.12, 0.13, 0.12, 0.5, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0])
+    assert jump_step(steps, acc, 0.1, floor=0.125) == 50.0  # from chance (0.125), not from 0.02: half-way 0.5625
+    loss = np.array([3.0, 2.5, 2.0, 1.8, 1.7, 1.6, 1.55, 1.5, 1.5, 1.5, 1.5])
+    assert jump_step(steps, loss, 0.0, falling=True) == 20.0  # half its fall, 3.0 → 1.5: 2.25
+
+
+def test_removable_heads_are_those_removed_before_the_metric_leaves_the_tolerance() -> None:
+    removable = _study_script("pruning").removable
+    assert removable([2.0, 2.01, 2.04, 2.2, 2.05], higher_is_better=False, tolerance=0.05) == 0.5
+    assert removable([0.9, 0.895, 0.85, 0.9, 0.9], higher_is_better=True, tolerance=0.01) == 0.25
+    assert removable([0.9, 0.9, 0.9], higher_is_better=True, tolerance=0.01) == 1.0

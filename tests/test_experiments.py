@@ -82,9 +82,12 @@ STUDIES = (
     "heads",
     "linear_mqar",
     "recall_state",
+    "induction",
+    "pruning",
     "heads/tuned",
     "normalizers/tuned",
 )
+FEW_JOBS = {"pruning": 3}  # a study of few configurations (its 3 variants); a tuned script compares fewer too
 
 
 def _sweeps(study: str, runs: Path) -> list[tuple[str, list[str]]]:
@@ -131,4 +134,4 @@ def test_every_job_of_a_study_composes_and_passes_the_config_checks(study: str, 
             for job in _jobs(overrides):
                 validate_config(compose(config_name="config", overrides=job))
                 count += 1
-    assert count >= (3 if "/" in study else 10)  # (a tuned script compares fewer configurations)
+    assert count >= (3 if "/" in study else FEW_JOBS.get(study, 10))

@@ -464,3 +464,15 @@ def test_the_callbacks_rank_collapse_reads_the_state_after_attention():
     assert stats["attn/rank_residual"] == pytest.approx(
         (stats["attn/L0/rank_residual"] + stats["attn/L1/rank_residual"]) / 2
     )
+
+
+def test_the_text_probe_draws_only_bytes_of_the_training_text():
+    from helpers import small
+
+    from attnlab.tasks.text import _split_bytes
+
+    text = small("text", {"num_train": 16, "num_val": 16, "num_test": 16, "batch_size": 8}, seq_len=32)
+    seen = set((_split_bytes("train") + 1).tolist())
+    probe = text.repeated_probe(8)
+    assert probe.shape == (8, 32) and set(probe.unique().tolist()) <= seen
+    assert len(text.probe_vocabulary()) == len(seen) < 256

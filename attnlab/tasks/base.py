@@ -413,7 +413,7 @@ class SequenceTask(L.LightningDataModule):
 
     def repeated_probe(self, n: int = 8, seed: int | None = None) -> torch.Tensor | None:
         """The head-type scores' probe (:func:`attnlab.heads.repeated_tokens`): ``n`` sequences ``[x; x]`` of
-        ``seq_len // 2`` random content tokens (every id but padding) each, (n, 2·(seq_len // 2)), drawn from ``seed``
+        ``seq_len // 2`` random tokens of :meth:`probe_vocabulary` each, (n, 2·(seq_len // 2)), drawn from ``seed``
         (default the task's); None for a task whose tokens are not a vocabulary (:attr:`no_token_probe`)."""
         if self.no_token_probe is not None:
             return None
@@ -422,7 +422,13 @@ class SequenceTask(L.LightningDataModule):
         n = check_int("n", n, minimum=1)
         half = max(2, self.seq_len // 2)
         generator = torch.Generator().manual_seed(self.seed if seed is None else seed)
-        return repeated_tokens(n, half, [t for t in range(self.vocab_size) if t != self.pad_id], generator)
+        return repeated_tokens(n, half, self.probe_vocabulary(), generator)
+
+    def probe_vocabulary(self) -> list[int]:
+        """The token ids :meth:`repeated_probe` draws from: every id but padding. A task whose vocabulary holds ids its
+        data never uses overrides it (a byte-level LM: the bytes of its training text), since a model's attention to
+        a token it never saw says nothing."""
+        return [t for t in range(self.vocab_size) if t != self.pad_id]
 
     def describe(self) -> str:
         """One-line summary of the task and its sizes."""

@@ -233,6 +233,11 @@ class TextLM(SequenceTask):
         data = _split_bytes("test")
         return self.windows(data, self.tiled_offsets(len(data), num, length, rng), length)
 
+    def probe_vocabulary(self) -> list[int]:
+        """The head-type probe's tokens: the bytes that occur in the training text (107 of 256 on CPython 3.11), as
+        token ids. A byte the model never saw has an untrained embedding: attention to it says nothing."""
+        return sorted((np.unique(_split_bytes("train")) + 1).tolist())
+
     def decode(self, tokens: np.ndarray | list[int]) -> bytes:
         """The bytes of a row of tokens (PAD dropped)."""
         return bytes(int(t) - 1 for t in np.asarray(tokens).reshape(-1) if int(t) != self.pad_id)
