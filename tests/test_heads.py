@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -476,3 +477,37 @@ def test_the_text_probe_draws_only_bytes_of_the_training_text():
     probe = text.repeated_probe(8)
     assert probe.shape == (8, 32) and set(probe.unique().tolist()) <= seen
     assert len(text.probe_vocabulary()) == len(seen) < 256
+
+
+VARIANT_FILES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "variant").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANT_FILES if v != "custom"])
+def test_every_variant_gets_every_head_diagnostic(hydra_ctx, variant):
+    """Each conf/variant choice (softmax scores, presets, linear, decay and delta-rule forms) on a causal MQAR probe:
+    the head-type scores, dilution and rank collapse are logged for every layer and head, in range; importance is a
+    finite gradient for every head."""
+    from helpers import compose_cfg
+
+    from attnlab.callbacks import AttentionDiagnostics
+    from attnlab.training.config import build_module, validate_config
+    from attnlab.training.heads import prune_heads
+
+    cfg = compose_cfg(
+        "task=associative_recall", "mask=causal", f"variant={variant}", "d_model=16", "num_heads=2", "debug=fast"
+    )
+    task = validate_config(cfg)
+    task.setup("fit")
+    torch.manual_seed(0)
+    module = build_module(cfg, task)
+    diag = AttentionDiagnostics(probe_size=4)
+    diag._probe, diag._repeated = task.probe_batch(4)[0], task.repeated_probe(4)
+    stats, _ = diag.compute(module)
+    for name in (*HEAD_SCORES, "near_mass"):
+        values = [stats[f"attn/L{l}H{h}/{name}"] for l in range(2) for h in range(2)]
+        assert all(0.0 <= v <= 1.0 for v in values), (name, values)
+    assert all(0.0 <= stats[f"attn/L{l}/rank_residual"] <= 1.5 for l in range(2))
+    assert all(math.isfinite(stats[f"attn/L{l}H{h}/locality"]) for l in range(2) for h in range(2))
+    pruning, logged = prune_heads(module, task, seed=0, random_orders=0, val_batches=1, test_batches=1)
+    assert all(math.isfinite(logged[f"attn/L{l}H{h}/importance"]) for l in range(2) for h in range(2))
+    assert len(pruning["curves"]["importance"][0]) == 5 and "random" not in pruning["curves"]

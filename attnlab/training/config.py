@@ -702,7 +702,9 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
     sequences = datamodule.num_train + datamodule.num_val + datamodule.num_test
     needs = [(sequences * length * 8 * (2 if datamodule.per_token else 1), "the token and label tensors")]
     if cfg.diagnostics.enabled:  # the probe runs the eager path: weights and logits of every layer, float32
-        needs.append((cfg.diagnostics.probe_size * heads * length**2 * 4 * 2 * layers, "the diagnostics probe"))
+        # (with diagnostics.heads, the repeated-token probe's too, while the first probe's are held)
+        probes = 2 if cfg.diagnostics.get("heads") and getattr(datamodule, "no_token_probe", None) is None else 1
+        needs.append((probes * cfg.diagnostics.probe_size * heads * length**2 * 8 * layers, "the diagnostics probe"))
     fused = all(
         (
             attention.uses_fast_path

@@ -10,7 +10,7 @@ metric measured after each removal; the same for ``random_orders`` random orders
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -65,10 +65,12 @@ def prune_heads(
     random_orders: int = 1,
     val_batches: int | None = None,
     test_batches: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """Importance on the first ``val_batches`` validation batches, then the pruning curves on the first
     ``test_batches`` test batches (None: all; a run passes the batches its trainer validated and tested on, so that
-    the curves' first point is its ``test/acc``), of ``module`` (put in eval mode and back).
+    the curves' first point is its ``test/acc``), of ``module`` (put in eval mode and back). ``progress(done, total)``
+    is called after each test point (a run's live bar).
 
     Returns ``(pruning, logged)``: the content of ``pruning.json`` (``schema_version``, ``metric`` (``acc``, or
     ``bpc`` for a language model), ``higher_is_better``, ``num_layers``, ``num_heads``, ``importance`` and
@@ -89,11 +91,19 @@ def prune_heads(
         orders: dict[str, list[list[tuple[int, int]]]] = {"importance": [importance_order(importance)]}
         if random_orders:
             orders["random"] = [random_order(len(layers), num_heads, seed + r) for r in range(random_orders)]
+        total = sum(len(listed) for listed in orders.values()) * (len(layers) * num_heads + 1)
+        done = 0
+
+        def point() -> dict[str, float]:
+            nonlocal done
+            result = evaluate(module, datamodule, "test", test_batches)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+            return result
+
         curves = {
-            name: [
-                pruning_curve(layers, lambda: evaluate(module, datamodule, "test", test_batches), order, num_heads)
-                for order in listed
-            ]
+            name: [pruning_curve(layers, point, order, num_heads) for order in listed]
             for name, listed in orders.items()
         }
     finally:

@@ -460,8 +460,10 @@ class Run:
         heads = len(module.encoder.layers) * module.encoder.num_heads
         self.log.info(f"head importance and pruning: {heads} heads, {1 + heads} test points per order ...")
         limits = [_first(getattr(self.trainer, f"num_{split}_batches", None)) for split in ("val", "test")]
-        with self.trainer.precision_plugin.forward_context():
-            self.pruning, logged = prune_heads(module, self.datamodule, self.cfg.seed, int(d.random_orders), *limits)
+        with self.trainer.precision_plugin.forward_context(), self._head_bar() as progress:
+            self.pruning, logged = prune_heads(
+                module, self.datamodule, self.cfg.seed, int(d.random_orders), *limits, progress=progress
+            )
         for logger in self.loggers:
             logger.log_metrics(logged, step=self.trainer.global_step)
         self._log_pruning_table()
@@ -472,6 +474,24 @@ class Run:
             f"pruning.json: mean {self.pruning['metric']} over the curve: {shown_auc} "
             f"({time.perf_counter() - started:.1f} s)"
         )
+
+    @contextlib.contextmanager
+    def _head_bar(self) -> Iterator[Any]:
+        """A live bar over the pruning curves' test points on a terminal (none in a file or a log), yielding its
+        ``progress(done, total)``."""
+        console = self.log.console
+        live = bool(self.cfg.trainer.get("enable_progress_bar", True))
+        if not (live and self.log.enabled and console.is_terminal):
+            yield None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(
+            TextColumn("pruning curves"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            console=console, transient=True,
+        ) as bar:  # fmt: skip
+            task = bar.add_task("pruning", total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
 
     def _log_pruning_table(self) -> None:
         """The pruning curves as one W&B table (order, heads removed, metric), where W&B logs."""

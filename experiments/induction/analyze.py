@@ -4,7 +4,8 @@
 
 One row per run: task, variant, num_layers, seed, status, test/acc (and test/bpc for the LM), the strongest head's
 induction score (``attn/induction_max``) at step 0, at its peak and at the end, the layer that holds the most
-induction-like head at the end, and two **jump steps**, each the first diagnostics step at which a curve has covered
+induction-like head at the end, the strongest previous-token head's score at the end and its layer, and two
+**jump steps**, each the first diagnostics step at which a curve has covered
 half of its rise from its step-0 value to where it ends (:func:`jump_step`):
 
 * ``induction_jump``: of ``attn/induction_max`` (None when it never rises by :data:`MIN_INDUCTION_RISE`);
@@ -43,6 +44,8 @@ COLUMNS = [
     "induction_peak",
     "induction_final",
     "induction_layer",
+    "prev_token_final",
+    "prev_token_layer",
     "induction_jump",
     "metric_jump",
     "jump_gap",
@@ -69,8 +72,9 @@ def jump_step(
     return float(steps[np.argmax(values >= start + (end - start) / 2)])
 
 
-def _induction_layer(run) -> int | None:
-    grid = run.head_grid("induction")
+def _layer_of_best(run, score: str) -> int | None:
+    """The layer (from 0) of the head with the highest final ``score``."""
+    grid = run.head_grid(score)
     if grid is None or not np.isfinite(grid).any():
         return None
     return int(np.unravel_index(np.nanargmax(grid), grid.shape)[0])
@@ -102,7 +106,9 @@ def summarize(root: Path) -> list[dict[str, object]]:
                 "induction_init": float(finite[0]) if finite.size else None,
                 "induction_peak": float(finite.max()) if finite.size else None,
                 "induction_final": float(finite[-1]) if finite.size else None,
-                "induction_layer": _induction_layer(run),
+                "induction_layer": _layer_of_best(run, "induction"),
+                "prev_token_final": run.final("attn/prev_token_max"),
+                "prev_token_layer": _layer_of_best(run, "prev_token"),
                 "induction_jump": induction_jump,
                 "metric_jump": metric_jump,
                 "jump_gap": gap,

@@ -63,6 +63,8 @@ def summarize(root: Path) -> tuple[list[dict[str, object]], dict[tuple[str, str]
         metric, higher = pruning["metric"], pruning["higher_is_better"]
         heads = pruning["num_layers"] * pruning["num_heads"]
         importance = pruning["curves"]["importance"][0]
+        if "random" not in pruning["curves"]:  # (diagnostics.random_orders=0: nothing to compare with)
+            continue
         random = [_mean(list(col)) for col in zip(*pruning["curves"]["random"], strict=True)]
         for order, curve in (("importance", importance), ("random", random)):
             curves.setdefault((run.variant, order), []).append(curve)
