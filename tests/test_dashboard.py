@@ -903,7 +903,9 @@ def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Pa
     # where the panels are the d_k values (training curves)
     variants = ["additive", "alibi", "dot", "rope"]  # (rope: the preset asked for, not "scaled_dot · pos=rope")
     with_lr = [f"{v} · lr={lr}" for v in variants for lr in ("0.001", "0.003")]
-    assert set(got["legend"]) == {*variants, *with_lr}
+    # the pruning and rank charts draw every configuration (their x is the heads removed, the layer)
+    configurations = [f"{v} · d_k={d_k} · lr={lr}" for v in variants for d_k in (8, 16) for lr in ("0.001", "0.003")]
+    assert set(got["legend"]) == {*variants, *with_lr, *configurations, *(f"{c} · random" for c in configurations)}
     for fig in got["figures"]:
         assert fig["svg"] and fig["widths"] and min(fig["widths"]) >= 300, (fig["id"], fig["widths"])
     # the winner of val/acc_best, by hand from the summaries: best mean over seeds of a (variant, d_k, lr) cell

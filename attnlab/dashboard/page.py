@@ -17,7 +17,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -407,47 +407,18 @@ def _ranked(runs: Sequence[Run], metric: str, first: Any) -> dict[Any, list[Run]
     return ranked
 
 
-def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
-    """Per layer x head heatmaps, one per value of the first key (the variant), the best run shown first and a
-    selector for the others."""
-    first = sweep.dims[0] if sweep.dims else None
-    groups = _ranked(runs, metric, first)
-    out = []
-    for group, members in sorted(groups.items(), key=lambda kv: natural_key(kv[0])):
-        figs: dict[str, Any] = {}
-        labels = []
-        for run in members:
-            fig = figures.head_figure(run, [m.removeprefix("attn/") for m in metrics_in("head")])
-            if fig is not None:
-                figs[str(len(figs))] = fig
-                labels.append(_selector_label(run, sweep, metric))
-            if len(figs) >= MAX_SELECTOR_RUNS:
-                break
-        if not figs:
-            continue
-        index = len(page.scripts)
-        div = f"heads-{index}"
-        name = first.label(group) if first else "all runs"
-        options = "".join(f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(labels))
-        page.data(f"{div}-choices", figs)
-        out.append(
-            f"<h3>{_e(name)}</h3>"
-            f'<div class="pick"><label>run (best first by {_e(metric)}): <select data-choices="{div}-choices" '
-            f'data-target="{div}">{options}</select></label></div>' + page.figure(figs["0"], div)
-        )
-    return "".join(out) or '<p class="note">No per-head diagnostics (attn/L{l}H{h}/...) in metrics.jsonl.</p>'
-
-
-def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
-    """What the heads do: the head atlas of each value of the first key (the variant; its best run first, a
-    selector for the others), then the pruning curves and rank collapse against depth of the whole sweep."""
+def _run_figures(
+    page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str, make: Callable[[Run], Any], prefix: str
+) -> list[str]:
+    """One figure per value of the first key (the variant), drawn by ``make(run)`` (None: nothing to draw): the best
+    run's by ``metric`` first, with a selector for up to :data:`MAX_SELECTOR_RUNS` of the others."""
     first = sweep.dims[0] if sweep.dims else None
     out = []
     for group, members in sorted(_ranked(runs, metric, first).items(), key=lambda kv: natural_key(kv[0])):
         figs: dict[str, Any] = {}
         labels = []
         for run in members:
-            fig = atlas_figure(run)
+            fig = make(run)
             if fig is not None:
                 figs[str(len(figs))] = fig
                 labels.append(_selector_label(run, sweep, metric))
@@ -455,7 +426,7 @@ def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) 
                 break
         if not figs:
             continue
-        div = f"atlas-{len(page.scripts)}"
+        div = f"{prefix}-{len(page.scripts)}"
         name = first.label(group) if first else "all runs"
         options = "".join(f'<option value="{i}">{_e(label)}</option>' for i, label in enumerate(labels))
         page.data(f"{div}-choices", figs)
@@ -464,6 +435,21 @@ def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) 
             f'data-choices="{div}-choices" data-target="{div}">{options}</select></label></div>'
             + page.figure(figs["0"], div)
         )
+    return out
+
+
+def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
+    """Per layer x head heatmaps, one per value of the first key (the variant), the best run shown first and a
+    selector for the others."""
+    stats = [m.removeprefix("attn/") for m in metrics_in("head")]
+    out = _run_figures(page, runs, sweep, metric, lambda run: figures.head_figure(run, stats), "heads")
+    return "".join(out) or '<p class="note">No per-head diagnostics (attn/L{l}H{h}/...) in metrics.jsonl.</p>'
+
+
+def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
+    """What the heads do: the head atlas of each value of the first key (the variant; its best run first, a
+    selector for the others), then the pruning curves and rank collapse against depth of the whole sweep."""
+    out = _run_figures(page, runs, sweep, metric, atlas_figure, "atlas")
     legend = " ".join(
         f'<span class="type" style="background:{colour}">{_e(HEAD_TYPES[kind])}</span>'
         for kind, colour in TYPE_COLOURS.items()
@@ -480,28 +466,29 @@ def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) 
         "(digits), diagnostics.heads=false, or runs of attnlab before 0.6.</p>"
     )
     parts += out or [none]
-    fig = pruning_figure(runs, sweep)
-    parts.append("<h3>Pruning</h3>")
-    if fig is not None:
-        parts.append(
-            '<p class="note">The test metric of each configuration as its heads are removed at test time (gate 0), '
-            "from the least important up (importance normalised per layer, Michel et al. 2019; solid) and in random "
-            "order (dotted), the mean over its seeds; the first point is the unpruned model's test metric "
-            "(pruning.json of each run).</p>" + page.figure(fig, "fig-pruning")
-        )
-    else:
-        parts.append('<p class="note">No run wrote pruning.json (diagnostics.importance=false, or an older run).</p>')
-    fig = rank_figure(runs, sweep)
-    parts.append("<h3>Rank collapse</h3>")
-    if fig is not None:
-        parts.append(
-            '<p class="note">The relative residual ‖X − 1x̄ᵀ‖_F / ‖X‖_F of the token representations of the '
-            "validation probe from their mean (Dong et al. 2021), at the end of training, against the layer: 0 means "
-            "every token has the same representation (rank 1). Mean over seeds with the 95 % t interval.</p>"
-            + page.figure(fig, "fig-rank")
-        )
-    else:
-        parts.append('<p class="note">No run logged rank collapse (attn/L{l}/rank_residual).</p>')
+    charts = [
+        (
+            "Pruning",
+            pruning_figure(runs, sweep),
+            "fig-pruning",
+            "The test metric of each configuration as its heads are removed at test time (gate 0), from the least "
+            "important up (importance normalised per layer, Michel et al. 2019; solid) and in random order (dotted), "
+            "the mean over its seeds; the first point is the unpruned model's test metric (pruning.json of each run).",
+            "No run wrote pruning.json (diagnostics.importance=false, or an older run).",
+        ),
+        (
+            "Rank collapse",
+            rank_figure(runs, sweep),
+            "fig-rank",
+            "The relative residual ‖X − 1x̄ᵀ‖_F / ‖X‖_F of the token representations of the validation probe from "
+            "their mean (Dong et al. 2021), at the end of training, against the layer: 0 means every token has the "
+            "same representation (rank 1). Mean over seeds with the 95 % t interval.",
+            "No run logged rank collapse (attn/L{l}/rank_residual).",
+        ),
+    ]
+    for title, fig, div, note, missing in charts:
+        body = page.figure(fig, div) if fig is not None else ""
+        parts.append(f'<h3>{title}</h3><p class="note">{note if fig is not None else missing}</p>{body}')
     return "".join(parts)
 
 
