@@ -442,7 +442,7 @@ class MultiHeadAttention(nn.Module):
         if self.is_recurrent:
             z = self.score.norm_output(z)
         if self.head_gate is not None:  # Michel et al. 2019's ξ_h (attnlab.heads.head_gates): 0 removes head h
-            z = z * self.head_gate.to(z.dtype).view(1, -1, 1, 1)
+            z = z * self.head_gate.to(device=z.device, dtype=z.dtype).view(1, -1, 1, 1)
         B, _, Lq, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
 

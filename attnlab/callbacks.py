@@ -150,24 +150,23 @@ class AttentionDiagnostics(L.Callback):
                 )
                 for r, layer, key_mask in zip(records, encoder.layers, masks, strict=True)
             ]
-            extra: dict[str, float] = {}
+            ranks: dict[str, list[float]] = {"rank_residual": [], "rank_residual_attn": []}  # one per layer
             if self.heads:
                 keep = None if encoder.pad_id is None else tokens != encoder.pad_id
                 for stats, r, key_mask in zip(per_layer, records, masks, strict=True):
                     stats.update(dilution(r.weights, key_mask, self.near_keys))
-                for n, (layer, x, r) in enumerate(zip(encoder.layers, inputs, records, strict=True)):
+                for layer, x, r in zip(encoder.layers, inputs, records, strict=True):
                     after = x + r.out if layer.norm_first else layer.norm1(x + r.out)  # (eval: no dropout)
-                    extra[f"attn/L{n}/rank_residual"] = float(rank_residual(after, keep))
-                    extra[f"attn/L{n}/rank_residual_attn"] = float(rank_residual(r.out, keep))
+                    ranks["rank_residual"].append(float(rank_residual(after, keep)))
+                    ranks["rank_residual_attn"].append(float(rank_residual(r.out, keep)))
                 if self._repeated is not None:
                     self._head_scores(encoder, per_layer)
         finally:
             pl_module.train(was_training)
         flat = flatten_stats(per_layer)
-        if extra:
-            flat.update(extra)
-            for name in ("rank_residual", "rank_residual_attn"):
-                values = [v for k, v in extra.items() if k.endswith(f"/{name}")]
+        for name, values in ranks.items():  # per layer, not per head: the layer's and the model's (mean) entries
+            if values:
+                flat |= {f"attn/L{n}/{name}": v for n, v in enumerate(values)}
                 flat[f"attn/{name}"] = float(torch.tensor(values, dtype=torch.float64).nanmean())
         if self.heads and self._repeated is not None:
             for name in HEAD_SCORES:
@@ -208,8 +207,8 @@ class AttentionDiagnostics(L.Callback):
             if repeated is not None:
                 self._repeated = repeated.to(pl_module.device)
             else:
-                why = getattr(datamodule, "no_token_probe", None) or "the task has no repeated-token probe"
-                self.notes.append(f"no head-type scores (prev_token, duplicate, induction, local): {why}")
+                why = getattr(datamodule, "no_token_probe", None) or "it has no repeated-token probe"
+                self.notes.append(f"no head-type scores for task {getattr(datamodule, 'name', '?')}: {why}")
         if self._resumed is not None:  # a resumed run: its step-0 diagnostics were logged before, and saved
             self.initial = dict(self._resumed.get("initial", {}))
             self.final = dict(self._resumed.get("final", {}))

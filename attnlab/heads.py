@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.metrics import _row_mean, _work_dtype, row_distribution
+
 __all__ = [
     "HEAD_SCORES",
     "HEAD_THRESHOLD",
@@ -37,6 +39,7 @@ __all__ = [
     "head_scores",
     "head_type",
     "importance_order",
+    "normalized_importance",
     "pruning_curve",
     "random_order",
     "rank_residual",
@@ -58,33 +61,6 @@ HEAD_TYPES: dict[str, str] = {
 HEAD_THRESHOLD = 0.4
 """The score a head needs for :func:`head_type` to give it that type (and for the atlas's "formed at" step): 0.4 of a
 row's weight on one key pattern, about 10 times what a uniform row puts there on a 24-token probe."""
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _distribution(weights: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """(p, visible, rows): the row distribution p = max(w, 0) / Σ max(w, 0) over visible keys (B, H, Lq, Lk), the
-    visibility (B, H, Lq, Lk) and the rows that have one (B, H, Lq): a visible key and positive mass."""
-    if weights.dim() != 4:
-        raise ValueError(f"weights must be (B, H, Lq, Lk), got shape {tuple(weights.shape)}")
-    w = weights.detach().to(_work_dtype(weights.dtype))
-    if key_mask is None:
-        visible = torch.ones_like(w, dtype=torch.bool)
-    else:
-        visible = torch.broadcast_to(key_mask.detach().to(device=w.device, dtype=torch.bool), w.shape)
-    pos = torch.where(visible, w.clamp_min(0), torch.zeros((), dtype=w.dtype, device=w.device))
-    mass = pos.sum(dim=-1)
-    rows = visible.any(dim=-1) & (mass > 0)
-    p = pos / torch.where(rows, mass, torch.ones_like(mass)).unsqueeze(-1)
-    return p, visible, rows
-
-
-def _row_mean(values: Tensor, rows: Tensor) -> Tensor:
-    """Mean over (B, Lq) of ``values`` (B, H, Lq) on the ``rows`` (B, H, Lq) → (H,); NaN for a head with none."""
-    total = torch.where(rows, values, torch.zeros((), dtype=values.dtype, device=values.device)).sum(dim=(0, 2))
-    return total / rows.sum(dim=(0, 2)).to(values.dtype)
 
 
 def repeated_tokens(
@@ -138,7 +114,7 @@ def head_scores(weights: Tensor, tokens: Tensor, key_mask: Tensor | None = None,
         )
     if window < 0:
         raise ValueError(f"window must be >= 0, got {window}")
-    p, visible, rows = _distribution(weights, key_mask)
+    _, visible, p, rows = row_distribution(weights, key_mask)
     L = weights.shape[-1]
     i = torch.arange(L, device=p.device)
     t = tokens.to(p.device)
@@ -219,7 +195,7 @@ def dilution(weights: Tensor, key_mask: Tensor | None = None, near: int = 4) -> 
     Returns ``{"near_mass": (H,), "locality": (H,)}``; NaN for a head with no counted row."""
     if near < 1:
         raise ValueError(f"near must be >= 1, got {near}")
-    p, visible, rows = _distribution(weights, key_mask)
+    _, visible, p, rows = row_distribution(weights, key_mask)
     lq, lk = p.shape[-2:]
     i = torch.arange(lq, device=p.device, dtype=p.dtype)[:, None]
     j = torch.arange(lk, device=p.device, dtype=p.dtype)[None, :]
@@ -291,13 +267,18 @@ def head_importance(
     return total / count
 
 
-def importance_order(importance: Tensor, normalize: bool = True) -> list[tuple[int, int]]:
-    """Every head (layer, head) from the least to the most important. ``normalize``: first divide each layer's
-    scores by their ℓ2 norm, as Michel et al. 2019 do before pruning across layers (§4.2). Ties: by (layer, head)."""
+def normalized_importance(importance: Tensor) -> Tensor:
+    """Each layer's row of (layers, H) importance scores divided by its ℓ2 norm (a layer of zeros stays zero), as
+    Michel et al. 2019 do before pruning across layers (§4.2); float64."""
     scores = importance.double()
-    if normalize:
-        norms = torch.linalg.vector_norm(scores, dim=1, keepdim=True)
-        scores = scores / torch.where(norms > 0, norms, torch.ones_like(norms))
+    norms = torch.linalg.vector_norm(scores, dim=1, keepdim=True)
+    return scores / torch.where(norms > 0, norms, torch.ones_like(norms))
+
+
+def importance_order(importance: Tensor, normalize: bool = True) -> list[tuple[int, int]]:
+    """Every head (layer, head) from the least to the most important; ``normalize``: by
+    :func:`normalized_importance` first. Ties: by (layer, head)."""
+    scores = normalized_importance(importance) if normalize else importance.double()
     heads = [(layer, head) for layer in range(scores.shape[0]) for head in range(scores.shape[1])]
     return sorted(heads, key=lambda lh: (float(scores[lh]), lh))
 
@@ -313,11 +294,10 @@ def pruning_curve(
     evaluate: Callable[[], dict[str, float]],
     order: Sequence[tuple[int, int]],
     num_heads: int,
-    progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, float]]:
     """The metrics as heads are removed (gate 0) in ``order``: point k (0 … len(order)) is ``evaluate()`` with the
     first k heads of ``order`` removed, as ``{"removed": k, **metrics}``. Point 0 gates nothing (every gate 1, which
-    leaves the model's output bit for bit as it is). ``progress(k)`` is called after each point."""
+    leaves the model's output bit for bit as it is)."""
     curve = []
     gates = torch.ones(len(layers), num_heads)
     for k in range(len(order) + 1):
@@ -326,6 +306,4 @@ def pruning_curve(
         with head_gates(layers, list(gates.clone().unbind(0))):
             point = evaluate()
         curve.append({"removed": k, **point})
-        if progress is not None:
-            progress(k)
     return curve

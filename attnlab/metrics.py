@@ -67,11 +67,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["attention_stats", "flatten_stats", "summarize"]
+__all__ = ["RowDistribution", "attention_stats", "flatten_stats", "row_distribution", "summarize"]
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -87,6 +88,37 @@ def _row_mean(values: Tensor, rows: Tensor) -> Tensor:
     total = torch.where(rows, values, zero).sum(dim=(0, 2))
     count = rows.sum(dim=(0, 2)).to(values.dtype)
     return total / count
+
+
+class RowDistribution(NamedTuple):
+    """One layer's weights read as distributions (:func:`row_distribution`), all (B, H, Lq, Lk) but the rows."""
+
+    weights: Tensor  # the weights in the working dtype, 0 at masked keys
+    visible: Tensor  # bool: key j visible to query i
+    p: Tensor  # the row's distribution: max(w, 0) / Σ_j max(w, 0) over visible keys; 0 in rows without one
+    has_dist: Tensor  # (B, H, Lq) bool: the row has a visible key and positive mass
+
+
+def row_distribution(weights: Tensor, key_mask: Tensor | None = None) -> RowDistribution:
+    """Each row of ``weights`` (B, H, Lq, Lk) as a distribution over its visible keys (``key_mask`` broadcastable,
+    True = visible; None = all): its nonnegative part renormalised to sum 1, in float32 (float64 stays float64),
+    detached. What :func:`attention_stats` and :mod:`attnlab.heads` read."""
+    if weights.dim() != 4:
+        raise ValueError(f"weights must be (B, H, Lq, Lk), got shape {tuple(weights.shape)}")
+    dtype = _work_dtype(weights.dtype)
+    w = weights.detach().to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=w.device)
+    if key_mask is None:
+        visible = torch.ones_like(w, dtype=torch.bool)
+    else:
+        visible = torch.broadcast_to(key_mask.detach().to(device=w.device, dtype=torch.bool), w.shape)
+    w = torch.where(visible, w, zero)
+    # rows without positive mass have no distribution (the where keeps their division at 0 / 1: no NaN anywhere)
+    pos = w.clamp_min(0)
+    pos_mass = pos.sum(dim=-1)
+    has_dist = visible.any(dim=-1) & (pos_mass > 0)
+    p = pos / torch.where(has_dist, pos_mass, torch.ones_like(pos_mass)).unsqueeze(-1)
+    return RowDistribution(w, visible, p, has_dist)
 
 
 @torch.no_grad()
@@ -137,16 +169,10 @@ def attention_stats(
         )
     if signed is not None and not isinstance(signed, bool):
         raise TypeError(f"signed must be True, False or None, got {signed!r}")
-    dtype = _work_dtype(weights.dtype)
-    w = weights.detach().to(dtype)
+    w, visible, p, has_dist = row_distribution(weights, key_mask)
+    dtype = w.dtype
     b, h, lq, lk = w.shape
     zero = torch.zeros((), dtype=dtype, device=w.device)
-
-    if key_mask is None:
-        visible = torch.ones_like(w, dtype=torch.bool)
-    else:
-        visible = torch.broadcast_to(key_mask.detach().to(device=w.device, dtype=torch.bool), w.shape)
-    w = torch.where(visible, w, zero)
 
     n_visible = visible.sum(dim=-1)  # (B, H, Lq)
     valid = n_visible > 0
@@ -156,13 +182,6 @@ def attention_stats(
     # Raw-weight statistics, over every valid row.
     row_mass = w.sum(dim=-1)
     support = (w != 0).sum(dim=-1).to(dtype) / safe_n
-
-    # The distribution of the row: its nonnegative part renormalised to sum 1. Rows without positive mass
-    # have none (the where keeps their division at 0 / 1, so no NaN appears anywhere).
-    pos = w.clamp_min(0)
-    pos_mass = pos.sum(dim=-1)
-    has_dist = valid & (pos_mass > 0)
-    p = pos / torch.where(has_dist, pos_mass, torch.ones_like(pos_mass)).unsqueeze(-1)
 
     # Entropy with 0 log 0 = 0 (the inner where keeps log away from 0).
     positive = p > 0

@@ -21,6 +21,7 @@ import numpy as np
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.figures import PALETTE, Style, _axis, _figure, _grid, _rgba, plain
 from attnlab.dashboard.load import Run
+from attnlab.dashboard.metrics import parse_metric
 from attnlab.dashboard.stats import grouped, mean_ci
 from attnlab.heads import HEAD_SCORES, HEAD_THRESHOLD, HEAD_TYPES, head_type
 
@@ -157,7 +158,7 @@ def pruning_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
     (dotted; each run's random orders averaged first). None when no finished run wrote ``pruning.json``."""
     series_dims = sweep.series_dims()
     style = Style(sweep, series_dims)
-    lines: list[tuple[str, tuple[Any, ...], str, list[float], dict[str, list[list[float]]]]] = []
+    lines: list[tuple[str, tuple[Any, ...], list[float], dict[str, list[list[float]]]]] = []
     metric = None
     for label, key, members in grouped([r for r in runs if r.ok], sweep, series_dims):
         by_size: dict[int, dict[str, list[list[float]]]] = {}
@@ -172,13 +173,13 @@ def pruning_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
                 curves.setdefault(order, []).append([_mean(col) for col in zip(*listed, strict=True)])
         for size, curves in sorted(by_size.items()):
             name = label if len(by_size) == 1 else f"{label} · {size} heads"
-            lines.append((name, key, label, [k / size for k in range(size + 1)], curves))
+            lines.append((name, key, [k / size for k in range(size + 1)], curves))
     if not lines or metric is None:
         return None
     higher = metric == "acc"
     layout = _grid(1, 1, ["the test metric as heads are removed"], legend_entries=[name for name, *_ in lines])
     data = []
-    for name, key, _label, xs, curves in lines:
+    for name, key, xs, curves in lines:
         line = style.line(key) if series_dims else {"color": PALETTE[0], "dash": "solid"}
         for order, dash in (("importance", "solid"), ("random", "dot")):
             if order not in curves:
@@ -209,13 +210,13 @@ def pruning_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
 
 
 def _layer_values(run: Run, name: str) -> dict[int, float]:
+    """The run's final ``attn/L{l}/{name}`` by layer l."""
     out = {}
     for metric in run.metric_names:
-        head, _, stat = metric.rpartition("/")
-        if stat == name and head.startswith("attn/L") and head[6:].isdigit():
-            value = run.final(metric)
-            if value is not None:
-                out[int(head[6:])] = value
+        kind, base, where = parse_metric(metric)
+        value = run.final(metric) if kind == "layer" and base == f"attn/{name}" else None
+        if value is not None:
+            out[where["layer"]] = value
     return out
 
 

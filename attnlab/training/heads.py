@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.heads import head_importance, importance_order, pruning_curve, random_order
+from attnlab.heads import head_importance, importance_order, normalized_importance, pruning_curve, random_order
 from attnlab.metrics import flatten_stats
 from attnlab.tasks.base import IGNORE_INDEX
 
@@ -113,8 +113,6 @@ def prune_heads(
         name: float(sum(sum(p[metric] for p in curve) / len(curve) for curve in listed) / len(listed))
         for name, listed in curves.items()
     }
-    norms = torch.linalg.vector_norm(importance, dim=1, keepdim=True)
-    normalized = importance / torch.where(norms > 0, norms, torch.ones_like(norms))
     pruning = {
         "schema_version": PRUNING_SCHEMA,
         "metric": metric,
@@ -122,7 +120,7 @@ def prune_heads(
         "num_layers": len(layers),
         "num_heads": num_heads,
         "importance": importance.tolist(),
-        "importance_normalized": normalized.tolist(),
+        "importance_normalized": normalized_importance(importance).tolist(),
         "orders": {name: [[list(lh) for lh in order] for order in listed] for name, listed in orders.items()},
         "curves": curves,
         "auc": auc,

@@ -155,6 +155,8 @@ class Run:
         self.deterministic_before: tuple[bool, bool, bool] | None = None  # torch's, before compile=true set them
         self.matched: dict[str, Any] | None = None  # what match sized (resolve_match)
         self.timer: Any = None  # the StepTimer callback
+        self.pruning: dict[str, Any] | None = None  # pruning.json's content, once the head step ran
+        self.prune_metrics: dict[str, float] = {}  # its prune/auc_* for the summary
         from attnlab.training.console import RunLog
 
         self.log = RunLog(enabled=self.writer)
@@ -424,9 +426,6 @@ class Run:
         self.state.jsonl = self.loggers[0]
         self._truncate_metrics()
         self.log.info(self._start_line(step))
-        why = getattr(self.datamodule, "no_token_probe", None)
-        if self.diagnostics is not None and self.diagnostics.heads and why:
-            self.log.info(f"diagnostics: no head-type scores for task {self.datamodule.name}: {why}")
 
     def fit(self) -> None:
         from attnlab.training.checkpoints import close_restored_loops
@@ -439,6 +438,8 @@ class Run:
         self.state.apply_restored(self.module)  # (a fit with nothing left to train never starts training)
         self.fit_metrics = {**self.state.metrics, **self._callback_metrics()}
         self.diag = self.diagnostics.results() if self.diagnostics is not None else None
+        for note in self.diagnostics.notes if self.diagnostics is not None else []:
+            self.log.info(f"diagnostics: {note}")
 
     def test(self) -> None:
         best = self.folder.checkpoint("best")
@@ -449,7 +450,6 @@ class Run:
         """Head importance on the validation set and the pruning curves on the test set, with the weights the test
         used (:mod:`attnlab.heads`): per-head ``attn/L{l}H{h}/importance`` and ``prune/auc_*`` logged,
         ``pruning.json`` written. Rank 0 only, with ``diagnostics.enabled`` and ``diagnostics.importance``."""
-        self.pruning: dict[str, Any] | None = None
         d = self.cfg.diagnostics
         if not (self.writer and d.enabled and d.importance):
             return
@@ -464,6 +464,7 @@ class Run:
             self.pruning, logged = prune_heads(
                 module, self.datamodule, self.cfg.seed, int(d.random_orders), *limits, progress=progress
             )
+        self.prune_metrics = {k: v for k, v in logged.items() if k.startswith("prune/")}
         for logger in self.loggers:
             logger.log_metrics(logged, step=self.trainer.global_step)
         self._log_pruning_table()
@@ -519,8 +520,7 @@ class Run:
             initial, final = self.diag
             metrics.update(final)
             self.summary.attn_init = initial
-        if getattr(self, "pruning", None) is not None:
-            metrics.update({f"prune/auc_{order}": value for order, value in self.pruning["auc"].items()})
+        metrics.update(self.prune_metrics)
         self.summary.metrics = metrics
         best = self.folder.checkpoint("best")
         self.summary.best_checkpoint = self.folder.relative(best) if best.exists() else None
