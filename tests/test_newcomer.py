@@ -57,9 +57,12 @@ def test_the_sweep_table_lists_the_jobs_in_job_order_not_finish_order(tmp_path: 
 @pytest.mark.slow
 def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_order(tmp_path: Path) -> None:
     """Two parallel jobs under hydra/launcher=joblib: each progress line names its job, the final table is in job
-    order (not the order they finished in), both jobs finish in one sweep folder, share the launch id drawn by the
-    parent, and split the cores between them (threads=auto)."""
-    # job #0 trains 6 times longer than job #1, so that #1 finishes first
+    order whatever order they finished in, both jobs finish in one sweep folder, share the launch id drawn by the
+    parent, and split the cores between them (threads=auto).
+
+    Which job finishes first is up to the machine (job #1 trains fewer steps, but the fixed costs of a run and the
+    workers' start dominate on a loaded machine), so the table's order is checked against a journal written out of
+    order in ``test_the_sweep_table_lists_the_jobs_in_job_order_not_finish_order``, not against this race."""
     proc = _train(
         "-m",
         "max_steps=30,5",
@@ -77,7 +80,7 @@ def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_o
     assert len(steps) == 6 + 1
     (sweep_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("sweep_")]
     _, finished = SweepJournal(sweep_dir).read()
-    assert [job["job"].split("_")[0] for job in finished] == ["1", "0"]  # (the order they finished in)
+    assert sorted(job["job"].split("_")[0] for job in finished) == ["0", "1"]
     table = re.findall(r"^│ (\d+)_\S+ +│ ok ", proc.stdout, re.M)
     assert table == ["0", "1"]
     summaries = [read_summary(f) for f in run_folders(sweep_dir)]
