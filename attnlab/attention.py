@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from attnlab.backends import Backend, Conditions, build_backend, check_backend_params, choose_backend
 from attnlab.checks import check_int, check_prob, default_d_k
@@ -40,7 +41,15 @@ from attnlab.positions import RotaryEmbedding
 from attnlab.recurrences import RecurrentScore, effective_matrix
 from attnlab.scores import DotProductScore, build_score
 
-__all__ = ["QK_NORMS", "AttentionOutput", "MultiHeadAttention", "PreparedMask", "ShortConvolution", "prepare_mask"]
+__all__ = [
+    "QK_NORMS",
+    "AttentionOutput",
+    "DifferentialHeads",
+    "MultiHeadAttention",
+    "PreparedMask",
+    "ShortConvolution",
+    "prepare_mask",
+]
 
 QK_NORMS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
@@ -60,6 +69,47 @@ class ShortConvolution(nn.Module):
         """x (B, L, C) → (B, L, C)."""
         y = self.conv(F.pad(x.transpose(1, 2), (self.width - 1, 0)))  # left padding only: causal
         return y.transpose(1, 2)
+
+
+class DifferentialHeads(torch.autograd.Function):
+    """Differential attention's heads from its two maps' outputs, in one step with a written-out backward:
+    z₁, z₂ (B, H, Lq, d_v), λ (a 0-d tensor), the sub-norm's weight g (d_v,), its eps, and the scale s = 1 − λ_init
+    → y = s · g ⊙ u / rms(u), u = z₁ − λ z₂, rms(u) = √(mean(u²) + eps) over d_v (``nn.RMSNorm``).
+
+    Autograd through ``combine_maps`` and ``nn.RMSNorm`` (whose CPU form is composite: pow, mean, rsqrt, two
+    products) writes about 15 (B, H, Lq, d_v) tensors forward and backward; this writes about 8, keeping u and
+    1/rms(u) (B, H, Lq, 1) for the backward pass:
+    ∂u = r (ĝ − u r² mean(ĝ ⊙ u)), ĝ = s g ⊙ ∂y, r = 1/rms(u); ∂z₁ = ∂u, ∂z₂ = −λ ∂u, ∂λ = −Σ ∂u ⊙ z₂,
+    ∂g = s Σ ∂y ⊙ u r."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, z1: Tensor, z2: Tensor, lam: Tensor, weight: Tensor, eps: float | None, scale: float
+    ) -> Tensor:
+        u = torch.addcmul(z1, z2, lam, value=-1.0)  # z₁ − λ z₂
+        eps = torch.finfo(u.dtype).eps if eps is None else eps
+        r = torch.linalg.vector_norm(u, dim=-1, keepdim=True).square_().div_(u.shape[-1]).add_(eps).rsqrt_()
+        gain = weight.to(u.dtype) * scale  # (d_v,)
+        ctx.save_for_backward(z2, lam, weight, u, r)
+        ctx.scale = scale
+        return (u * r).mul_(gain)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        z2, lam, weight, u, r = ctx.saved_tensors
+        scale = ctx.scale
+        d = u.shape[-1]
+        dweight = None
+        if ctx.needs_input_grad[3]:
+            dims = tuple(range(dy.dim() - 1))
+            dweight = (dy * u).mul_(r).sum(dims).mul_(scale).to(weight.dtype)
+        g_hat = dy * (weight.to(dy.dtype) * scale)  # ĝ
+        dot = (g_hat * u).sum(-1, keepdim=True)  # Σ ĝ ⊙ u, (B, H, Lq, 1)
+        du = torch.addcmul(g_hat.mul_(r), u, r.pow(3).mul_(dot).div_(d), value=-1.0)
+        dlam = -(du * z2).sum() if ctx.needs_input_grad[2] else None
+        dz2 = du * (-lam) if ctx.needs_input_grad[1] else None
+        return du, dz2, dlam, dweight, None, None
 
 
 class AttentionOutput(NamedTuple):
@@ -433,11 +483,21 @@ class MultiHeadAttention(nn.Module):
                 z = z + part.value_term(weights)
         return z
 
-    def merge(self, z: Tensor) -> Tensor:
+    def merge_maps(self, z1: Tensor, z2: Tensor) -> Tensor:
+        """Differential attention's two outputs z₁ = w₁ v and z₂ = w₂ v (B, H, Lq, d_v) → (B, Lq, d_model): the
+        heads (z₁ − λ z₂), normed and scaled as :meth:`merge` does, in one fused step (:class:`DifferentialHeads`:
+        the same values as ``merge(combine_maps(cat(z₁, z₂)))``, in fewer passes over (B, H, Lq, d_v))."""
+        norm = self.sub_norm
+        heads = DifferentialHeads.apply(
+            z1, z2, self.differential_lambda().to(z1.dtype), norm.weight, norm.eps, 1 - self.lambda_init
+        )
+        return self.merge(heads, normed=True)
+
+    def merge(self, z: Tensor, normed: bool = False) -> Tensor:
         """z (B, H, Lq, d_v) → (B, Lq, d_model); differential attention first norms each head and scales it by
-        (1 − λ_init); a decay or delta-rule form norms each head (its ``output_norm``); a head gate
-        (:attr:`head_gate`, (H,)) then scales each head."""
-        if self.differential:
+        (1 − λ_init) (unless ``normed``: :meth:`merge_maps` did); a decay or delta-rule form norms each head (its
+        ``output_norm``); a head gate (:attr:`head_gate`, (H,)) then scales each head."""
+        if self.differential and not normed:
             z = self.sub_norm(z) * (1 - self.lambda_init)
         if self.is_recurrent:
             z = self.score.norm_output(z)

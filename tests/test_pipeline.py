@@ -760,9 +760,12 @@ def test_fast_path_calls_sdpa_and_equals_the_eager_path(choice, mask_kind):
     with SDPACalls() as spy:
         fast, no_weights = mha(x, mask=mask)
     assert no_weights is None
-    (call,) = spy.kwargs
-    if call.get("kernel") is None:  # SDPA; the fused relative kernel and biased_softmax take the heads expanded
-        assert call["enable_gqa"] is (mha.num_kv_heads < mha.num_heads)
+    calls = spy.kwargs
+    per_map = mha.differential and calls[0].get("kernel") != "relative"  # SDPA, biased_softmax: a call per map
+    assert len(calls) == (2 if per_map else 1)
+    for call in calls:
+        if call.get("kernel") is None:  # SDPA; the fused relative kernel and biased_softmax take the heads expanded
+            assert call["enable_gqa"] is (mha.num_kv_heads < mha.num_heads)
     with SDPACalls() as spy:
         eager, _ = mha(x, mask=mask, need_weights=True)
     assert spy.kwargs == []  # the weights come from the eager path

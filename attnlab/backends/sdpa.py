@@ -4,7 +4,7 @@ Both compute a layer whose stages SDPA computes exactly: a dot-product score (:c
 scale · φ(q) · ψ(k)ᵀ) without value term, a position bias without value term, the softmax (or a softmax with a sink
 logit: one more key), no soft-capping. q and k go through their transforms (QK-norm, rotary), then the position bias
 and the mask are folded into one additive float mask (or ``is_causal=True``, or a bool mask when there is no bias),
-grouped heads go through ``enable_gqa``, and differential attention runs both maps in one call:
+grouped heads go through ``enable_gqa``, and differential attention runs one call per map (both read the same v):
 (w₁ − λ w₂) v = w₁ v − λ w₂ v.
 
 ``sdpa`` calls ``torch.nn.functional.scaled_dot_product_attention``. ``biased_softmax`` is for a learned bias on
@@ -57,12 +57,20 @@ def finish(attn: Any, z: Tensor, pm: PreparedMask | None) -> Tensor:
     return attn.merge(attn.combine_maps(z))
 
 
+def _halves(t: Tensor | None, heads: int) -> tuple[Tensor | None, Tensor | None]:
+    """A (…, 2·heads, Lq, Lk) tensor (component-major, as q) → its two maps' halves; one broadcast over the heads
+    (…, 1, Lq, Lk), or None, serves both."""
+    if t is None or t.dim() < 3 or t.shape[-3] != 2 * heads:
+        return t, t
+    return t[..., :heads, :, :], t[..., heads:, :, :]
+
+
 def _fused(attn: Any, x: Tensor, key_value: Tensor | None, mask: Any, biased: bool) -> Tensor:
-    """The layer through one SDPA call (``biased``: :class:`BiasedSoftmaxAttention` for the learned bias)."""
+    """The layer through one SDPA call (``biased``: :class:`BiasedSoftmaxAttention` for the learned bias);
+    differential attention through one call per map, both reading the same values (no copy of v for the second
+    map), then :meth:`~attnlab.attention.MultiHeadAttention.merge_maps`."""
     q, k, v = attn.project(x, key_value)
     pm = attn.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
-    if attn.differential:
-        v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
     score: DotProductScore = attn.score
     bias, static = attn.position_logits(q, k.shape[2])
     causal = bias is None and pm is not None and pm.is_causal
@@ -77,12 +85,14 @@ def _fused(attn: Any, x: Tensor, key_value: Tensor | None, mask: Any, biased: bo
             attn_mask, causal = pm.safe, False
         q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
     dropout = attn.dropout if attn.training else 0.0
-    if biased:
-        heads = q.shape[1]
-        k, v = attn.expand_heads(k, heads), attn.expand_heads(v, heads)
-        z = BiasedSoftmaxAttention.apply(q, k, v, attn_mask, score.scale)
-    else:
-        z = scaled_dot_product_attention(
+
+    def call(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> Tensor:
+        if biased:
+            heads = q.shape[1]
+            return BiasedSoftmaxAttention.apply(
+                q, attn.expand_heads(k, heads), attn.expand_heads(v, heads), attn_mask, score.scale
+            )
+        return scaled_dot_product_attention(
             q,
             k,
             v,
@@ -90,9 +100,18 @@ def _fused(attn: Any, x: Tensor, key_value: Tensor | None, mask: Any, biased: bo
             dropout_p=dropout,
             is_causal=causal,
             scale=score.scale,
-            enable_gqa=attn.key_heads != attn.query_heads,
+            enable_gqa=k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1],
         )
-    return finish(attn, z[..., : attn.d_v], pm)  # (the sink key's padding cut off)
+
+    if not attn.differential:
+        return finish(attn, call(q, k, attn_mask)[..., : attn.d_v], pm)  # (the sink key's padding cut off)
+    H = attn.num_heads
+    (q1, q2), (k1, k2), (m1, m2) = _halves(q, H), _halves(k, attn.num_kv_heads), _halves(attn_mask, H)
+    z1, z2 = call(q1, k1, m1)[..., : attn.d_v], call(q2, k2, m2)[..., : attn.d_v]
+    if pm is not None and not pm.all_visible:
+        visible = _halves(pm.visible, H)[0]  # both maps of a head see the same keys
+        z1, z2 = z1 * visible, z2 * visible
+    return attn.merge_maps(z1, z2)
 
 
 @register_backend("biased_softmax")
