@@ -191,11 +191,14 @@ def chunked_form(
     if beta is None:
         U = vc
         # states before each chunk: M_n = carry_{n−1} M_{n−1} + k_outᵀ V of chunk n−1
-        writes = torch.matmul(k_out.transpose(-1, -2), vc)  # (B, H, N, d_k, d_v)
+        # (chunks are taken with unbind, whose backward stacks the chunks' gradients once: indexing one chunk per
+        # step would make each step's backward write a zero tensor of all N chunks, O(N²) in all)
+        writes = torch.matmul(k_out.transpose(-1, -2), vc).unbind(2)  # N × (B, H, d_k, d_v)
+        carries = None if carry is None else carry[..., None, None].unbind(2)  # N × (B, H, 1, 1)
         states = [q.new_zeros(B, H, Dk, Dv)]
         for n in range(N - 1):
-            M = states[-1] if carry is None else carry[:, :, n, None, None] * states[-1]
-            states.append(M + writes[:, :, n])
+            M = states[-1] if carries is None else carries[n] * states[-1]
+            states.append(M + writes[n])
         M_before = torch.stack(states, dim=2)  # (B, H, N, d_k, d_v)
     else:
         bc = beta.reshape(B, H, N, C)
@@ -203,20 +206,22 @@ def chunked_form(
         decayed_k = kc if b is None else kc * b.exp().unsqueeze(-1)
         rhs = torch.cat([vc, decayed_k], dim=-1) * bc.unsqueeze(-1)  # (B, H, N, C, d_v + d_k)
         W = _solve_unit_lower(bc.unsqueeze(-1) * kk, rhs)
-        W_v, W_k = W[..., :Dv], W[..., Dv:]
+        W_v, W_k = W[..., :Dv].unbind(2), W[..., Dv:].unbind(2)  # N × (B, H, C, ·) (unbind: see above)
+        k_outs = k_out.transpose(-1, -2).unbind(2)  # N × (B, H, d_k, C)
+        carries = None if carry is None else carry[..., None, None].unbind(2)
         M = None
         us, states = [], []
         for n in range(N):
             if M is None:
-                u = W_v[:, :, n]
+                u = W_v[n]
                 states.append(q.new_zeros(B, H, Dk, Dv))
             else:
-                u = W_v[:, :, n] - torch.matmul(W_k[:, :, n], M)
+                u = W_v[n] - torch.matmul(W_k[n], M)
                 states.append(M)
             us.append(u)
             if n < N - 1:
-                write = torch.matmul(k_out[:, :, n].transpose(-1, -2), u)
-                M = write if M is None else (M if carry is None else carry[:, :, n, None, None] * M) + write
+                write = torch.matmul(k_outs[n], u)
+                M = write if M is None else (M if carries is None else carries[n] * M) + write
         U = torch.stack(us, dim=2)  # (B, H, N, C, d_v)
         M_before = torch.stack(states, dim=2)
     out = torch.matmul(q_in, M_before) + torch.matmul(P, U)  # (B, H, N, C, d_v)
