@@ -1,5 +1,6 @@
 """The benchmark harness runs (``--quick``) and writes its files; its measured ratios are never asserted (targets
-are checked by the harness itself, not by timed tests). Plus the fused-kernel check, on the CPU and on CUDA."""
+are checked by the harness itself, not by timed tests). Plus the fused-kernel check, on the CPU and on CUDA, and the
+roofline column: the peak measurement, a step's FLOP count against a hand count, the fraction's fields."""
 
 from __future__ import annotations
 
@@ -15,21 +16,29 @@ import torch
 
 from attnlab.bench import (
     ATTENTION_VARIANTS,
+    CSV_FIELDS,
+    NUM_CLASSES,
     VARIANT_GOALS,
     FusedKernelUnavailable,
     ModelSpec,
     Options,
+    Shape,
+    add_roofline,
     bench_variants,
     build_model,
     check_fused_sdpa,
     evaluate_targets,
     format_tables,
     machine_info,
+    make_train_step,
+    measure_peak,
     naive_additive_logits,
     parse_args,
     quick_plan,
     write_results,
 )
+from attnlab.bench.cases import RECURRENT_FORMS, RECURRENT_GOAL
+from attnlab.bench.harness import count_step_flops
 from attnlab.scores import AdditiveScore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +58,7 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "| target |" in proc.stdout
+    assert "peak: " in proc.stdout and "% peak" in proc.stdout  # the roofline column, in every step table
     # quick numbers are labelled as such and never judged against the goals
     assert "QUICK RUN (--quick)" in proc.stdout and "not judged against the goals" in proc.stdout
     assert "targets were missed" not in proc.stdout
@@ -58,6 +68,8 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
     for key in ("date", "platform", "cpu_model", "usable_cores", "torch", "threads", "device", "dtype"):
         assert machine[key] not in (None, ""), key
     assert machine["threads"] == 1
+    peak = results["peak"]
+    assert peak["flops_s"] > 0 and peak["dtype"] == "float32" and peak["size"] == quick_plan().peak_size
 
     rows = list(csv.DictReader((tmp_path / "bench.csv").open()))
     encoder = [r for r in rows if r["section"] == "encoder"]
@@ -70,6 +82,15 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
     variants = [r for r in rows if r["section"] == "variants"]
     assert {r["variant"] for r in variants} == set(ATTENTION_VARIANTS)
     assert all(float(r["ratio_scaled_dot"]) > 0 for r in variants)
+    assert all(r["backend"] for r in variants)
+    # the roofline fields of every training-step row: a count, its rate, a fraction of the peak far below 1 here
+    stepped = [r for r in rows if r["section"] in ("encoder", "variants", "blocks", "linear")]
+    assert {r["section"] for r in stepped} == {"encoder", "variants", "blocks", "linear"}
+    for r in stepped:
+        assert int(r["flops"]) > 0 and float(r["achieved_flops_s"]) > 0, r["label"]
+        assert 0 < float(r["roofline"]) < 0.5, r["label"]
+        assert float(r["roofline"]) == pytest.approx(float(r["achieved_flops_s"]) / peak["flops_s"])
+    assert all(r["roofline"] == "" for r in rows if r["section"] in ("mha", "decode"))
 
     targets = list(csv.DictReader((tmp_path / "targets.csv").open()))
     by_id = {}
@@ -79,11 +100,13 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
         for t in by_id[tid]:
             assert float(t["value"]) > 0, t
     assert len(by_id["3"]) == 3
-    assert len(by_id["7"]) == 6 and len(by_id["8"]) == 6
+    assert len(by_id["7"]) == 6 and len(by_id["8"]) == 3
+    assert [len(by_id[f"31{c}"]) for c in "abcde"] == [1] * 5  # issue 31's tighter variant limits
+    assert len(by_id["31f"]) == len(RECURRENT_FORMS)  # every decay/delta form against causal softmax
     assert len(by_id["16c"]) == 2 and len(by_id["16b"]) == 1  # the bare block stacks' goals
     assert {r["variant"] for r in results["blocks"]} == {"scaled_dot", "relative_position", "t5_bias", "additive",
                                                           "additive_chunked", "additive_naive"}  # fmt: skip
-    judged = ("1", "2", "3", "4", "7", "8", "16a", "16b", "16c")
+    judged = ("1", "2", "3", "4", "7", "8", "16a", "16b", "16c", "31a", "31b", "31c", "31d", "31e", "31f")
     assert all(t["met"] == "" for tid in judged for t in by_id[tid])  # not judged
     assert results["additive_memory"]["max_rel_diff"] < 1e-4
     assert results["diagnostics"]["wall_with_s"] and results["diagnostics"]["wall_without_s"]
@@ -151,8 +174,8 @@ EAGER = {"softcap50", "sparsemax", "entmax15"}  # never expressible as SDPA; the
 
 def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_rows(tmp_path, single_thread):
     """The quick plan's variants section (tiny shapes, one round, no profiling): a row per variant and length with
-    its ratio to scaled_dot and its fast-path flag, in the table, bench.csv and targets.csv (labelled, not
-    judged). Timings are not asserted."""
+    its ratio to scaled_dot, its fast-path flag, its backend and its FLOPs, in the table, bench.csv and targets.csv
+    (labelled, not judged); with a measured peak, each row's roofline fraction. Timings are not asserted."""
     plan = quick_plan()
     rows = bench_variants(plan, torch.device("cpu"), torch.float32, log=lambda msg: None)
     lengths = [s.length for s in plan.variant_shapes]
@@ -164,6 +187,9 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
         model = build_model(ModelSpec.of_variant(r["variant"], plan.variant_shapes[0]))
         attention = model.encoder.layers[0].self_attn
         assert r["fast_path"] is attention.uses_fast_path, r["variant"]
+        assert r["backend"] == attention.backend_for("cpu", torch.float32), r["variant"]
+        assert r["flops"] > 0 and r["achieved_flops_s"] == pytest.approx(r["flops"] / (r["median_ms"] / 1e3))
+        assert r["roofline"] is None  # set once the run's peak is known
         if r["variant"] in EAGER or r["variant"] == "scaled_dot":
             assert r["fast_path"] is (r["variant"] == "scaled_dot"), r["variant"]
         if r["variant"] == "scaled_dot":
@@ -171,9 +197,22 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
     assert {r["score"] for r in rows} == {"scaled_dot", "cosine"}
     assert {v for _, names, _ in VARIANT_GOALS for v in names} <= set(ATTENTION_VARIANTS)
 
+    # the variant rows' FLOPs: the same count for variants that only add free (elementwise) work; fewer key/value
+    # projections for grouped heads
+    at = {r["variant"]: r["flops"] for r in rows if r["length"] == lengths[0]}
+    assert at["rope"] == at["qk_rmsnorm"] == at["scaled_dot"]
+    assert at["mqa"] < at["gqa2"] < at["scaled_dot"]
+
+    peak = measure_peak(torch.device("cpu"), torch.float32, plan.peak_size, plan.peak_reps)
     results = {"machine": machine_info(torch.device("cpu"), torch.float32), "quick": True, "variants": rows}
+    results["peak"] = peak
+    add_roofline(results)
+    for r in rows:
+        assert 0 < r["roofline"] < 0.5 and r["roofline"] == pytest.approx(r["achieved_flops_s"] / peak["flops_s"])
     results["targets"] = evaluate_targets(plan, results)
-    goals = [t for t in results["targets"] if t["id"] in ("7", "8")]
+    variant_ids = {tid for tid, _, _ in VARIANT_GOALS}
+    assert variant_ids == {"7", "8", "31a", "31b", "31c", "31d", "31e"}
+    goals = [t for t in results["targets"] if t["id"] in variant_ids]
     assert len(goals) == sum(len(names) for _, names, _ in VARIANT_GOALS)
     assert all(t["value"] > 0 and t["met"] is None for t in goals)  # a quick run is never judged
 
@@ -181,13 +220,19 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
     assert "QUICK RUN (--quick)" in table
     for name in ATTENTION_VARIANTS:
         assert f"| {name} |" in table
-    assert "| sparsemax | normalizer=sparsemax | no (eager) |" in table
+    sparsemax = next(r for r in rows if r["variant"] == "sparsemax")
+    assert f"| sparsemax | normalizer=sparsemax | no | {sparsemax['backend']} |" in table
+    assert "| backend |" in table and f"% peak L={lengths[0]}" in table and "peak: " in table
+    for tid in variant_ids:
+        assert f"| {tid} |" in table
     write_results(results, tmp_path)
     saved = [r for r in csv.DictReader((tmp_path / "bench.csv").open()) if r["section"] == "variants"]
     assert len(saved) == len(rows) and {r["fast_path"] for r in saved} == {"True", "False"}
+    assert {"flops", "achieved_flops_s", "roofline", "backend"} <= set(CSV_FIELDS)
+    assert all(int(r["flops"]) > 0 and 0 < float(r["roofline"]) < 0.5 and r["backend"] for r in saved)
     assert {r["variant"] for r in saved} == set(ATTENTION_VARIANTS)
     assert len(json.loads((tmp_path / "bench.json").read_text())["variants"]) == len(rows)
-    targets = [t for t in csv.DictReader((tmp_path / "targets.csv").open()) if t["id"] in ("7", "8")]
+    targets = [t for t in csv.DictReader((tmp_path / "targets.csv").open()) if t["id"] in variant_ids]
     assert len(targets) == len(goals) and all(t["met"] == "" for t in targets)
 
 
@@ -202,7 +247,94 @@ def test_variants_goals_are_judged_on_a_full_plan_and_only_picks_the_section():
         row["fast_path"] = row["variant"] not in EAGER
     targets = {t["what"].split()[0]: t for t in evaluate_targets(plan, {"variants": rows}) if t["id"] in ("7", "8")}
     assert targets["rope"]["met"] is False and targets["gqa2"]["met"] is True
-    assert targets["sparsemax"]["met"] is True and targets["sparsemax"]["note"] == "eager"
-    assert targets["softmax1"]["note"] == "fast path"
+    assert targets["softmax1"]["met"] is True and targets["softmax1"]["note"] == "fast path"
+    targets = {t["what"].split()[0]: t for t in evaluate_targets(plan, {"variants": rows}) if t["id"] == "31d"}
+    assert targets["sparsemax"]["met"] is True and targets["sparsemax"]["note"] == "eager"  # no backend recorded
+
+
+def test_issue_31_goals_are_judged_on_a_full_plan_and_labelled_in_a_quick_one():
+    """Issue 31's tighter variant limits (31a–e, replacing issue 8's 2.5 for entmax15, sparsemax and softpick) and
+    its decay/delta-form goal (31f: each form ≤ 1.0× causal softmax at the longer linear length), from a synthetic
+    results dict: met computed in a full plan, None in a quick one; the linear-attention goals stay."""
+    plan = quick_plan()
+    plan.quick = False
+    ratios = {"softcap50": 1.29, "entmax15": 2.1, "diff": 1.2, "sparsemax": 1.51, "softpick": 1.4}
+    variants = [
+        {
+            "variant": v,
+            "length": plan.target_variant_length,
+            "ratio_scaled_dot": ratios.get(v, 1.0),
+            "fast_path": v == "diff",
+            "backend": "normalized" if v in ratios else "sdpa",
+        }
+        for v in ATTENTION_VARIANTS
+    ]
+    long = plan.target_linear_lengths[RECURRENT_GOAL[1]]
+    forms = {"scaled_dot": 1.0, "linear_elu": 0.3, "linear_taylor": 1.2, "retnet": 0.7, "gla": 0.95}
+    forms |= {"deltanet": 1.0, "gated_deltanet": 1.3}
+    linear = [
+        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "memory_ratio": 0.4, "peak_mb": 10.0}
+        | {"backend": "sdpa" if name == "scaled_dot" else "chunked"}
+        for n in plan.target_linear_lengths
+        for name, ratio in forms.items()
+    ]
+    results = {"variants": variants, "linear": linear}
+    targets = evaluate_targets(plan, results)
+    by_id: dict[str, list[dict]] = {}
+    for t in targets:
+        by_id.setdefault(t["id"], []).append(t)
+    met = {tid: [t["met"] for t in by_id[tid]] for tid in ("31a", "31b", "31c", "31d", "31e")}
+    assert met == {"31a": [True], "31b": [False], "31c": [True], "31d": [False], "31e": [True]}
+    assert [t["limit"] for tid in ("31a", "31b", "31c", "31d", "31e") for t in by_id[tid]] == [1.3, 2.0, 1.3, 1.5, 1.5]
+    assert by_id["31a"][0]["note"] == "normalized"  # the backend that ran
+    assert {t["what"].split()[0] for t in by_id["8"]} == {"softmax1", "sink", "sigmoid"}  # 31 replaces 8 for the rest
+    judged = {t["what"].split()[0]: t for t in by_id["31f"]}
+    assert list(judged) == list(RECURRENT_FORMS)
+    assert {name: t["met"] for name, t in judged.items()} == {
+        "retnet": True,
+        "gla": True,
+        "deltanet": True,  # ≤ 1.0: equal is met
+        "gated_deltanet": False,
+    }
+    assert all(f"(L={long})" in t["what"] and t["limit"] == 1.0 and t["note"] == "chunked" for t in judged.values())
+    assert [t["met"] for tid in ("27a", "27b", "27c") for t in by_id[tid]] == [True, True, True]
+
+    plan.quick = True  # labelled, not judged
+    quick = evaluate_targets(plan, results)
+    assert all(t["met"] is None for t in quick if t["id"].startswith("31"))
+    assert len([t for t in quick if t["id"].startswith("31")]) == 5 + len(RECURRENT_FORMS)
+
+
+def test_peak_measurement_times_a_square_matrix_product(single_thread):
+    """The roofline's denominator: 2·size³ FLOPs ÷ the median of ``reps`` timed products, in float32 on the CPU."""
+    peak = measure_peak(torch.device("cpu"), torch.float32, size=256, reps=3)
+    assert peak["size"] == 256 and peak["reps"] == 3 and peak["dtype"] == "float32" and peak["threads"] == 1
+    assert peak["flops_s"] == pytest.approx(2 * 256**3 / (peak["median_ms"] / 1e3))
+    assert 1e6 < peak["flops_s"] <= peak["best_flops_s"] < 1e14  # a plausible CPU, median ≤ best
+
+
+def test_step_flops_of_a_one_layer_encoder_equal_a_hand_count(single_thread):
+    """The bench counts one training step under attnlab.compute's counter: matrix products only, 2 FLOPs per
+    multiply-add, forward + backward. A 1-layer scaled_dot encoder + head, counted by hand: every linear layer
+    (N tokens, in → out; its input needs a gradient) costs 2·N·in·out forward and twice that backward (the gradients
+    of its input and of its weight); SDPA costs q·kᵀ and P·v forward and 5 such products backward (torch's formula:
+    the scores recomputed, dP, dv, dq, dk); the embedding, norms, GELU, softmax, loss and AdamW are free."""
+    B, L, d, H, d_k = 2, 8, 16, 2, 8
+    shape = Shape(B, L, d, H, d_k, num_layers=1)
+    model = build_model(ModelSpec("attnlab", "scaled_dot", shape))
+    flops = count_step_flops(make_train_step(model, B, L, torch.device("cpu"), torch.float32))
+
+    N = B * L
+    d_ff, classes = 4 * d, NUM_CLASSES  # 16
+
+    def linear(n_in: int, n_out: int) -> int:
+        return 3 * 2 * N * n_in * n_out  # forward, input gradient, weight gradient
+
+    projections = 4 * linear(d, H * d_k)  # q, k, v, out
+    feed_forward = linear(d, d_ff) + linear(d_ff, d)
+    head = linear(d, classes)
+    one_product = 2 * B * H * L * L * d_k  # q·kᵀ (or P·v, with d_v = d_k)
+    attention = 2 * one_product + 5 * one_product
+    assert flops == projections + feed_forward + head + attention == 348_160
     opts = parse_args(["--quick", "--only", "variants", "--reps", "2"])
     assert isinstance(opts, Options) and opts.only == ["variants"] and opts.reps == 2

@@ -11,14 +11,24 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
   shapes (pre-LN, GELU, d_ff = 4·d_model, no dropout, same embedding, sinusoidal encoding and final norm), over
   L ∈ {128, 512, 1024} at 4096 tokens per batch, and several (heads, d_k). Warm-up, then interleaved
   repetitions (A B C … A B C …), medians; then one profiled step per model for the peak memory (allocations above
-  the resting parameters and optimizer state) and the SDPA kernel that ran.
+  the resting parameters and optimizer state) and the SDPA kernel that ran, and one counted step for the FLOPs
+  (the roofline column, below).
 * ``mha``: the attention module alone, attnlab ``MultiHeadAttention`` against ``nn.MultiheadAttention``.
 * ``variants``: the same encoder training step (same shapes: 4096 tokens per batch, d_model 128, 2 layers, H = 4,
   d_k = 32) with each attention stage of :data:`ATTENTION_VARIANTS` switched on in turn (rotary positions, QK-norm,
-  grouped/multi-query heads, cosine score, differential attention, soft-capping, ALiBi as a position bias, every
-  eager normalizer), against attnlab's plain ``scaled_dot`` timed in the same interleaved rounds, at
+  grouped/multi-query heads, cosine score, differential attention, soft-capping, ALiBi, Shaw and T5 position
+  biases, every eager normalizer), against attnlab's plain ``scaled_dot`` timed in the same interleaved rounds, at
   L ∈ {128, 512, 1024}; each marked with whether it takes the SDPA fast path
-  (``MultiHeadAttention.uses_fast_path``).
+  (``MultiHeadAttention.uses_fast_path``) and with the backend its first layer's training step runs
+  (``backend_for(device, dtype)``: ``sdpa``, ``relative``, ``eager``, ...). Goals at L = 512: issue 7's (rotary,
+  QK-norm, grouped heads ≤ 1.10), issue 8's (softmax1, sink, sigmoid ≤ 2.5) and issue 31's (31a–e: soft-capping
+  ≤ 1.3, entmax15 ≤ 2.0, differential ≤ 1.3, sparsemax and softpick ≤ 1.5; these replace issue 8's 2.5).
+* ``blocks``: bare stacks of attnlab encoder layers (forward + backward, no optimizer): the relative-position and
+  T5 kernels against scaled_dot, the additive kernels against the naive (B, H, L, L, d_a) form.
+* ``linear``: causal training steps of linear attention and the decay/delta-rule forms (retnet, gla, deltanet,
+  gated_deltanet; the ``chunked`` backend) against causal softmax (SDPA) at L from 256 to 4096, 4096 tokens per
+  batch: issue 27's goals for linear attention, issue 31's (31f) for every decay/delta form (≤ 1.0× at L 4096).
+* ``decode``: one token at a time with a key/value cache against the recurrent forms' state (issue 28).
 * ``diagnostics``: real Lightning training of the default config (``attnlab.train.run``, logger none) with the
   attention diagnostics callback on and off, interleaved, whole-run wall times.
 * ``additive_memory``: peak memory of the additive score's forward + backward against the naive form that
@@ -27,15 +37,26 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
 * ``default_run``: wall time of the default ``python train.py`` (a subprocess; skipped with ``--quick``).
 * ``fused``: SDPA restricted to the fused kernels (flash, memory-efficient) must accept ``scaled_dot``.
 
-Writes ``bench.json`` (everything, with the machine: platform, CPU model, cores, torch version, threads, date),
+The roofline column (``% peak`` in the encoder, variants, blocks and linear tables; ``flops``,
+``achieved_flops_s`` and ``roofline`` in their rows): before the timed sections the run measures the machine's
+practical peak, the median FLOP/s of a few large square ``torch.mm`` (2048², float32; in the run's dtype with
+``--dtype bf16``/``fp16``) → ``results["peak"]``. Each model's training step is counted once, after its timings,
+with :mod:`attnlab.compute`'s counter (``FlopCounterMode``: forward + backward, the optimizer free) → ``flops``;
+``achieved_flops_s`` = flops ÷ median step; ``roofline`` = achieved ÷ peak. The count is of **matrix products
+only** (2 FLOPs per multiply-add; softmax, normalisation and elementwise work are free, and causal softmax counts
+the masked half too, as torch's SDPA formula does), so the fraction says how much of the machine's matrix-product
+rate a step turns into matrix-product work: a report, with no goal.
+
+Writes ``bench.json`` (everything, with the machine: platform, CPU model, cores, torch version, threads, date; and
+the peak),
 ``bench.csv`` (one row per measured model) and ``targets.csv`` (each target's ratio, limit, met) into ``--out``
 (default: a new folder ``bench_results/<date-time>/``, with ``bench_results/latest`` pointing at it), and prints
 the tables. Targets are checked here, never by a timed test; a ``--quick`` run is labelled as such and never
 judged against them.
 
 Modules: ``cases`` (variants, goals, shapes, models, plans), ``harness`` (training-step closures, interleaved
-timing, profiled peak memory and SDPA kernel, peak RSS), ``sections`` (one function per section), ``report``
-(machine, targets, tables, results folder), ``cli``.
+timing, profiled peak memory and SDPA kernel, the FLOP count of a step, the peak FLOP/s, peak RSS), ``sections``
+(one function per section), ``report`` (machine, targets, roofline, tables, results folder), ``cli``.
 """
 
 from attnlab.bench.cases import (
@@ -54,12 +75,14 @@ from attnlab.bench.cases import (
     quick_plan,
 )
 from attnlab.bench.cli import DTYPES, SECTIONS, Options, main, parse_args, run_bench
-from attnlab.bench.harness import interleaved_times, make_train_step, profile_step
+from attnlab.bench.harness import count_step_flops, interleaved_times, make_train_step, measure_peak, profile_step
 from attnlab.bench.report import (
     CSV_FIELDS,
     QUICK_NOTE,
     RESULTS_ROOT,
+    ROOFLINE_SECTIONS,
     TARGET_FIELDS,
+    add_roofline,
     evaluate_targets,
     format_tables,
     format_variants,
@@ -89,6 +112,7 @@ __all__ = [
     "QUICK_NOTE",
     "REPO_ROOT",
     "RESULTS_ROOT",
+    "ROOFLINE_SECTIONS",
     "SECTIONS",
     "TARGET_FIELDS",
     "VARIANTS",
@@ -101,6 +125,7 @@ __all__ = [
     "Plan",
     "Shape",
     "TorchEncoder",
+    "add_roofline",
     "bench_additive_memory",
     "bench_blocks",
     "bench_default_run",
@@ -110,6 +135,7 @@ __all__ = [
     "bench_variants",
     "build_model",
     "check_fused_sdpa",
+    "count_step_flops",
     "evaluate_targets",
     "format_tables",
     "format_variants",
@@ -118,6 +144,7 @@ __all__ = [
     "machine_info",
     "main",
     "make_train_step",
+    "measure_peak",
     "naive_additive_logits",
     "new_results_dir",
     "parse_args",

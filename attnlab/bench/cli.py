@@ -1,5 +1,6 @@
-"""``attnlab-bench`` / ``python -m attnlab.bench``: the options, running the selected sections, writing and
-printing the results; ``--child`` (internal) runs one additive-memory measurement in a fresh process."""
+"""``attnlab-bench`` / ``python -m attnlab.bench``: the options, running the selected sections (with the machine's
+peak FLOP/s measured first when a training-step section runs, for the roofline column), writing and printing the
+results; ``--child`` (internal) runs one additive-memory measurement in a fresh process."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from typing import Any
 import torch
 
 from attnlab.bench.cases import full_plan, quick_plan
+from attnlab.bench.harness import measure_peak
 from attnlab.bench.report import (
     RESULTS_ROOT,
+    ROOFLINE_SECTIONS,
+    add_roofline,
     evaluate_targets,
     format_tables,
     machine_info,
@@ -73,7 +77,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the selected sections → the results dict (machine, sections, targets)."""
+    """Run the selected sections → the results dict (machine, ``peak``: the machine's practical peak FLOP/s,
+    measured before the timed sections when one of them has a roofline column, the sections with each training
+    step's ``roofline``, targets)."""
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no CUDA device")
@@ -102,6 +108,10 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
                 raise
             results["fused"] = {"kernel": None, "error": str(exc)}
         lap("fused")
+    if any(name in opts.only for name in ROOFLINE_SECTIONS):
+        log(f"peak: {plan.peak_reps} matrix products of {plan.peak_size}² ...")
+        results["peak"] = measure_peak(device, dtype, plan.peak_size, plan.peak_reps)
+        lap("peak")
     timed = {
         "encoder": bench_encoder,
         "mha": bench_mha,
@@ -123,6 +133,7 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
     if "default_run" in opts.only and not opts.quick:
         results["default_run"] = bench_default_run(log)
         lap("default_run")
+    add_roofline(results)
     results["seconds"] = time.perf_counter() - started
     results["targets"] = evaluate_targets(plan, results)
     return results

@@ -1,7 +1,8 @@
 """The timing and memory harness: one training step as a closure (:func:`make_train_step`), interleaved timed
 repetitions (:func:`interleaved_times`), one profiled step for the peak memory and the SDPA kernel that ran
-(:func:`profile_step`), the summary of a list of times, and the process's peak-RSS mark (the additive-memory
-child's measurement)."""
+(:func:`profile_step`), one counted step for the FLOPs (:func:`count_step_flops`), the machine's practical peak
+FLOP/s (:func:`measure_peak`), the summary of a list of times, and the process's peak-RSS mark (the
+additive-memory child's measurement)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from torch import nn
 
 from attnlab.bench.cases import NUM_CLASSES, VOCAB_SIZE
 
-__all__ = ["interleaved_times", "make_train_step", "profile_step"]
+__all__ = ["count_step_flops", "flops_fields", "interleaved_times", "make_train_step", "measure_peak", "profile_step"]
 
 
 def _sync(device: torch.device) -> None:
@@ -136,6 +138,58 @@ def profile_step(step: Callable[[], None], device: torch.device) -> tuple[float,
             running += nbytes
             peak = max(peak, running)
     return peak / 2**20, _kernel_names(names)
+
+
+def count_step_flops(step: Callable[[], None]) -> int | None:
+    """The FLOPs of one call of ``step`` (a training-step closure: forward + backward, and the optimizer's update,
+    which is free), counted by running it once under :func:`attnlab.compute.count_flops`: matrix products only, 2
+    FLOPs per multiply-add; softmax, normalisation and elementwise work are free, an operator without a formula
+    (a custom kernel :mod:`attnlab.compute` does not know) counts 0. None when the step cannot run under the
+    counter (a dispatch mode; with a warning), so that counting never stops the benchmark."""
+    from attnlab.compute import count_flops
+
+    try:
+        return count_flops(step)
+    except Exception as exc:  # a report column: the timings stand without it
+        warnings.warn(f"bench: the step's FLOPs could not be counted ({type(exc).__name__}: {exc})", stacklevel=2)
+        return None
+
+
+def flops_fields(flops: int | None, median_ms: float) -> dict[str, Any]:
+    """A timed row's ``flops`` (per step) and ``achieved_flops_s`` (flops ÷ the median step); ``roofline`` (achieved ÷
+    the peak) is added once the run's peak is known (:func:`attnlab.bench.report.add_roofline`)."""
+    achieved = None if flops is None or median_ms <= 0 else flops / (median_ms / 1e3)
+    return {"flops": flops, "achieved_flops_s": achieved, "roofline": None}
+
+
+def measure_peak(device: torch.device, dtype: torch.dtype, size: int = 2048, reps: int = 5) -> dict[str, Any]:
+    """The machine's practical peak: ``reps`` timed ``torch.mm`` of two (``size``, ``size``) matrices in the
+    benchmark's compute dtype (float32 for an fp32 run; bf16 for ``--dtype bf16``, as autocast runs the matrix
+    products), after one untimed call → ``flops_s`` (2·size³ ÷ the median time), ``best_flops_s`` (÷ the fastest),
+    ``median_ms``, ``size``, ``reps``, ``dtype``, ``threads``."""
+    mm_dtype = torch.float32 if dtype == torch.float32 else dtype
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device, mm_dtype)
+    b = torch.randn(size, size, generator=gen).to(device, mm_dtype)
+    torch.mm(a, b)
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    flops = 2 * size**3
+    median = statistics.median(times)
+    return {
+        "flops_s": flops / median,
+        "best_flops_s": flops / min(times),
+        "median_ms": 1e3 * median,
+        "size": size,
+        "reps": reps,
+        "dtype": str(mm_dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _summary(times: Sequence[float]) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The goals and the report: the machine's description, the targets judged (:func:`evaluate_targets`), the
-markdown tables, and the results folder (``bench.json``, ``bench.csv``, ``targets.csv``)."""
+roofline fraction of each timed training step (:func:`add_roofline`), the markdown tables, and the results folder
+(``bench.json``, ``bench.csv``, ``targets.csv``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,24 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.cases import BLOCK_GOALS, DECODE_GOAL, LINEAR_GOALS, VARIANT_GOALS, Plan, Shape
+from attnlab.bench.cases import (
+    BLOCK_GOALS,
+    DECODE_GOAL,
+    LINEAR_GOALS,
+    RECURRENT_FORMS,
+    RECURRENT_GOAL,
+    VARIANT_GOALS,
+    Plan,
+    Shape,
+)
 
 __all__ = [
     "CSV_FIELDS",
     "QUICK_NOTE",
     "RESULTS_ROOT",
+    "ROOFLINE_SECTIONS",
     "TARGET_FIELDS",
+    "add_roofline",
     "evaluate_targets",
     "format_decode",
     "format_linear",
@@ -60,6 +72,9 @@ CSV_FIELDS = (
     "memory_ratio",
     "state_size",
     "bytes_per_seq",
+    "flops",
+    "achieved_flops_s",
+    "roofline",
 )
 TARGET_FIELDS = ("id", "what", "value", "limit", "met", "note")
 
@@ -100,14 +115,32 @@ def machine_info(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
+# The sections whose rows are training steps with a FLOP count, and so a roofline fraction.
+ROOFLINE_SECTIONS = ("encoder", "variants", "blocks", "linear")
+
+
+def add_roofline(results: dict[str, Any]) -> None:
+    """Set each timed training-step row's ``roofline``: its ``achieved_flops_s`` (the step's FLOPs ÷ its median
+    time) ÷ the run's measured peak (``results["peak"]["flops_s"]``, a large matrix product). The FLOPs are
+    matrix-product FLOPs only (:mod:`attnlab.compute`'s convention: softmax, normalisation and elementwise work are
+    free, and a causal mask's skipped half is counted), so the fraction is of the matrix-product work a step would
+    do at the machine's matrix-product peak: a report, with no goal. None where either is missing."""
+    peak = (results.get("peak") or {}).get("flops_s")
+    for section in ROOFLINE_SECTIONS:
+        for row in results.get(section) or []:
+            achieved = row.get("achieved_flops_s")
+            row["roofline"] = achieved / peak if achieved is not None and peak else None
+
+
 def _find(rows: list[dict], group: str, score: str) -> dict | None:
     """The first row of ``score`` in ``group`` (each group lists its base shape first)."""
     return next((r for r in rows if r["group"] == group and r["score"] == score), None)
 
 
 def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target (issue 6's, then the variants' :data:`VARIANT_GOALS`): id, what, value (a ratio, or seconds),
-    limit (None = reported only), met."""
+    """Each target (issue 6's, the blocks', the linear-attention and decay/delta forms' (issues 27 and 31), the
+    decoding's, then the variants' :data:`VARIANT_GOALS`, issue 31's tighter limits among them): id, what, value
+    (a ratio, or seconds), limit (None = reported only), met (None in a ``--quick`` run or when not measured)."""
     rows = results.get("encoder", [])
     targets: list[dict[str, Any]] = []
 
@@ -182,6 +215,11 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                     limit,
                     note,
                 )
+        tid, which, limit = RECURRENT_GOAL
+        for name in RECURRENT_FORMS:
+            r = next((r for r in linear if r["variant"] == name and r["length"] == lengths[which]), None)
+            what = f"{name} step ÷ scaled_dot causal (L={lengths[which]})"
+            add(tid, what, r and r["ratio_scaled_dot"], limit, r.get("backend", "") if r else "")
         crossover = linear_crossover(linear)
         add("27d", "crossover: shortest L where linear (elu) steps faster than scaled_dot", crossover, None)
     decode = results.get("decode")
@@ -202,7 +240,7 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
         for tid, names, limit in VARIANT_GOALS:
             for name in names:
                 r = next((r for r in variants if r["variant"] == name and r["length"] == length), None)
-                note = "" if r is None else ("fast path" if r["fast_path"] else "eager")
+                note = "" if r is None else r.get("backend") or ("fast path" if r["fast_path"] else "eager")
                 add(tid, f"{name} step ÷ scaled_dot (L={length})", r and r["ratio_scaled_dot"], limit, note)
     return targets
 
@@ -218,18 +256,20 @@ def linear_crossover(rows: list[dict], model: str = "linear_elu") -> float | Non
 
 
 def format_linear(rows: list[dict]) -> list[str]:
-    """The linear-attention table: per length, each model's step, ratio, peak memory and state size."""
+    """The linear-attention table: per length, each model's step, ratio, peak memory, state size and % of the
+    machine's peak (matrix-product FLOPs; causal softmax's counted in full)."""
     lines = [
         "linear: causal encoder training step (2 layers, forward + backward + AdamW; full plan: 4096 tokens a batch)",
         "",
-        "| model | backend | L | B | step ms | ÷ scaled_dot | peak MB | ÷ scaled_dot | state (floats/seq/layer) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | backend | L | B | step ms | ÷ scaled_dot | peak MB | ÷ scaled_dot | state (floats/seq/layer) "
+        "| % peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['variant']} | {r['backend']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | "
             f"{_fmt(r['ratio_scaled_dot'])} | {_fmt(r['peak_mb'], 0)} | {_fmt(r['memory_ratio'])} | "
-            f"{r['state_size']:,} |"
+            f"{r['state_size']:,} | {_pct(r.get('roofline'))} |"
         )
     return lines
 
@@ -262,14 +302,30 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _pct(fraction: float | None) -> str:
+    """A roofline fraction as a percentage (one decimal), "-" when not measured."""
+    return "-" if fraction is None else f"{100 * fraction:.1f}"
+
+
 def format_tables(results: dict[str, Any]) -> str:
-    """Markdown tables: targets, then the encoder grid (ratios to torch and to scaled_dot)."""
+    """Markdown tables: targets, then the encoder grid (ratios to torch and to scaled_dot), the variants, the
+    blocks, linear attention, decoding and the module alone. The first line names the machine and its measured
+    peak; each training-step table's ``% peak`` column is the step's achieved matrix-product FLOP/s ÷ that peak
+    (:func:`add_roofline`)."""
     m = results["machine"]
+    peak = results.get("peak")
     lines = [
         f"attnlab bench · {m['date']} · {m['cpu_model']} ({m['usable_cores']} cores) · torch {m['torch']} · "
         f"{m['threads']} threads · {m['device']} {m['dtype']}",
         "",
     ]
+    if peak:
+        lines += [
+            f"peak: {peak['flops_s'] / 1e9:.1f} GFLOP/s (median of {peak['reps']} {peak['dtype']} "
+            f"{peak['size']}×{peak['size']} matrix products); % peak: a step's matrix-product FLOPs (forward + "
+            "backward, 2 per multiply-add; softmax and elementwise work free) per second ÷ that peak",
+            "",
+        ]
     if results.get("quick"):
         lines += [QUICK_NOTE, ""]
     lines += [
@@ -283,14 +339,14 @@ def format_tables(results: dict[str, Any]) -> str:
     if enc:
         lines += [
             "",
-            "| model | L | B | H | d_k | step ms | tokens/s | peak MB | SDPA | ÷ torch | ÷ scaled_dot |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| model | L | B | H | d_k | step ms | tokens/s | peak MB | SDPA | ÷ torch | ÷ scaled_dot | % peak |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in enc:
             lines.append(
                 f"| {r['score']} | {r['length']} | {r['batch']} | {r['num_heads']} | {r['d_k']} | "
                 f"{r['median_ms']:.1f} | {r['tokens_per_s']:.0f} | {r['peak_mb']:.0f} | {r['sdpa_kernel']} | "
-                f"{_fmt(r['ratio_torch'])} | {_fmt(r['ratio_scaled_dot'])} |"
+                f"{_fmt(r['ratio_torch'])} | {_fmt(r['ratio_scaled_dot'])} | {_pct(r.get('roofline'))} |"
             )
     variants = results.get("variants") or []
     if variants:
@@ -299,13 +355,15 @@ def format_tables(results: dict[str, Any]) -> str:
     if blocks:
         lines += [
             "",
-            "| blocks (forward + backward) | L | B | step ms | peak MB | kernel | ÷ scaled_dot | ÷ naive additive |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| blocks (forward + backward) | L | B | step ms | peak MB | kernel | ÷ scaled_dot | ÷ naive additive "
+            "| % peak |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for r in blocks:
             lines.append(
                 f"| {r['variant']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | {_fmt(r['peak_mb'], 0)} | "
-                f"{r['sdpa_kernel']} | {_fmt(r['ratio_scaled_dot'])} | {_fmt(r['ratio_naive'])} |"
+                f"{r['sdpa_kernel']} | {_fmt(r['ratio_scaled_dot'])} | {_fmt(r['ratio_naive'])} | "
+                f"{_pct(r.get('roofline'))} |"
             )
     linear = results.get("linear") or []
     if linear:
@@ -324,7 +382,9 @@ def format_tables(results: dict[str, Any]) -> str:
 
 def format_variants(rows: list[dict]) -> list[str]:
     """The variants table: per variant, whether it takes the fast path (with the SDPA kernel that ran when it was
-    profiled), then per length its step ÷ scaled_dot and median step (ms); the first line names the shapes."""
+    profiled) and the backend its first layer's training step runs, then per length its step ÷ scaled_dot and
+    median step (ms), then per length its % of the machine's peak (matrix-product FLOPs, :func:`add_roofline`);
+    the first line names the shapes."""
     lengths = sorted({r["length"] for r in rows})
     cell = {(r["variant"], r["length"]): r for r in rows}
     shapes = ", ".join(
@@ -335,8 +395,10 @@ def format_variants(rows: list[dict]) -> list[str]:
     lines = [
         f"variants: encoder training step ÷ scaled_dot's in the same rounds ({shapes}; {rows[0]['num_layers']} layers)",
         "",
-        "| variant | options | fast path | " + " | ".join(f"÷ scaled_dot L={n} (ms)" for n in lengths) + " |",
-        "| --- | --- | --- | " + " | ".join("---" for _ in lengths) + " |",
+        "| variant | options | fast path | backend | "
+        + " | ".join([*(f"÷ scaled_dot L={n} (ms)" for n in lengths), *(f"% peak L={n}" for n in lengths)])
+        + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in range(2 * len(lengths))) + " |",
     ]
     for name in dict.fromkeys(r["variant"] for r in rows):
         first = next(r for r in rows if r["variant"] == name)
@@ -344,10 +406,12 @@ def format_variants(rows: list[dict]) -> list[str]:
         for n in lengths:
             r = cell.get((name, n))
             cells.append("-" if r is None else f"{_fmt(r['ratio_scaled_dot'])} ({r['median_ms']:.1f})")
-        fast = {True: "yes", False: "no (eager)", None: "-"}[first["fast_path"]]
+        cells += [_pct(cell[(name, n)].get("roofline")) if (name, n) in cell else "-" for n in lengths]
+        fast = {True: "yes", False: "no", None: "-"}[first["fast_path"]]  # the backend column says which ran
         if first["fast_path"] and first["sdpa_kernel"]:
             fast += f" ({first['sdpa_kernel']})"
-        lines.append(f"| {name} | {first['options']} | {fast} | " + " | ".join(cells) + " |")
+        backend = first.get("backend") or "-"
+        lines.append(f"| {name} | {first['options']} | {fast} | {backend} | " + " | ".join(cells) + " |")
     return lines
 
 

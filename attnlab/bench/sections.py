@@ -1,6 +1,9 @@
 """The sections of the benchmark, each a function returning its results: ``encoder`` (:func:`bench_encoder`),
-``mha``, ``variants``, ``diagnostics``, ``additive_memory`` (with the fresh-process child it starts through
-``python -m attnlab.bench --child``), ``default_run`` and ``fused`` (:func:`check_fused_sdpa`)."""
+``mha``, ``variants``, ``blocks``, ``linear``, ``decode``, ``diagnostics``, ``additive_memory`` (with the
+fresh-process child it starts through ``python -m attnlab.bench --child``), ``default_run`` and ``fused``
+(:func:`check_fused_sdpa`). The training-step sections (encoder, variants, blocks, linear) also count one step's
+FLOPs per model (matrix products only, :func:`~attnlab.bench.harness.count_step_flops`) and give its achieved
+FLOP/s; the roofline fraction is added by the caller once the run's peak is measured."""
 
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ from attnlab.bench.harness import (
     _peak_rss_kb,
     _reset_peak_rss,
     _summary,
+    count_step_flops,
+    flops_fields,
     interleaved_times,
     make_train_step,
     profile_step,
@@ -70,7 +75,8 @@ class FusedKernelUnavailable(RuntimeError):
 
 
 def bench_encoder(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
-    """Time every group of ``plan`` → one row per model (median step, tokens/s, peak MB, SDPA kernel, ratios)."""
+    """Time every group of ``plan`` → one row per model (median step, tokens/s, peak MB, SDPA kernel, ratios, the
+    step's FLOPs and achieved FLOP/s: one counted step per model, after the timings)."""
     rows: list[dict] = []
     for group in plan.groups:
         steps = {}
@@ -82,6 +88,7 @@ def bench_encoder(plan: Plan, device: torch.device, dtype: torch.dtype, log: Cal
         group_rows = []
         for spec in group.specs:
             peak_mb, kernel = profile_step(steps[spec.label], device)
+            flops = count_step_flops(steps[spec.label])
             stats = _summary(times[spec.label])
             group_rows.append(
                 {
@@ -96,6 +103,7 @@ def bench_encoder(plan: Plan, device: torch.device, dtype: torch.dtype, log: Cal
                     "tokens_per_s": spec.shape.tokens / (stats["median_ms"] / 1e3),
                     "peak_mb": peak_mb,
                     "sdpa_kernel": kernel,
+                    **flops_fields(flops, stats["median_ms"]),
                 }
             )
         _add_ratios(group_rows)
@@ -125,22 +133,26 @@ def _add_ratios(rows: list[dict]) -> None:
 def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
     """The encoder training step of every one of :data:`ATTENTION_VARIANTS`, at each of ``plan.variant_shapes``:
     all variants of a length timed together, interleaved, then one profiled step each (peak MB, SDPA kernel;
-    unless ``plan.variant_profile`` is False) → one row per model, with ``ratio_scaled_dot`` (median step ÷ the
-    ``scaled_dot`` variant's at that length) and ``fast_path`` (whether its attention dispatches to SDPA)."""
+    unless ``plan.variant_profile`` is False) and one counted step each (FLOPs) → one row per model, with
+    ``ratio_scaled_dot`` (median step ÷ the ``scaled_dot`` variant's at that length), ``fast_path`` (whether its
+    attention dispatches to SDPA), ``backend`` (the backend its first layer's training step runs:
+    ``MultiHeadAttention.backend_for(device, dtype)``), ``flops`` and ``achieved_flops_s``."""
     reps = plan.variant_reps if plan.variant_reps is not None else plan.reps
     rows: list[dict] = []
     for shape in plan.variant_shapes:
         specs = [ModelSpec.of_variant(name, shape) for name in ATTENTION_VARIANTS]
-        steps, fast = {}, {}
+        steps, fast, backend = {}, {}, {}
         for spec in specs:
             model = build_model(spec)
             fast[spec.variant] = _fast_path(model)
+            backend[spec.variant] = model.encoder.layers[0].self_attn.backend_for(device, dtype)
             steps[spec.variant] = make_train_step(model, shape.batch, shape.length, device, dtype)
         log(f"variants: {shape.tag()}, {len(specs)} models ...")
         times = interleaved_times(steps, plan.warmup, reps, device)
         ref = statistics.median(times["scaled_dot"])
         for spec in specs:
             peak_mb, kernel = profile_step(steps[spec.variant], device) if plan.variant_profile else (None, None)
+            flops = count_step_flops(steps[spec.variant])
             ts = times[spec.variant]
             stats = _summary(ts)
             options = ATTENTION_VARIANTS[spec.variant]
@@ -154,6 +166,7 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
                     "variant": spec.variant,
                     "options": " ".join(f"{k}={v}" for k, v in options.items()) or "(reference)",
                     "fast_path": fast[spec.variant],
+                    "backend": backend[spec.variant],
                     **asdict(shape),
                     **stats,
                     "reps": len(ts),
@@ -162,6 +175,7 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
                     "sdpa_kernel": kernel,
                     "ratio_torch": None,
                     "ratio_scaled_dot": statistics.median(ts) / ref,
+                    **flops_fields(flops, stats["median_ms"]),
                 }
             )
         del steps
@@ -187,8 +201,8 @@ def _blocks_step(layers: nn.Module, shape: Shape, device: torch.device, dtype: t
 def bench_blocks(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
     """Bare attention block stacks (:func:`~attnlab.bench.cases.build_blocks`), forward + backward of a mean-square
     loss, no optimizer: each group of ``plan.block_groups`` timed together, interleaved, then one profiled step each
-    → one row per model with ``ratio_scaled_dot`` (÷ the group's scaled_dot) and ``ratio_naive`` (÷ the naive
-    additive form, when the group has it)."""
+    → one row per model with ``ratio_scaled_dot`` (÷ the group's scaled_dot), ``ratio_naive`` (÷ the naive
+    additive form, when the group has it), ``flops`` and ``achieved_flops_s`` (one counted step each)."""
     rows: list[dict] = []
     for shape, names in plan.block_groups:
         steps = {name: _blocks_step(build_blocks(name, shape), shape, device, dtype) for name in names}
@@ -197,6 +211,7 @@ def bench_blocks(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
         medians = {name: statistics.median(ts) for name, ts in times.items()}
         for name in names:
             peak_mb, kernel = profile_step(steps[name], device)
+            flops = count_step_flops(steps[name])
             stats = _summary(times[name])
             score, params = BLOCK_MODELS[name]
             rows.append(
@@ -217,6 +232,7 @@ def bench_blocks(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
                     "ratio_torch": None,
                     "ratio_scaled_dot": medians[name] / medians["scaled_dot"] if "scaled_dot" in medians else None,
                     "ratio_naive": medians[name] / medians["additive_naive"] if "additive_naive" in medians else None,
+                    **flops_fields(flops, stats["median_ms"]),
                 }
             )
         del steps
@@ -228,7 +244,9 @@ def bench_linear(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
     :data:`~attnlab.bench.cases.LINEAR_MODELS` at each of ``plan.linear_shapes`` (4096 tokens per batch): the
     models of a length timed together, interleaved, then one profiled step each → one row per model with
     ``ratio_scaled_dot`` (median step ÷ scaled_dot's, SDPA's causal kernel) and ``memory_ratio`` (peak MB ÷
-    scaled_dot's), the backend and the state size of the first layer (floats per sequence)."""
+    scaled_dot's), the backend and the state size of the first layer (floats per sequence), ``flops`` and
+    ``achieved_flops_s`` (one counted step each; the count ignores a causal mask's sparsity, as torch's SDPA formula
+    does, so causal softmax's is about twice the work its kernel does)."""
     rows: list[dict] = []
     for shape in plan.linear_shapes:
         models = {name: build_causal_model(name, shape) for name in LINEAR_MODELS}
@@ -237,6 +255,7 @@ def bench_linear(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
         times = interleaved_times(steps, plan.warmup, plan.reps, device)
         medians = {name: statistics.median(ts) for name, ts in times.items()}
         peaks = {name: profile_step(steps[name], device) for name in models}
+        flops = {name: count_step_flops(steps[name]) for name in models}
         for name, model in models.items():
             attn = model.encoder.layers[0].self_attn
             stats = _summary(times[name])
@@ -260,6 +279,7 @@ def bench_linear(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
                     "ratio_torch": None,
                     "ratio_scaled_dot": medians[name] / medians["scaled_dot"],
                     "memory_ratio": peaks[name][0] / peaks["scaled_dot"][0] if peaks["scaled_dot"][0] else None,
+                    **flops_fields(flops[name], stats["median_ms"]),
                 }
             )
         del steps, models
