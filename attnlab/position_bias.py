@@ -3,7 +3,10 @@
 A position bias is a :class:`PositionBias` registered with ``@register_position_bias("name")`` and built with
 ``build_position_bias(name, d_k=..., num_heads=..., **params)``: ``bias(q, num_keys)`` returns an additive
 (…, H, Lq, Lk) term, already scaled, that :class:`~attnlab.attention.MultiHeadAttention` adds to the score's
-logits (the additive score's too), and an optional value-side term (Shaw's a^V). The variants ``alibi``, ``t5_bias``
+logits (the additive score's too), and an optional value-side term (Shaw's a^V). A bias that can say its value at
+one (batch, head, query, key) from a few small tensors offers it as a FlexAttention ``score_mod``
+(:meth:`PositionBias.score_mod`: Shaw, T5, ALiBi), which the ``flex`` backend (:mod:`attnlab.backends.flex`) fuses
+into one kernel. The variants ``alibi``, ``t5_bias``
 and ``relative_position`` are presets (:mod:`attnlab.config`): a score plus one of these biases.
 
 Positions are 0-based; for self-attention query i and key j are the same sequence positions.
@@ -26,6 +29,7 @@ from attnlab.registry import BoundedCache, Registry, build_with_sizes
 __all__ = [
     "AlibiBias",
     "PositionBias",
+    "ScoreMod",
     "ShawBias",
     "T5Bias",
     "alibi_slopes",
@@ -35,6 +39,37 @@ __all__ = [
     "resolve_direction",
     "t5_relative_bucket",
 ]
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+"""A FlexAttention ``score_mod``: (score, b, h, q_idx, kv_idx) → the modified score, all 0-d tensors."""
+
+
+def _clipped_distance_mod(qa: Tensor, clip: int) -> ScoreMod:
+    """score + qa[b, h, q, clip(k − q, ±clip) + clip] for qa (B, H, Lq, 2·clip + 1): Shaw's a^K."""
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + qa[b, h, q_idx, (kv_idx - q_idx).clamp(-clip, clip) + clip]
+
+    return mod
+
+
+def _offset_table_mod(table: Tensor, num_queries: int) -> ScoreMod:
+    """score + table[h, k − q + Lq − 1] for a per-head table (H, Lq + Lk − 1) over the offsets k − q: T5."""
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + table[h, kv_idx - q_idx + (num_queries - 1)]
+
+    return mod
+
+
+def _slope_mod(slopes: Tensor) -> ScoreMod:
+    """score − slopes[h]·|k − q| for slopes (H,): ALiBi."""
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score - slopes[h] * (kv_idx - q_idx).abs()
+
+    return mod
+
 
 # --------------------------------------------------------------------------------------------- position biases
 
@@ -68,6 +103,24 @@ class PositionBias(nn.Module):
         per query) or (H, C) (a row per head), such that ``bias[…, i, j] = table[row, c(i, j)]``; None (default)
         when the bias is not of that form."""
         return None
+
+    def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod | None:
+        """The bias as a FlexAttention ``score_mod`` (the optional hook of the ``flex`` backend,
+        :mod:`attnlab.backends.flex`): a function ``mod(score, b, h, q_idx, kv_idx) -> score + bias[b, h, q_idx,
+        kv_idx]`` on 0-d tensors (b the batch, h the query head, q_idx and kv_idx positions), reading only tensors
+        computed here from q (B, H, Lq, d_k) and captured by the function (Shaw's q·w^K (B, H, Lq, 2k + 1), T5's
+        per-offset table (H, Lq + Lk − 1), ALiBi's slopes (H,)). It must add exactly what :meth:`bias` gives.
+
+        None (default): no such form; the ``flex`` backend then refuses a layer with this bias (a subclass that
+        overrides this method but returns None at some shape gets its bias materialised and read by index there).
+        Build ``mod`` from a module-level function of the captured tensors (as below), so that ``torch.compile``
+        sees the same code for every call and recompiles only when a shape changes."""
+        return None
+
+    @property
+    def has_score_mod(self) -> bool:
+        """Whether this bias offers :meth:`score_mod` (its class overrides it)."""
+        return type(self).score_mod is not PositionBias.score_mod
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         """weights (B, H, Lq, Lk) → extra output (B, H, Lq, d_v) added to ``weights @ v``, or None."""
@@ -158,6 +211,11 @@ class ShawBias(PositionBias):
             ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.distance_index(Lq, num_keys, torch.device("cpu")))
         )
         return torch.matmul(q, self.rel_k.t() * self.scale), runs  # (B, H, Lq, 2k+1)
+
+    def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
+        """score + (q · w^Kᵀ / √d_k)[b, h, q, clip(k − q, k) + k]: the (B, H, Lq, 2k + 1) table that :meth:`bias`
+        gathers from, read by index (a^V, the value term, is not part of it)."""
+        return _clipped_distance_mod(torch.matmul(q, self.rel_k.t() * self.scale), self.clip)
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         if self.rel_v is None:
@@ -253,6 +311,27 @@ class T5Bias(PositionBias):
         )
         return self.rel_bias.t().to(q.dtype), runs  # (H, num_buckets)
 
+    def offset_buckets(self, num_queries: int, num_keys: int, device: torch.device) -> Tensor:
+        """(Lq + Lk − 1,) long: the bucket of each offset k − q = −(Lq − 1) … Lk − 1 (a bucket depends on the offset
+        only), cached."""
+        return self._tables.get_or_make(
+            ("offset_bucket", num_queries, num_keys, device),
+            lambda: t5_relative_bucket(
+                torch.arange(-(num_queries - 1), num_keys, device=device),
+                self.bidirectional,
+                self.num_buckets,
+                self.max_distance,
+            ),
+        )
+
+    def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
+        """score + b_h[bucket(k − q)], read from the per-head table over the offsets (H, Lq + Lk − 1) (the
+        (num_buckets, H) parameter gathered once per call, so its gradient flows through the table)."""
+        Lq = q.shape[-2]
+        idx = self.offset_buckets(Lq, num_keys, q.device)
+        table = self.rel_bias.t().to(q.dtype)[:, idx]  # (H, Lq + Lk − 1)
+        return _offset_table_mod(table, Lq)
+
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_buckets={self.num_buckets}, max_distance={self.max_distance}, "
@@ -300,6 +379,10 @@ class AlibiBias(PositionBias):
             return (-self.slopes.to(q.dtype)[:, None, None] * distance).unsqueeze(0)  # (1, H, Lq, Lk)
 
         return self._tables.get_or_make(("alibi", Lq, num_keys, q.device, q.dtype), make)
+
+    def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
+        """score − m_h·|k − q| computed in the kernel from the slopes (H,) in q's dtype: no table."""
+        return _slope_mod(self.slopes.to(q.dtype))
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

@@ -13,12 +13,18 @@ backend             computes                                                    
                     (Shaw, T5) beside a dot-product score (:mod:`attnlab.kernels.relative`)
 ``biased_softmax``  softmax(scale·q kᵀ + bias) v with a learned bias, in fewer passes than  CPU, gradients on
                     SDPA's math kernel (:class:`~attnlab.backends.sdpa.BiasedSoftmaxAttention`)
+``flex``            compiled FlexAttention: dot-product scores, a position bias as a       CUDA: a bias, a cap,
+                    score_mod (Shaw, T5, ALiBi), soft-capping, any mask as a cached        other masks; CPU:
+                    BlockMask, GQA (:mod:`attnlab.backends.flex`)                          forced, no_grad only
 ``sdpa``            ``torch.nn.functional.scaled_dot_product_attention``: dot-product       no weights asked for
                     scores, position bias and mask as one float mask, softmax (a sink as
                     one more key), grouped heads through ``enable_gqa``
 ``chunked``         linear attention (``linear`` score, ``rowsum``/``none``) in chunks, O(L)  causal (+ padding)
                     (:mod:`attnlab.backends.linear`)
 ``global``          linear attention without a mask: φ(Q) (φ(K)ᵀ V), O(L)                  none, padding
+``normalized``      soft-capped softmax (attnlab's C row kernel) or a normalizer's row     CPU, f32/64, no
+                    operation (sparsemax, entmax15, softpick), in one autograd function    dropout
+                    (:mod:`attnlab.backends.normalized`)
 ``eager``           every stage in turn, materialising (B, H, Lq, Lk): the reference, and   always
                     what the diagnostics read (it returns the weights)
 ``recurrent``       linear attention one token at a time (forced only)                     causal (+ padding)
@@ -211,6 +217,7 @@ def _candidates(attn: MultiHeadAttention) -> list[Backend]:
     return cached[1]
 
 
-from attnlab.backends import eager, linear, relative, sdpa  # noqa: E402, F401  (registration)
+from attnlab.backends import eager, flex, linear, normalized, relative, sdpa  # noqa: E402, F401  (registration)
 
-ORDER[:] = ["relative", "biased_softmax", "sdpa", "chunked", "global", "eager"]  # the most specific first
+# the most specific first
+ORDER[:] = ["relative", "biased_softmax", "flex", "sdpa", "chunked", "global", "normalized", "eager"]

@@ -1,0 +1,226 @@
+"""The ``normalized`` backend: dot-product attention with soft-capping or a normalizer other than softmax, in one
+autograd function whose normalizer is a row operation (:class:`~attnlab.kernels.rows.RowOp`):
+
+    z = N(cap(scale · q kᵀ + bias)) v,    cap(e) = c · tanh(e / c)  (when ``softcap=c``)
+
+The logits are built in one (B, H, Lq, Lk) buffer (q pre-multiplied by the scale, the bias added in place), the
+row operation turns them into the weights in place, and z = W v; the backward pass keeps q, k, v, the weights and
+the row operation's state (the softmax's row log-sum-exp (B, H, Lq)), and computes dV = Wᵀ dZ, dW = dZ vᵀ, the row
+operation's backward in place (→ dS), dq = scale · dS k, dk = scale · dSᵀ q and the bias's gradient (dS summed over
+the dimensions it broadcasts along). Autograd through the eager stages keeps a (B, H, Lq, Lk) tensor at each of
+c·tanh(e/c), the masked logits and the weights, and torch's CPU softmax costs about 3–4 ns an element here.
+
+* softmax (``normalizer.is_softmax``), soft-capped: :class:`~attnlab.kernels.softmax.SoftcapSoftmax`, attnlab's C
+  row kernel, which applies the cap itself (its derivative is recovered from the weights and the row's lse).
+  Plain softmax without a cap is refused: ``relative``, ``biased_softmax`` and ``sdpa`` compute it.
+* any other normalizer that offers a row operation (``normalizer.row_op()`` → a RowOp, or None when it cannot:
+  sparsemax, entmax15, softpick): the row operation; with a soft-cap, the cap is applied here with torch ops before
+  it (t = tanh(e / c) kept for the backward pass: dE = dS ⊙ (1 − t²)). A normalizer without one is refused.
+
+The mask goes to the row operation as ``allowed`` (masked keys exactly 0, a row that sees no key all 0), never as
+−inf in the logits (the cap would turn −inf into −c). Grouped heads are expanded; differential attention runs both
+maps in one call and combines them after (as ``sdpa`` does). Refused: other scores, value-side terms (Shaw's a^V),
+dropout on the weights in training, devices but the CPU, dtypes but float32/64. It runs with gradients off too (a
+forward pass still writes fewer (B, H, Lq, Lk) tensors than the eager stages). Under ``torch.compile`` the
+softmax runs as the ``attnlab::softcap_softmax`` operator between torch's matrix products, and another row operation
+falls back to ``eager``; under CPU autocast the layer runs ``eager``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from attnlab.backends import Backend, Conditions, build_backend, register_backend
+from attnlab.backends.sdpa import finish
+from attnlab.kernels import softmax as softmax_kernel
+from attnlab.kernels.rows import RowOp
+from attnlab.scores import DotProductScore
+
+__all__ = ["POOL", "BufferPool", "NormalizedAttention", "row_op_of"]
+
+
+def row_op_of(attn: Any) -> tuple[RowOp | None, float | None]:
+    """The row operation that computes ``attn``'s normalizer (with its soft-cap, for the softmax) and the cap that
+    is left to apply before it (None when the row operation applies it or there is none); (None, None) when the
+    normalizer offers none here."""
+    normalizer = attn.normalizer
+    if getattr(normalizer, "is_softmax", False):
+        return softmax_kernel.SoftcapSoftmax(attn.softcap), None
+    make = getattr(normalizer, "row_op", None)
+    op = make() if callable(make) else None
+    return (op, attn.softcap) if op is not None else (None, None)
+
+
+class BufferPool:
+    """Idle (B, H, Lq, Lk) buffers, reused from call to call.
+
+    A fresh tensor this large comes from the C allocator as new pages of the OS (glibc maps anything over 32 MiB),
+    and writing it first costs a page fault per 4 KiB: here more than the matrix product that fills it. The
+    function below takes its buffers from this pool and gives them back once nothing can read them any more: the
+    backward pass's buffer at its end, the forward pass's when the autograd node that keeps it is freed (a
+    :class:`_Lease` on the node's context; at once under ``torch.no_grad``). At most ``limit`` buffers are kept."""
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        self._idle: list[Tensor] = []
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """An idle buffer of this shape and dtype (contents undefined), or a new one."""
+        shape = tuple(shape)
+        with self._lock:
+            for i, buffer in enumerate(self._idle):
+                if buffer.shape == shape and buffer.dtype == dtype:
+                    return self._idle.pop(i)
+        return torch.empty(shape, dtype=dtype)
+
+    def give(self, buffer: Tensor) -> None:
+        """Keep ``buffer`` (nothing else may hold it) for a later :meth:`take`; the oldest goes past ``limit``."""
+        with self._lock:
+            self._idle.append(buffer)
+            del self._idle[: max(0, len(self._idle) - self.limit)]
+
+    def clear(self) -> None:
+        """Drop every idle buffer."""
+        with self._lock:
+            self._idle.clear()
+
+
+POOL = BufferPool()
+"""The buffers of :class:`NormalizedAttention`."""
+
+
+class _Lease:
+    """Gives its buffers back to the pool when it is freed (with the autograd context that holds it)."""
+
+    def __init__(self, *buffers: Tensor) -> None:
+        self.buffers = buffers
+
+    def __del__(self) -> None:
+        for buffer in self.buffers:
+            POOL.give(buffer)
+
+
+class NormalizedAttention(torch.autograd.Function):
+    """z = N(cap(scale · q kᵀ + bias)) v with N a :class:`~attnlab.kernels.rows.RowOp`.
+
+    q (B, H, Lq, d), k (B, H, Lk, d), v (B, H, Lk, d_v) (heads expanded), bias broadcastable to (B, H, Lq, Lk) or
+    None (finite: the mask is ``allowed``), allowed bool broadcastable to (B, H, Lq, Lk) (True = may attend) or None,
+    ``scale``, the row operation, ``cap`` c > 0 to apply before it or None → z (B, H, Lq, d_v). Differentiable in
+    q, k, v and the bias (once). The (B, H, Lq, Lk) buffers come from :data:`POOL`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        bias: Tensor | None,
+        allowed: Tensor | None,
+        scale: float,
+        row_op: RowOp,
+        cap: float | None,
+    ) -> Tensor:
+        shape = (*q.shape[:-1], k.shape[-2])  # (B, H, Lq, Lk)
+        logits = torch.matmul(q * scale, k.transpose(-1, -2), out=POOL.take(shape, q.dtype))
+        buffers = [logits]
+        if bias is not None:
+            logits.add_(bias)
+        t = None
+        if cap is not None:  # a row operation that does not cap: c·tanh(e / c) here, t kept for the backward pass
+            t = logits.div_(cap).tanh_()
+            logits = torch.mul(t, cap, out=POOL.take(shape, q.dtype))
+            buffers.append(logits)
+        weights, state = row_op.forward(logits, allowed)
+        del logits
+        z = torch.matmul(weights, v)
+        ctx.save_for_backward(q, k, v)
+        # intermediates, on the context: their buffers go back to the pool when it is freed
+        ctx.weights, ctx.t, ctx.state, ctx.lease = weights, t, state, _Lease(*buffers)
+        ctx.row_op, ctx.scale, ctx.cap = row_op, scale, cap
+        ctx.bias_shape = None if bias is None else bias.shape
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        weights, t = ctx.weights, ctx.t
+        needs = ctx.needs_input_grad
+        dv = torch.matmul(weights.transpose(-1, -2), dz) if needs[2] else None
+        buffer = POOL.take(weights.shape, weights.dtype)
+        d_logits = torch.matmul(dz, v.transpose(-1, -2), out=buffer)  # dW, then in place dS
+        d_logits = ctx.row_op.backward(d_logits, weights, ctx.state)
+        if t is not None:
+            d_logits.mul_(torch.mul(t, t).neg_().add_(1.0))  # the cap's derivative 1 − t²
+        dq = torch.matmul(d_logits, k).mul_(ctx.scale) if needs[0] else None
+        dk = torch.matmul(d_logits.transpose(-1, -2), q).mul_(ctx.scale) if needs[1] else None
+        d_bias = None
+        shape = ctx.bias_shape
+        if shape is not None and needs[3]:
+            lead = d_logits.dim() - len(shape)
+            dims = [d for d in range(d_logits.dim()) if d < lead or (shape[d - lead] == 1 and d_logits.shape[d] != 1)]
+            d_bias = d_logits.sum(dims, keepdim=True).view(shape) if dims else d_logits.clone()
+        del d_logits
+        POOL.give(buffer)
+        return dq, dk, dv, d_bias, None, None, None, None
+
+
+@register_backend("normalized")
+class Normalized(Backend):
+    """Soft-capped softmax (attnlab's C row kernel) or a normalizer with a row operation, in one autograd function
+    (see the module's docstring)."""
+
+    def config_reason(self, attn: Any) -> str | None:
+        if not isinstance(attn.score, DotProductScore):
+            return f"it computes dot-product scores only, not {attn.config.score}"
+        if attn.score.has_value_term or (attn.position_bias is not None and attn.position_bias.has_value_term):
+            return "it has no value-side term (Shaw's value_term)"
+        if getattr(attn.normalizer, "is_softmax", False):
+            if attn.softcap is None:
+                return "it is for soft-capping or a normalizer other than softmax (sdpa computes plain softmax)"
+            return None
+        if row_op_of(attn)[0] is None:
+            return f"normalizer={attn.config.normalizer} has no row operation here (row_op)"
+        return None
+
+    def call_reason(self, attn: Any, when: Conditions) -> str | None:
+        if when.device != "cpu":
+            return f"it runs on the CPU only, not {when.device}"
+        if when.dtype not in (torch.float32, torch.float64):
+            return f"it computes float32 and float64, not {when.dtype}"
+        if when.training and attn.dropout > 0:
+            return "it applies no dropout to the weights"
+        if getattr(attn.normalizer, "is_softmax", False) and not softmax_kernel.available():
+            return f"the softmax kernel could not be built here: {softmax_kernel.unavailable_reason()}"
+        return None
+
+    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
+        row_op, cap = row_op_of(attn)
+        compiling = torch.compiler.is_compiling()
+        fallback = row_op is None or torch.is_autocast_enabled(x.device.type)
+        if fallback or (compiling and not isinstance(row_op, softmax_kernel.SoftcapSoftmax)):
+            return build_backend("eager").attend(attn, x, key_value, mask)
+        q, k, v = attn.project(x, key_value)
+        pm = attn.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
+        if attn.differential:
+            v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
+        score: DotProductScore = attn.score
+        bias, _ = attn.position_logits(q, k.shape[2])
+        q, k = score.query_map(q), score.key_map(k)
+        heads = q.shape[1]
+        k, v = attn.expand_heads(k, heads), attn.expand_heads(v, heads)
+        allowed = None if pm is None else pm.allowed
+        if compiling:  # torch's matrix products around the softmax operator, which the graph holds as one node
+            logits = torch.matmul(q * score.scale, k.transpose(-1, -2))
+            logits = logits if bias is None else logits + bias
+            z = torch.matmul(softmax_kernel.softcap_softmax(logits, allowed, attn.softcap), v)
+        else:
+            with torch.profiler.record_function("attnlab::normalized_attention"):
+                z = NormalizedAttention.apply(q, k, v, bias, allowed, score.scale, row_op, cap)
+        return finish(attn, z, pm), None
