@@ -36,6 +36,11 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
   ``ru_maxrss``), and the largest difference between their results.
 * ``default_run``: wall time of the default ``python train.py`` (a subprocess; skipped with ``--quick``).
 * ``fused``: SDPA restricted to the fused kernels (flash, memory-efficient) must accept ``scaled_dot``.
+* ``flex`` (:mod:`attnlab.bench.flex`): one attention layer through the ``flex`` backend (compiled FlexAttention)
+  against the materialised ``eager`` path (and ``sdpa`` where it applies) for ALiBi, T5, Shaw, soft-capping and a
+  causal window: training steps on CUDA at L 1024 and 4096; on the CPU, where FlexAttention is forward-only, the
+  forward alone at L 256, labelled so. A run without ``--only`` includes it on CUDA only (on the CPU each
+  configuration's compile takes 10–45 s): ``--only flex`` runs it on the CPU.
 
 The roofline column (``% peak`` in the encoder, variants, blocks and linear tables; ``flops``,
 ``achieved_flops_s`` and ``roofline`` in their rows): before the timed sections the run measures the machine's

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,11 @@ SECTIONS = (
     "diagnostics",
     "additive_memory",
     "default_run",
+    "flex",
 )
+CUDA_ONLY_BY_DEFAULT = ("flex",)
+"""Sections that a run without ``--only`` includes on CUDA only: ``flex`` on the CPU times the forward alone and
+compiles each configuration first (minutes on 2 cores); name it in ``--only`` to run it there."""
 
 
 @dataclass
@@ -68,7 +72,9 @@ class Options:
     device: str = "cpu"
     dtype: str = "fp32"
     threads: int | None = None
-    only: list[str] = field(default_factory=lambda: list(SECTIONS))
+    only: list[str] | None = None
+    """the sections to run; None: every one of :data:`SECTIONS` (those of :data:`CUDA_ONLY_BY_DEFAULT` on CUDA
+    only)."""
     warmup: int | None = None
     reps: int | None = None
 
@@ -91,6 +97,8 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
         plan.warmup = opts.warmup
     if opts.reps is not None:
         plan.reps = plan.variant_reps = opts.reps
+    if opts.only is None:
+        opts.only = [s for s in SECTIONS if device.type == "cuda" or s not in CUDA_ONLY_BY_DEFAULT]
     results: dict[str, Any] = {"machine": machine_info(device, dtype), "quick": opts.quick, "section_seconds": {}}
     started = time.perf_counter()
     clock = [started]
@@ -130,6 +138,11 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
     if "additive_memory" in opts.only and device.type == "cpu":
         results["additive_memory"] = bench_additive_memory(plan, threads, log)
         lap("additive_memory")
+    if "flex" in opts.only:
+        from attnlab.bench.flex import bench_flex
+
+        results["flex"] = bench_flex(plan, device, dtype, log)
+        lap("flex")
     if "default_run" in opts.only and not opts.quick:
         results["default_run"] = bench_default_run(log)
         lap("default_run")
@@ -154,13 +167,19 @@ def parse_args(argv: Sequence[str] | None = None) -> Options | dict[str, Any]:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="autocast dtype (bf16 on GPU)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default $OMP_NUM_THREADS or cores)")
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated sections: {', '.join(SECTIONS)} (default: all; flex on CUDA only unless named)",
+    )
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per model (default 2; quick 1)")
     p.add_argument("--reps", type=int, default=None, help="timed interleaved rounds (default 7; quick 3, variants 1)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child is not None:
         return json.loads(a.child)
+    if a.only is None:
+        return Options(a.quick, a.out, a.device, a.dtype, a.threads, None, a.warmup, a.reps)
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:

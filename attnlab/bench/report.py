@@ -75,6 +75,9 @@ CSV_FIELDS = (
     "flops",
     "achieved_flops_s",
     "roofline",
+    "ratio_eager",
+    "compile_s",
+    "mode",
 )
 TARGET_FIELDS = ("id", "what", "value", "limit", "met", "note")
 
@@ -292,6 +295,24 @@ def format_decode(rows: list[dict]) -> list[str]:
     return lines
 
 
+def format_flex(rows: list[dict]) -> list[str]:
+    """The flex table: per configuration and length, each implementation's time and its ratio to ``eager`` (the
+    materialised path), with flex's first call (the compile)."""
+    r0 = rows[0]
+    lines = [
+        f"flex: one attention layer, {r0['mode']}, d_model {r0['d_model']}, H {r0['num_heads']} × d_k {r0['d_k']}",
+        "",
+        "| configuration | L | B | implementation | ms | ÷ eager | first call s (compile) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['variant']} | {r['length']} | {r['batch']} | {r['impl']} | {r['median_ms']:.2f} | "
+            f"{_fmt(r['ratio_eager'])} | {_fmt(r['compile_s'], 1)} |"
+        )
+    return lines
+
+
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None:
         return "-"
@@ -371,6 +392,9 @@ def format_tables(results: dict[str, Any]) -> str:
     decode = results.get("decode") or []
     if decode:
         lines += ["", *format_decode(decode)]
+    flex = results.get("flex") or []
+    if flex:
+        lines += ["", *format_flex(flex)]
     mha = results.get("mha") or []
     if mha:
         lines += ["", "| module | shape | step ms | ÷ torch |", "| --- | --- | --- | --- |"]
@@ -448,6 +472,7 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
             *results.get("linear", []),
             *results.get("decode", []),
             *results.get("mha", []),
+            *results.get("flex", []),
         ]:
             writer.writerow(row)
     with paths[2].open("w", newline="") as f:
