@@ -187,11 +187,11 @@ class BiasedSoftmaxAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, weights, z = ctx.saved_tensors
-        dv = torch.matmul(weights.transpose(-1, -2), dz)
+        dv = torch.matmul(dz.transpose(-1, -2), weights).transpose(-1, -2)  # Wᵀ dZ, untransposed W (faster)
         d_logits = torch.matmul(dz, v.transpose(-1, -2))  # dP, then in place dS
         d_logits.sub_((dz * z).sum(-1, keepdim=True)).mul_(weights)
         dq = torch.matmul(d_logits, k).mul_(ctx.scale)
-        dk = torch.matmul(d_logits.transpose(-1, -2), q).mul_(ctx.scale)
+        dk = torch.matmul(q.transpose(-1, -2), d_logits).transpose(-1, -2).mul_(ctx.scale)
         shape = ctx.bias_shape
         lead = d_logits.dim() - len(shape)
         dims = [d for d in range(d_logits.dim()) if d < lead or (shape[d - lead] == 1 and d_logits.shape[d] != 1)]

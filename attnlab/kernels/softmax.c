@@ -41,21 +41,22 @@ static inline const uint8_t *allowed_row(const Job *job, int64_t item, uint8_t *
     return buf;
 }
 
-/* tanh in float32 from one exp: an odd Taylor polynomial below |x| = 1/2 (its first omitted term is under 1e-8
-   relative there), 1 - 2 / (e^{2|x|} + 1) above (no cancellation worth a bit), |x| clamped at 9 (tanh = 1 in float32
-   beyond; exp's fast path never sees an overflow). About half the cost of libmvec's tanhf, within 2 ulp of it. */
+/* tanh in float32 as a rational function (the odd degree-13 / even degree-6 minimax fit that Eigen and XLA use for
+   float tanh), x clamped at ±7.9053 (tanh rounds to within 3e-7 of ±1 there): no exp, one division, vectorised by
+   the compiler. Measured against float64 tanh over [−30, 30]: at most 3.5e-7 absolute, 3.8e-7 relative (3 ulp;
+   torch's tanhf: 6e-8); 0.30 ns an element on one core here, against 0.69 ns for 1 − 2 / (e^{2x} + 1). */
 static inline float tanh_f32(float x) {
-    const float a = fminf(fabsf(x), 9.0f), a2 = a * a;
-    float p = -929569.0f / 638512875.0f;
-    p = p * a2 + 21844.0f / 6081075.0f;
-    p = p * a2 - 1382.0f / 155925.0f;
-    p = p * a2 + 62.0f / 2835.0f;
-    p = p * a2 - 17.0f / 315.0f;
-    p = p * a2 + 2.0f / 15.0f;
-    p = p * a2 - 1.0f / 3.0f;
-    const float small = a + a * a2 * p;
-    const float large = 1.0f - 2.0f / (expf(2.0f * a) + 1.0f);
-    return copysignf(a < 0.5f ? small : large, x);
+    const float a = fminf(fmaxf(x, -7.90531110763549805f), 7.90531110763549805f), x2 = a * a;
+    float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    p = p * x2 - 8.60467152213735e-11f;
+    p = p * x2 + 5.12229709037114e-08f;
+    p = p * x2 + 1.48572235717979e-05f;
+    p = p * x2 + 6.37261928875436e-04f;
+    p = p * x2 + 4.89352455891786e-03f;
+    float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    q = q * x2 + 2.26843463243900e-03f;
+    q = q * x2 + 4.89352518554385e-03f;
+    return a * p / q;
 }
 
 #define KERNELS(T_, SUF, EXP, LOG, TANH, LOWEST)                                                               \
@@ -73,7 +74,13 @@ static inline float tanh_f32(float x) {
             T_ *s = (T_ *)job->dst + item * Lk;                                                                \
             const uint8_t *m = allowed_row(job, item, buf);                                                    \
             T_ mx = LOWEST;                                                                                    \
-            if (capped) {                                                                                      \
+            if (capped && !m) { /* the cap and the row's maximum in one pass */                                \
+                for (int64_t j = 0; j < Lk; ++j) {                                                             \
+                    const T_ v = c * TANH(x[j] * ic);                                                          \
+                    s[j] = v;                                                                                  \
+                    mx = v > mx ? v : mx;                                                                      \
+                }                                                                                              \
+            } else if (capped) {                                                                               \
                 for (int64_t j = 0; j < Lk; ++j) s[j] = c * TANH(x[j] * ic);                                   \
             } else if (s != x) {                                                                               \
                 for (int64_t j = 0; j < Lk; ++j) s[j] = x[j];                                                  \
@@ -83,7 +90,7 @@ static inline float tanh_f32(float x) {
                     const T_ v = m[j] ? s[j] : LOWEST;                                                         \
                     mx = v > mx ? v : mx;                                                                      \
                 }                                                                                              \
-            } else {                                                                                           \
+            } else if (!capped) {                                                                              \
                 for (int64_t j = 0; j < Lk; ++j) mx = s[j] > mx ? s[j] : mx;                                   \
             }                                                                                                  \
             T_ sum = 0;                                                                                        \
