@@ -142,7 +142,8 @@ def _backward_impl(
     Lk = k.shape[2]
     lib = _LIBRARY.require()
     dz = dz.contiguous()
-    dv = torch.matmul(dz.transpose(-1, -2), weights).transpose(-1, -2)  # Wᵀ dZ, untransposed W (faster)
+    # Wᵀ dZ and dSᵀ q with the (L, L) operand untransposed (faster), made contiguous as the operator's outputs
+    dv = torch.matmul(dz.transpose(-1, -2), weights).transpose(-1, -2).contiguous()
     d_logits = torch.matmul(dz, v.transpose(-1, -2)).contiguous()  # dP, then in place dS
     row_dot = (dz * z).sum(-1).contiguous()  # D_i = Σ_j P_ij dP_ij
     C = table.shape[-1]
@@ -158,7 +159,7 @@ def _backward_impl(
     if status:
         raise MemoryError("the relative attention kernel ran out of memory")
     dq = torch.matmul(d_logits, k).mul_(scale)
-    dk = torch.matmul(q.transpose(-1, -2), d_logits).transpose(-1, -2).mul_(scale)
+    dk = torch.matmul(q.transpose(-1, -2), d_logits).transpose(-1, -2).contiguous().mul_(scale)
     d_table = d_table.view(table.shape) if per_row else d_table.sum(0)
     return dq, dk, dv, d_table.to(table.dtype)
 
