@@ -35,6 +35,8 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_int, check_number
+from attnlab.kernels import sparse as sparse_kernel
+from attnlab.kernels.rows import RowOp
 from attnlab.registry import Registry, check_params
 
 __all__ = [
@@ -273,6 +275,22 @@ class Sigmoid(Normalizer):
         return "bias=-log n" if self.bias is None else f"bias={self.bias}"
 
 
+# --------------------------------------------------------------------------------------------- C row kernels
+
+
+def _kernel_row_op(name: str, **params: Any) -> sparse_kernel.SparseRowOp | None:
+    """The C kernel's row operation ``name`` (:mod:`attnlab.kernels.sparse`), or None where it is not built here
+    (no compiler, ``ATTNLAB_FUSED_KERNELS=0``)."""
+    return sparse_kernel.SparseRowOp(name, **params) if sparse_kernel.available() else None
+
+
+def _eager_kernel(normalizer: Normalizer, logits: Tensor, allowed: Tensor | None) -> Tensor | None:
+    """``normalizer``'s weights (B, H, Lq, Lk) from its C row kernel, out of place and differentiable (once), where
+    it has one and the kernel takes these tensors (float32/64 on the CPU, eager); None: use the PyTorch code."""
+    op = normalizer.row_op() if sparse_kernel.supports(logits, allowed) else None
+    return None if op is None else sparse_kernel.row_normalize(op, logits, allowed)
+
+
 class _SoftpickFunction(torch.autograd.Function):
     """Softpick over the last dimension, with masked keys (``allowed`` False) at exactly 0, and its closed-form
     backward, in fewer passes over the (…, Lk) tensor than autograd's. With e_j = (e^{s_j} − 1)·e^{−m} (0 for a
@@ -318,15 +336,21 @@ class Softpick(Normalizer):
 
     Computed as ReLU(e^{s−m} − e^{−m}) / (Σ |e^{s−m} − e^{−m}| + ε·e^{−m}) with m = max(max_j s_j, 0), the same
     ratio multiplied through by e^{−m}, so that nothing overflows; the backward pass is written out
-    (:class:`_SoftpickFunction`).
+    (:class:`_SoftpickFunction`). On the CPU (float32/64, eager) by the C row kernel of
+    :mod:`attnlab.kernels.sparse` where it is built (:meth:`row_op`), else by that PyTorch code.
     """
 
     def __init__(self, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = check_number("eps", eps, low=0.0, low_open=True)
 
+    def row_op(self) -> RowOp | None:
+        """The C kernel's softpick as a :class:`~attnlab.kernels.rows.RowOp`, or None where it is not built."""
+        return _kernel_row_op("softpick", eps=self.eps)
+
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
-        return _SoftpickFunction.apply(logits, allowed, self.eps)
+        fast = _eager_kernel(self, logits, allowed)
+        return fast if fast is not None else _SoftpickFunction.apply(logits, allowed, self.eps)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}"
@@ -431,16 +455,28 @@ def entmax15(logits: Tensor, allowed: Tensor | None = None) -> Tensor:
 @register_normalizer("sparsemax")
 class Sparsemax(Normalizer):
     """w = [s − τ]₊ with τ such that Σ w = 1 (Martins & Astudillo 2016): the Euclidean projection of the logits on
-    the simplex. Exact (sort-based), with exact zeros outside its support."""
+    the simplex. Exact, with exact zeros outside its support: on the CPU (float32/64, eager) by the C row kernel of
+    :mod:`attnlab.kernels.sparse` where it is built (:meth:`row_op`), else sort-based (:func:`sparsemax`)."""
+
+    def row_op(self) -> RowOp | None:
+        """The C kernel's sparsemax as a :class:`~attnlab.kernels.rows.RowOp`, or None where it is not built."""
+        return _kernel_row_op("sparsemax")
 
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
-        return sparsemax(logits, allowed)
+        fast = _eager_kernel(self, logits, allowed)
+        return fast if fast is not None else sparsemax(logits, allowed)
 
 
 @register_normalizer("entmax15")
 class Entmax15(Normalizer):
     """1.5-entmax (Peters et al. 2019): w = [s/2 − τ]₊² with τ such that Σ w = 1, between softmax (α = 1) and
-    sparsemax (α = 2). Exact (sort-based), with exact zeros outside its support."""
+    sparsemax (α = 2). Exact, with exact zeros outside its support: on the CPU (float32/64, eager) by the C row
+    kernel of :mod:`attnlab.kernels.sparse` where it is built (:meth:`row_op`), else sort-based (:func:`entmax15`)."""
+
+    def row_op(self) -> RowOp | None:
+        """The C kernel's 1.5-entmax as a :class:`~attnlab.kernels.rows.RowOp`, or None where it is not built."""
+        return _kernel_row_op("entmax15")
 
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
-        return entmax15(logits, allowed)
+        fast = _eager_kernel(self, logits, allowed)
+        return fast if fast is not None else entmax15(logits, allowed)

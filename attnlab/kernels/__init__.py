@@ -1,5 +1,11 @@
-"""Compiled kernels: fused CPU loops for the variants that PyTorch has no fused operator for.
+"""Compiled kernels: fused CPU loops for the variants that PyTorch has no fused operator for, each one C file built
+with the system C compiler on first use and cached (:mod:`attnlab.kernels.build`).
 
 * :mod:`attnlab.kernels.additive`: additive (Bahdanau) logits, forward and backward, without the (·, Lk, d_a)
-  activation; built with the system C compiler on first use and cached.
+  activation.
+* :mod:`attnlab.kernels.relative`: softmax attention with one learned relative-position table (Shaw, T5).
+* :mod:`attnlab.kernels.softmax`: the row softmax with optional soft-capping, forward and backward in place.
+* :mod:`attnlab.kernels.sparse`: sparsemax, 1.5-entmax and softpick over rows, exact, without a sort.
+* :mod:`attnlab.kernels.rows`: the row-operation interface (:class:`~attnlab.kernels.rows.RowOp`) the last two
+  offer to the ``normalized`` backend.
 """
