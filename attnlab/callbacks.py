@@ -118,6 +118,7 @@ class AttentionDiagnostics(L.Callback):
         self._probe: Tensor | None = None
         self._repeated: Tensor | None = None
         self._last_step = -1
+        self._maps: list[Tensor] | None = None  # the first probe sequence's weights (H, L, L) per layer, at _last_step
         self._resumed: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------------------ compute
@@ -188,7 +189,8 @@ class AttentionDiagnostics(L.Callback):
         if step == self._last_step or self._probe is None:
             return {}
         self._last_step = step
-        stats, _ = self.compute(pl_module)
+        stats, weights = self.compute(pl_module)
+        self._maps = [w[0].clone() for w in weights] if self.heatmaps else None  # maps.png, if this is the end
         for logger in trainer.loggers:
             logger.log_metrics(stats, step=step)
         return stats
@@ -227,11 +229,13 @@ class AttentionDiagnostics(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.final = self._log(trainer, pl_module) or self.final
         if self.heatmaps and trainer.is_global_zero and self._probe is not None:
-            _, weights = self.compute(pl_module)
+            maps = self._maps  # the probe of this step (no update since): computed once, for the logs and the maps
+            if maps is None or self._last_step != trainer.global_step:
+                maps = [w[0] for w in self.compute(pl_module)[1]]
             out = Path(self.output_dir or Path(trainer.default_root_dir) / "attention")
             out.mkdir(parents=True, exist_ok=True)
             pad_id = getattr(pl_module, "pad_id", None)
-            path = plot_attention_maps([w[0] for w in weights], self._probe[0], pad_id, out / "maps.png")
+            path = plot_attention_maps(maps, self._probe[0], pad_id, out / "maps.png")
             for logger in trainer.loggers:
                 if isinstance(logger, WandbLogger):
                     logger.log_image("attn/maps", images=[str(path)], step=trainer.global_step)

@@ -44,6 +44,7 @@ __all__ = [
     "random_order",
     "rank_residual",
     "repeated_tokens",
+    "sequence_gates",
 ]
 
 HEAD_SCORES: tuple[str, ...] = ("prev_token", "duplicate", "induction", "local")
@@ -234,6 +235,50 @@ def head_gates(layers: Iterable[nn.Module], gates: Sequence[Tensor] | Tensor) ->
             module.head_gate = gate
         yield
     finally:
+        for module, gate in zip(modules, before, strict=True):
+            module.head_gate = gate
+
+
+@contextlib.contextmanager
+def sequence_gates(layers: Iterable[nn.Module], gates: Tensor) -> Iterator[None]:
+    """Like :func:`head_gates`, with gates of their own for each sequence of the batch: ``gates`` (N, layers, H),
+    sequence n of every forward in the block (batches of N sequences) gets ξ = ``gates[n, l]`` on layer l's heads.
+    One forward then evaluates N/B gate settings of a batch of B sequences repeated (the pruning curves' points
+    together), or gives each of several batches its own gates (per-batch importance in one backward).
+
+    Each head's output is multiplied by its gate where :meth:`MultiHeadAttention.merge` applies ``head_gate``:
+    the input of ``out_proj``, (N, Lq, H·d_v), head-major, so the products are the same numbers."""
+    modules = [getattr(layer, "self_attn", layer) for layer in layers]
+    if gates.dim() != 3 or gates.shape[1] != len(modules):
+        raise ValueError(f"sequence_gates: gates must be (N, {len(modules)}, H), got {tuple(gates.shape)}")
+    for module in modules:
+        if gates.shape[2] != module.num_heads:
+            raise ValueError(
+                f"sequence_gates: a layer with {module.num_heads} heads got gates of shape {tuple(gates.shape)}"
+            )
+
+    def hook_for(layer: int, module: nn.Module) -> Callable[..., Any]:
+        per_head = module.d_v  # out_proj's input: the heads' outputs side by side, d_v each
+
+        def hook(_: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+            x = args[0]
+            if x.shape[0] != gates.shape[0]:
+                raise ValueError(f"sequence_gates: gates for {gates.shape[0]} sequences, a batch of {x.shape[0]}")
+            g = gates[:, layer].to(device=x.device, dtype=x.dtype).repeat_interleave(per_head, dim=-1)
+            return (x * g[:, None, :], *args[1:])
+
+        return hook
+
+    before = [module.head_gate for module in modules]
+    handles = []
+    try:
+        for layer, module in enumerate(modules):
+            module.head_gate = None
+            handles.append(module.out_proj.register_forward_pre_hook(hook_for(layer, module)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
         for module, gate in zip(modules, before, strict=True):
             module.head_gate = gate
 
