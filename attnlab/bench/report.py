@@ -155,7 +155,15 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
     r = _find(rows, "torch_ab", "scaled_dot")
     add("1", f"scaled_dot encoder step ÷ torch ({s.tag()})", r and r["ratio_torch"], 1.05)
     d = results.get("diagnostics")
-    add("2", "training with diagnostics ÷ without (default config)", d and d["ratio"], 1.05)
+    add(
+        "2",
+        "training with diagnostics ÷ without (default config, diagnostics.importance=false)",
+        d and d["ratio"],
+        1.05,
+    )
+    note = "" if not d else f"the head analysis: {d['median_with_heads_s'] - d['median_with_s']:.1f} s a run"
+    what = "training with diagnostics and the end-of-run head importance and pruning (the default) ÷ without"
+    add("2b", what, d and d.get("ratio_heads"), None, note)
     for variant, limit in (("relative_position", 1.5), ("t5_bias", 1.3), ("alibi", 1.5)):
         r = _find(rows, f"L{plan.target_long_length}", variant)
         kernel = r["sdpa_kernel"] if r else ""

@@ -338,9 +338,13 @@ def bench_mha(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callabl
 
 
 def bench_diagnostics(plan: Plan, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """Whole-run wall time of ``attnlab.training.run`` on the default config (logger none, no progress bar), with
-    diagnostics enabled and disabled, interleaved after one warm-up run (with diagnostics, so that every import,
-    matplotlib's included, happens before the timings); also the seconds spent inside the callback's hooks."""
+    """Whole-run wall time of ``attnlab.training.run`` on the default config (logger none, no progress bar) in three
+    arms, interleaved after one warm-up run (with everything, so that every import, matplotlib's included, happens
+    before the timings): ``without`` diagnostics; ``with`` the training-time diagnostics (the callback's probes,
+    statistics and logs at ``diagnostics.every_n_steps``; ``diagnostics.importance=false``); ``with_heads``, the
+    default, which adds the end-of-run head importance and pruning curves (:mod:`attnlab.training.heads`: an
+    analysis of the finished model, a fixed cost per run rather than per step). ``ratio`` (target 2) is with ÷
+    without, ``ratio_heads`` with_heads ÷ without; also the seconds spent inside the callback's hooks."""
     from hydra import compose, initialize_config_dir
 
     import attnlab.callbacks as C
@@ -373,21 +377,24 @@ def bench_diagnostics(plan: Plan, threads: int, log: Callable[[str], None]) -> d
         "+trainer.enable_progress_bar=false",
         *plan.diag_overrides,
     ]
-    walls: dict[str, list[float]] = {"with": [], "without": []}
+    walls: dict[str, list[float]] = {"with": [], "with_heads": [], "without": []}
     callback_s: list[float] = []
     original = C.AttentionDiagnostics
     C.AttentionDiagnostics = TimedDiagnostics  # type: ignore[misc]  # what the run builds its callback from
     try:
         with tempfile.TemporaryDirectory() as tmp, initialize_config_dir(str(T.CONF_DIR), version_base="1.3"):
             cfgs = {
-                "with": compose("config", overrides=[*base, "diagnostics.enabled=true"]),
+                "with": compose(
+                    "config", overrides=[*base, "diagnostics.enabled=true", "diagnostics.importance=false"]
+                ),
+                "with_heads": compose("config", overrides=[*base, "diagnostics.enabled=true"]),
                 "without": compose("config", overrides=[*base, "diagnostics.enabled=false"]),
             }
-            log("diagnostics: warm-up run ...")  # with diagnostics: imports matplotlib too, outside the timings
+            log("diagnostics: warm-up run ...")  # with everything: imports matplotlib too, outside the timings
             with contextlib.redirect_stdout(sys.stderr):
-                T.run(cfgs["with"], Path(tmp) / "warmup")
+                T.run(cfgs["with_heads"], Path(tmp) / "warmup")
             for i in range(plan.diag_pairs):
-                for arm in ("with", "without"):
+                for arm in ("with", "with_heads", "without"):
                     log(f"diagnostics: run {i + 1}/{plan.diag_pairs} {arm} ...")
                     TimedDiagnostics.seconds = 0.0
                     t0 = time.perf_counter()
@@ -402,7 +409,11 @@ def bench_diagnostics(plan: Plan, threads: int, log: Callable[[str], None]) -> d
         C.AttentionDiagnostics = original  # type: ignore[misc]
         torch.set_num_threads(threads)
     with_s, without_s = statistics.median(walls["with"]), statistics.median(walls["without"])
+    heads_s = statistics.median(walls["with_heads"])
     return {
+        "wall_with_heads_s": walls["with_heads"],
+        "median_with_heads_s": heads_s,
+        "ratio_heads": heads_s / without_s,
         "max_steps": steps,
         "every_n_steps": every,
         "wall_with_s": walls["with"],
