@@ -7,17 +7,21 @@
 - Tensors and modules: :func:`grid` (a bool mask from a predicate), :func:`conv_loop` (a short convolution as a
   loop), :func:`randomize_`, :func:`make_mha`.
 - Runs: :func:`compose_cfg`, :func:`train_listops` (an in-process ``debug=fast`` run), :func:`small` (a small
-  task), :func:`train_env` and :func:`run_train` (a real
-  ``python train.py``), :func:`read_summary`, :func:`run_folders`.
+  task), :func:`train_env` and :func:`run_train` (a real ``python train.py``), :func:`run_cli` (the same command
+  line in this process, for what a command prints and leaves on disk), :func:`read_summary`, :func:`run_folders`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +214,98 @@ def run_train(
     if returncode is not None:
         assert proc.returncode == returncode, (
             f"train.py {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+# a fresh interpreter's warning filters (``python -W`` unset): what ``python train.py`` would print on stderr
+_DEFAULT_WARNING_FILTERS = (
+    ("default", DeprecationWarning, "__main__"),
+    ("ignore", DeprecationWarning, ""),
+    ("ignore", PendingDeprecationWarning, ""),
+    ("ignore", ImportWarning, ""),
+    ("ignore", ResourceWarning, ""),
+)
+
+
+def run_cli(
+    *args: str,
+    cwd: Path = REPO,
+    wandb: str | None = "offline",
+    returncode: int | None = None,
+    **extra_env: str,
+) -> subprocess.CompletedProcess:
+    """``python train.py *args`` run in this process: :func:`attnlab.training.cli.main` with ``args``, in ``cwd``,
+    with the environment of :func:`run_train` (and ``extra_env``); its exit code (SystemExit's), stdout and stderr
+    as a CompletedProcess. For commands whose output and files are what a test checks (a refusal, a finished run
+    saying so): the same code path as the real command without the 2-3 s of a fresh interpreter's imports. A
+    warning that a fresh interpreter would print goes to stderr as it would there; an exception that would have been
+    a traceback propagates. The process is left as it was: environment, working directory, ``sys.argv``, logging
+    (Hydra configures it), Hydra's global state, attnlab's sweep state, torch's threads, the warning filters.
+
+    Real subprocesses (:func:`run_train`) stay for what only a process shows: imports, signals, exit on a kill,
+    Hydra's multirun launchers, Lightning's and W&B's own processes."""
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from attnlab.training import cli, sweep
+
+    environ, cwd_before, argv = dict(os.environ), os.getcwd(), list(sys.argv)
+    threads, sweep_state = torch.get_num_threads(), copy.copy(sweep._state)
+    hydra_before, hydra_cfg = GlobalHydra.instance().hydra, HydraConfig.instance().cfg
+    manager = logging.Logger.manager
+    loggers = {name: lg for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    saved = {lg: (lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in [logging.root, *loggers.values()]}
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    try:
+        os.environ.clear()
+        os.environ.update({**train_env(wandb=wandb), **extra_env})
+        os.chdir(cwd)
+        GlobalHydra.instance().clear()  # (a module's hydra_ctx: main composes on its own)
+        HydraConfig.instance().cfg = None
+        sweep._state.update(created=(None, []), failed=0, sweep=None, signalled=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.resetwarnings()
+            for action, category, module in _DEFAULT_WARNING_FILTERS:
+                warnings.filterwarnings(action, category=category, module=module)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    cli.main(list(args))
+                except SystemExit as exc:
+                    code = exc.code
+        for w in caught:
+            err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd_before)
+        sys.argv[:] = argv
+        torch.set_num_threads(threads)
+        sweep._state.clear()
+        sweep._state.update(sweep_state)
+        GlobalHydra.instance().hydra = hydra_before
+        HydraConfig.instance().cfg = hydra_cfg
+        for lg, (handlers, level, propagate, disabled) in saved.items():
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
+        for name, lg in manager.loggerDict.items():  # loggers made during the run: as a fresh logger is
+            if isinstance(lg, logging.Logger) and name not in loggers:
+                lg.handlers.clear()
+                lg.setLevel(logging.NOTSET)
+                lg.propagate, lg.disabled = True, False
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # SystemExit("text"): the text on stderr, exit code 1, as Python does
+        err.write(f"{code}\n")
+        code = 1
+    proc = subprocess.CompletedProcess(["train.py", *args], code, out.getvalue(), err.getvalue())
+    if returncode is not None:
+        assert proc.returncode == returncode, (
+            f"train.py {' '.join(args)} (in process) exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
+            f"{proc.stderr[-5000:]}"
         )
     return proc
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, read_summary, run_train, train_env
+from helpers import REPO, read_summary, run_cli, run_train, train_env
 
 BAD_INPUTS = [
     (["variant=adittive"], r"unknown variant 'adittive'; did you mean 'additive'\?.*scaled_dot"),
@@ -58,15 +58,60 @@ if not os.environ.get("WANDB_API_KEY") and not (Path.home() / ".netrc").exists()
     BAD_INPUTS.append((["logger=wandb", "logger.mode=online"], r"logger.mode=online needs W&B credentials"))
 
 
+# the bad inputs also run as real commands: one refused before Hydra starts (a group choice), one refused by the
+# run after Hydra made the default run folder (which must go again), and one that imports the user's code
+REAL_COMMANDS = (["variant=adittive"], ["d_k=0"], ["imports=[no_such_module_xyz]"])
+
+
+def _ids(value) -> str:
+    return "_".join(value) if isinstance(value, list) else ""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS, ids=lambda v: "_".join(v) if isinstance(v, list) else "")
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS, ids=_ids)
 def test_bad_input_prints_one_line_exits_2_and_leaves_no_run_folder(tmp_path, overrides, message):
     """Started in an empty folder with the default (relative) run folder outputs/<date>/<time>_<id>: Hydra makes
-    it, and it must be gone again, with its parents."""
+    it, and it must be gone again, with its parents. The command line runs in this process (:func:`run_cli`: the
+    same ``main``, exit code and output); a few run as real commands below."""
+    proc = run_cli("logger=none", *overrides, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert_one_error_line(proc, message)
+    assert list(tmp_path.iterdir()) == [], sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "message"), [b for b in BAD_INPUTS if b[0] in REAL_COMMANDS], ids=_ids)
+def test_bad_input_as_a_real_command_prints_one_line_exits_2_and_leaves_no_run_folder(tmp_path, overrides, message):
     proc = run_train("logger=none", *overrides, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_error_line(proc, message)
     assert list(tmp_path.iterdir()) == [], sorted(str(p) for p in tmp_path.rglob("*"))
+
+
+def test_the_real_commands_are_among_the_bad_inputs():
+    assert len([b for b in BAD_INPUTS if b[0] in REAL_COMMANDS]) == len(REAL_COMMANDS)
+
+
+@pytest.mark.slow
+def test_the_in_process_command_line_shows_what_a_process_would_and_leaves_this_one_as_it_was(tmp_path, monkeypatch):
+    """:func:`run_cli` is a stand-in for ``python train.py`` only if it shows what the process would: a warning that
+    a fresh interpreter prints (here from the user's module, imported by ``imports``) is a line on its stderr; and
+    it leaves the test process as it found it (working directory, argv, environment, logging)."""
+    import logging
+
+    (tmp_path / "noisy_user_module.py").write_text("import warnings\n\nwarnings.warn('user module says hi')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cwd, argv, env, handlers = os.getcwd(), list(sys.argv), dict(os.environ), logging.getLogger().handlers[:]
+    proc = run_cli("logger=none", "imports=[noisy_user_module]", "d_k=0", cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "error: d_k must be an integer >= 1, got 0" in lines, proc.stderr
+    assert any("UserWarning: user module says hi" in line for line in lines), proc.stderr
+    with pytest.raises(AssertionError):  # so a bad input's check would see it
+        assert_one_error_line(proc, "d_k must be")
+    assert (os.getcwd(), sys.argv, dict(os.environ), logging.getLogger().handlers) == (cwd, argv, env, handlers)
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__")
+    assert left == ["noisy_user_module.py"]  # the run folder that Hydra made is gone again
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, message: str) -> str:
@@ -91,7 +136,13 @@ def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path)
     job runs, the final table says 1 ok and 3 failed, and the exit code is 1."""
     sweep = tmp_path / "sweep"
     proc = run_train(
-        "-m", "lr=1e12,1e-3", "num_heads=0,4", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"
+        "-m",
+        "lr=1e12,1e-3",
+        "num_heads=0,4",
+        "debug=fast",
+        "results_table=false",
+        "diagnostics.heatmaps=false",  # (the attention maps' plot: not what is tested here)
+        f"hydra.sweep.dir={sweep}",
     )
     assert proc.returncode == 1, proc.stderr[-3000:]  # every job ran, and the exit code says some failed
     jobs = sorted((p for p in sweep.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("_")[0]))
@@ -150,44 +201,49 @@ def test_python_examples_run(tmp_path, page):
 
 @pytest.mark.slow
 def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path, snapshot):
-    """Re-running into a finished folder, resuming it, resuming it with other settings: no file changes."""
+    """Re-running into a finished folder, resuming it, resuming it with other settings: no file changes.
+
+    The run is trained by a real ``python train.py`` (its summary records the command line's overrides); the
+    commands that follow run in this process (:func:`run_cli`: the same ``main``, exit code, output and files)."""
     run = tmp_path / "run"
-    first = run_train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")
+    args = ("debug=fast", "d_model=32", "logger=none", "diagnostics.heatmaps=false")  # (no plot: none is looked at)
+    first = run_train(*args, f"hydra.run.dir={run}")
     assert first.returncode == 0, first.stderr[-3000:]
     before = snapshot(run)
 
-    again = run_train("debug=fast", "d_model=32", "logger=none", f"hydra.run.dir={run}")  # resume=true forgotten
+    again = run_cli(*args, f"hydra.run.dir={run}")  # resume=true forgotten
     assert again.returncode == 2
     assert_one_error_line(
         again, rf"{run} already holds a run \(ok, step 5\); to continue it: python train.py resume=true hydra.run.dir="
     )
     assert snapshot(run) == before
 
-    resumed = run_train("resume=true", f"hydra.run.dir={run}")  # the run's own overrides are put back
+    resumed = run_cli("resume=true", f"hydra.run.dir={run}")  # the run's own overrides are put back
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "is complete (5 steps); nothing to do, nothing changed" in resumed.stdout
     assert snapshot(run) == before
 
-    changed = run_train("resume=true", "lr=1e-3", "d_k=32", f"hydra.run.dir={run}")
+    changed = run_cli("resume=true", "lr=1e-3", "d_k=32", f"hydra.run.dir={run}")
     assert changed.returncode == 2
     assert_one_error_line(changed, r"cannot resume .* with other settings .*: d_k: None → 32, lr: 0.003 → 0.001")
     assert snapshot(run) == before
 
     # extended, then resumed with the folder alone: complete at its new length (the extension's max_steps is
     # put back), and shortening is refused
-    extended = run_train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
+    extended = run_cli("resume=true", "max_steps=10", f"hydra.run.dir={run}")
     assert extended.returncode == 0, extended.stderr[-3000:]
+    assert read_summary(run)["steps"] == 10
     after = snapshot(run)
-    resumed = run_train("resume=true", f"hydra.run.dir={run}")
+    resumed = run_cli("resume=true", f"hydra.run.dir={run}")
     assert resumed.returncode == 0 and "is complete (10 steps)" in resumed.stdout, resumed.stderr[-3000:]
-    shorter = run_train("resume=true", "max_steps=5", f"hydra.run.dir={run}")
+    shorter = run_cli("resume=true", "max_steps=5", f"hydra.run.dir={run}")
     assert shorter.returncode == 2
     assert_one_error_line(shorter, r"max_steps 10 → 5: a run cannot be shortened")
     assert snapshot(run) == after
 
     # its checkpoint does not fit a model of another width: one line naming the settings, nothing written
     other = tmp_path / "other"
-    foreign = run_train(
+    foreign = run_cli(
         "debug=fast", "logger=none", f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={other}"
     )
     assert foreign.returncode == 2
@@ -197,9 +253,10 @@ def test_a_finished_run_cannot_be_damaged_from_the_command_line(tmp_path, snapsh
 
 @pytest.mark.slow
 def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_path):
+    """Each command runs in this process (:func:`run_cli`: the same ``main``, exit code, output and files)."""
     empty = tmp_path / "empty.ckpt"
     empty.touch()
-    proc = run_train("debug=fast", "logger=none", f"ckpt_path={empty}", f"hydra.run.dir={tmp_path / 'a'}")
+    proc = run_cli("debug=fast", "logger=none", f"ckpt_path={empty}", f"hydra.run.dir={tmp_path / 'a'}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"checkpoint {empty} is empty \(0 bytes\)")
     assert not (tmp_path / "a").exists()
@@ -213,7 +270,7 @@ def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_
         (run / "checkpoints").chmod(0o555)
     else:
         (run / "checkpoints").write_text("not a folder")
-    proc = run_train("debug=fast", "logger=none", f"hydra.run.dir={run}")
+    proc = run_cli("debug=fast", "logger=none", f"hydra.run.dir={run}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"cannot write checkpoints to {run / 'checkpoints'}: ")
     assert not (run / "metrics.jsonl").exists() and not (run / "summary.json").exists()
@@ -221,7 +278,7 @@ def test_checkpoint_and_folder_problems_cost_one_line_before_the_first_step(tmp_
     # the output folder cannot be made: one line, not Hydra's traceback
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    proc = run_train("debug=fast", "logger=none", f"hydra.run.dir={blocker / 'run'}")
+    proc = run_cli("debug=fast", "logger=none", f"hydra.run.dir={blocker / 'run'}")
     assert proc.returncode == 2
     assert_one_error_line(proc, rf"cannot create the output folder {blocker / 'run'}: {blocker} is not writable")
 

@@ -874,10 +874,13 @@ def test_length_chart_renders_in_headless_chromium(length_page: Path, tmp_path: 
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real multirun: 4 variants x d_k {8, 16} x lr {1e-3, 3e-3} = 16 smoke runs (two at a time); rope is a
-    preset (its config holds scaled_dot and pos_encoding rope)."""
+    preset (its config holds scaled_dot and pos_encoding rope). The runs save no attention maps (their plot is most
+    of a smoke run's time): the maps section's layout is checked with maps of a real run's size on the folder of
+    sweeps (``test_a_folder_of_sweeps_page_fits_1400_px``)."""
     sweep = tmp_path_factory.mktemp("real") / "sweep"
     args = ["-m", "variant=additive,dot,rope,alibi", "d_k=8,16", "lr=1e-3,3e-3", "debug=fast"]
     args += ["logger=none", "threads=1", "results_table=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    args += ["diagnostics.heatmaps=false"]
     run_train(*args, f"hydra.sweep.dir='{sweep}'", wandb="disabled", full_error=True, timeout=600, returncode=0)
     return sweep
 

@@ -70,6 +70,7 @@ def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_o
         "debug=fast",
         "logger=none",
         "results_table=false",
+        "diagnostics.heatmaps=false",  # (the attention maps' plot: not what is tested here)
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         f"hydra.sweep.dir='{tmp_path}/sweep_${{attnlab_uid:}}'",
@@ -157,6 +158,7 @@ def wandb_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list
     """A digits run (validations at steps 5 and 10) with W&B offline: (its folder, its output, its W&B records)."""
     folder = tmp_path_factory.mktemp("wandb") / "run"
     overrides = ["debug=fast", "max_steps=10", "eval_every=5", "logger=wandb", "logger.mode=offline"]
+    overrides.append("diagnostics.heatmaps=false")  # (the maps' plot and its W&B image: not what is tested here)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     with contextlib.redirect_stdout(io.StringIO()) as out:

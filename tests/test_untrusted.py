@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, read_summary, run_train, train_cmd, train_env
+from helpers import REPO, read_summary, run_cli, run_train, train_cmd, train_env
 from hydra import compose
 
 from attnlab import training as T
@@ -33,6 +33,7 @@ from attnlab.training.cli import with_run_overrides
 from attnlab.training.config import ConfigError
 
 SMALL = ("debug=fast", "d_model=16", "num_heads=2", "num_layers=1", "logger=none", "results_table=false")
+NO_MAPS = "diagnostics.heatmaps=false"  # for runs whose attention maps no test looks at (the plot is most of a run)
 
 pytestmark = pytest.mark.usefixtures("restore_process_state")
 
@@ -161,14 +162,15 @@ def test_a_config_names_no_class_but_the_tasks_own(hydra_ctx: None) -> None:
 @pytest.mark.slow
 def test_a_linked_file_in_a_run_folder_is_refused_and_its_target_never_written(finished: Path, tmp_path: Path) -> None:
     """``attention/maps.png`` linked to a file outside: a resume with a larger max_steps is refused in one line
-    (exit 2) before anything is written; the outside file is unchanged byte for byte."""
+    (exit 2) before anything is written; the outside file is unchanged byte for byte. (The command runs in this
+    process: :func:`run_cli`, the same ``main``, exit code and output.)"""
     run = _copy(finished, tmp_path / "run")
     outside = tmp_path / "outside.png"
     outside.write_bytes(b"precious bytes")
     (run / "attention" / "maps.png").unlink()
     (run / "attention" / "maps.png").symlink_to(outside)
     before = _snapshot(run)
-    proc = run_train("resume=true", "max_steps=10", f"hydra.run.dir={run}")
+    proc = run_cli("resume=true", "max_steps=10", f"hydra.run.dir={run}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "attention/maps.png is a symbolic link" in _one_error_line(proc)
     assert outside.read_bytes() == b"precious bytes" and _snapshot(run) == before
@@ -305,12 +307,13 @@ def test_the_dashboard_skips_linked_files_with_a_warning(finished: Path, tmp_pat
 @pytest.mark.slow
 def test_overwrite_removes_nothing_from_a_folder_that_holds_no_run(hydra_ctx: None, tmp_path: Path, capsys) -> None:
     """As the finding did: ``python train.py debug=fast hydra.run.dir=. overwrite=true`` in a folder of W&B runs, a
-    checkpoint and a CSV of the user's; then (in process) the same folder with a config.yaml of the user's."""
+    checkpoint and a CSV of the user's (the command line run in this process: :func:`run_cli`, the same ``main``,
+    exit code and output); then (``run`` in process) the same folder with a config.yaml of the user's."""
     for name in ("wandb/offline-run-old/run.wandb", "checkpoints/my_model.pt", "csv/data.csv"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("mine")
     before = _snapshot(tmp_path)
-    proc = run_train("debug=fast", "logger=none", "hydra.run.dir=.", "overwrite=true", cwd=tmp_path)
+    proc = run_cli("debug=fast", "logger=none", "hydra.run.dir=.", "overwrite=true", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "holds no run that attnlab recognises" in _one_error_line(proc) and "nothing was removed" in proc.stderr
     assert _snapshot(tmp_path) == before
@@ -351,7 +354,7 @@ def test_a_score_named_with_rich_markup_trains_prints_and_resumes(tmp_path: Path
     )
     run = tmp_path / "run"
     args = ("imports=[markup_scores]", "variant=custom", "variant.name='[/x]'", f"hydra.run.dir={run}")
-    proc = run_train(*SMALL, "results_table=true", *args, PYTHONPATH=str(tmp_path))
+    proc = run_train(*SMALL, "results_table=true", NO_MAPS, *args, PYTHONPATH=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_summary(run)["status"] == "ok"
     assert "(new run) · [/x] · digits · " in proc.stdout and "│ [/x]" in proc.stdout
@@ -364,7 +367,8 @@ def test_a_score_named_with_rich_markup_trains_prints_and_resumes(tmp_path: Path
 def hostile_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     """A two-job multirun whose tag holds markup and ``../``: job 0 is refused (lr=-1), job 1 trains."""
     sweep_dir = tmp_path_factory.mktemp("hostile") / "multirun" / "sweep"
-    proc = run_train("-m", *SMALL, "lr=-1,0.003", "+tag='../../../escaped_[bold]'", f"hydra.sweep.dir={sweep_dir}")
+    args = ("lr=-1,0.003", "+tag='../../../escaped_[bold]'", f"hydra.sweep.dir={sweep_dir}")
+    proc = run_train("-m", *SMALL, NO_MAPS, *args)
     return sweep_dir, proc
 
 
@@ -436,9 +440,10 @@ def test_every_console_path_prints_markup_as_text(finished: Path, tmp_path: Path
 @pytest.mark.slow
 def test_an_interrupted_extension_cannot_be_resumed_shorter(hydra_ctx: None, tmp_path: Path) -> None:
     """Extend a 10-step run to 400, SIGKILL it once last.ckpt holds step >= 15, then ``max_steps=10``: refused in one
-    line naming the step reached and the extension's aim; the summary records that aim, and nothing changed."""
+    line naming the step reached and the extension's aim; the summary records that aim, and nothing changed. (The
+    kill needs a real process; the refused command runs in this one: :func:`run_cli`.)"""
     run = tmp_path / "run"
-    base = (*SMALL, "max_steps=10", "eval_every=5", f"hydra.run.dir={run}")
+    base = (*SMALL, NO_MAPS, "max_steps=10", "eval_every=5", f"hydra.run.dir={run}")
     T.run(compose("config", overrides=list(base[:-1])), run)  # (the commands below name every override)
     assert read_summary(run)["status"] == "ok"
     proc = subprocess.Popen(
@@ -470,7 +475,7 @@ def test_an_interrupted_extension_cannot_be_resumed_shorter(hydra_ctx: None, tmp
     summary = read_summary(run)
     assert summary["segments"][-1]["kind"] == "extend" and summary["segments"][-1]["target_steps"] == 400
     before = _snapshot(run)
-    proc = run_train(*base, "resume=true", "max_steps=10")
+    proc = run_cli(*base, "resume=true", "max_steps=10")
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = _one_error_line(proc)
     assert f"reached step {reached}" in line and "an extension to 400 was interrupted" in line
@@ -585,7 +590,7 @@ def test_an_interrupted_multirun_prints_its_report_and_exits_130(tmp_path: Path,
     exit code 130, no traceback; the interrupted job's summary says so."""
     sweep_dir = tmp_path / "sweep"
     proc = subprocess.Popen(
-        train_cmd("-m", *SMALL, "max_steps=5,2000", "eval_every=5", f"hydra.sweep.dir={sweep_dir}"),
+        train_cmd("-m", *SMALL, NO_MAPS, "max_steps=5,2000", "eval_every=5", f"hydra.sweep.dir={sweep_dir}"),
         cwd=REPO,
         env=train_env(),
         stdout=subprocess.PIPE,

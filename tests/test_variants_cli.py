@@ -14,7 +14,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,12 +23,11 @@ import pytest
 from helpers import (
     REPO,
     SUBPROCESS_TIMEOUT,
-    TRAIN_PY,
     compose_cfg,
     read_summary,
+    run_cli,
     run_folders,
     train_cmd,
-    train_env,
 )
 from omegaconf import OmegaConf
 from test_cli import assert_one_error_line
@@ -343,26 +341,16 @@ BAD_CLI = {
 }
 
 
-@pytest.fixture(scope="module")
-def bad_cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every BAD_CLI case started (two at a time) in an empty folder of its own with the default run folder."""
-    root = tmp_path_factory.mktemp("variants_cli_bad")
-    commands = {}
-    for i, (name, (overrides, _)) in enumerate(BAD_CLI.items()):
-        cwd = root / f"case{i}"
-        cwd.mkdir()
-        commands[name] = ([sys.executable, str(TRAIN_PY), "logger=none", *overrides], cwd, train_env())
-    procs = run_two_at_a_time(commands)
-    return {name: (procs[name], commands[name][1]) for name in BAD_CLI}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_CLI))
-def test_bad_stage_values_print_one_line_exit_2_and_write_nothing(bad_cli_runs, case: str) -> None:
-    proc, cwd = bad_cli_runs[case]
+def test_bad_stage_values_print_one_line_exit_2_and_write_nothing(tmp_path: Path, case: str) -> None:
+    """Each BAD_CLI case as ``python train.py logger=none ...`` started in an empty folder with the default run
+    folder, run in this process (:func:`helpers.run_cli`: the same ``main``, exit code and output; test_cli.py runs
+    bad inputs of each kind as real commands too)."""
+    proc = run_cli("logger=none", *BAD_CLI[case][0], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert_one_error_line(proc, BAD_CLI[case][1])
-    assert list(cwd.iterdir()) == [], sorted(str(p) for p in cwd.rglob("*"))
+    assert list(tmp_path.iterdir()) == [], sorted(str(p) for p in tmp_path.rglob("*"))
 
 
 # The same checks in-process (what train.py runs before Hydra composes, then on the composed config): cheap, so
