@@ -511,3 +511,199 @@ def test_every_variant_gets_every_head_diagnostic(hydra_ctx, variant):
     pruning, logged = prune_heads(module, task, seed=0, random_orders=0, val_batches=1, test_batches=1)
     assert all(math.isfinite(logged[f"attn/L{l}H{h}/importance"]) for l in range(2) for h in range(2))
     assert len(pruning["curves"]["importance"][0]) == 5 and "random" not in pruning["curves"]
+
+
+# ---------------------------------------------------------------------------------------------- batched head step
+
+
+def _gated_encoder():
+    """A float64 encoder hiding padding keys: a differential-attention layer with GQA and a plain causal layer with
+    multi-query attention, d_v ≠ d_k (so a gate spread over the wrong width shows), every parameter random; 5
+    sequences (two padded) and random gates for each, zeros among them."""
+    from attnlab.config import AttentionConfig
+
+    attention = [
+        AttentionConfig(differential=True, num_kv_heads=2, d_k=4, d_v=3),
+        AttentionConfig(num_kv_heads=1, d_k=4, d_v=5, mask="causal"),
+    ]
+    enc = attnlab.Encoder(11, 12, 4, 2, pad_id=0, attention=attention).double().eval()
+    randomize_(enc, 3, scale=0.4)
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(1, 11, (5, 7), generator=gen)
+    tokens[1, 5:] = 0  # right padding
+    tokens[3, 3:] = 0
+    gates = torch.randn(5, 2, 4, generator=gen, dtype=torch.float64)
+    gates[gates.abs() < 0.5] = 0.0  # about a third of the heads removed
+    gates[0] = 1.0  # one sequence unpruned
+    gates[2, 1] = 0.0  # one with a whole layer removed
+    gates[4, 0, 2] = 0.0
+    return enc, tokens, gates
+
+
+def test_sequence_gates_give_each_sequence_the_output_of_its_own_head_gates(restore_process_state):
+    from attnlab.heads import sequence_gates
+
+    enc, tokens, gates = _gated_encoder()
+    assert (gates == 0).any() and (gates == 1).all(dim=(1, 2)).any()
+    layers = list(enc.layers)
+    outer = [torch.full((4,), 0.5, dtype=torch.float64), torch.full((4,), 2.0, dtype=torch.float64)]
+    with torch.no_grad(), head_gates(layers, outer):  # a gate set outside is put back, not applied inside
+        with sequence_gates(layers, gates):
+            assert all(layer.self_attn.head_gate is None for layer in layers)
+            got = enc(tokens)
+        assert all(layer.self_attn.head_gate is gate for layer, gate in zip(layers, outer, strict=True))
+    with torch.no_grad():
+        for n in range(tokens.shape[0]):
+            with head_gates(layers, gates[n]):
+                want = enc(tokens)[n]  # the same batch, every sequence with gates[n]: its row n
+            torch.testing.assert_close(got[n], want, rtol=0, atol=0)
+            ungated = enc(tokens[n : n + 1])
+            with head_gates(layers, gates[n]):
+                alone = enc(tokens[n : n + 1])[0]  # and, to rounding, that sequence alone under those gates
+            torch.testing.assert_close(got[n], alone, rtol=1e-12, atol=1e-12)
+            if bool((gates[n] != 1).any()):
+                assert not torch.allclose(got[n], ungated[0])  # the gates did something
+        # the hooks are gone: any batch size runs, ungated
+        torch.testing.assert_close(enc(tokens[:2]), enc(tokens)[:2], rtol=1e-12, atol=1e-12)
+    assert all(layer.self_attn.head_gate is None for layer in layers)
+    assert all(not layer.self_attn.out_proj._forward_pre_hooks for layer in layers)
+
+
+def test_sequence_gates_refuse_wrong_shapes_in_one_line_and_restore_the_layers(restore_process_state):
+    from attnlab.heads import sequence_gates
+
+    enc, tokens, gates = _gated_encoder()
+    layers = list(enc.layers)
+    bad = [
+        (gates[0], r"gates must be \(N, 2, H\)"),  # (layers, H): not per sequence
+        (gates[:, :1], r"gates must be \(N, 2, H\)"),  # one layer's gates for two layers
+        (gates[:, :, :3], "4 heads got gates of shape"),
+    ]
+    for wrong, problem in bad:
+        with pytest.raises(ValueError, match=problem) as info, sequence_gates(layers, wrong):
+            pass
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="gates for 5 sequences, a batch of 3") as info, torch.no_grad():
+        with sequence_gates(layers, gates):
+            enc(tokens[:3])
+    assert "\n" not in str(info.value)
+    with pytest.raises(RuntimeError, match="inside"), sequence_gates(layers, gates):
+        raise RuntimeError("inside")
+    assert all(layer.self_attn.head_gate is None for layer in layers)
+    assert all(not layer.self_attn.out_proj._forward_pre_hooks for layer in layers)
+    with torch.no_grad():
+        torch.testing.assert_close(enc(tokens[:3]), enc(tokens)[:3], rtol=1e-12, atol=1e-12)
+
+
+PRUNE_CASES = [
+    # task, dtype, report_bits, val_batches, test_batches, random_orders, batches per forward (None: the default)
+    ("listops", torch.float64, False, None, None, 2, None),
+    ("listops", torch.float32, False, None, None, 1, None),
+    ("listops", torch.float64, False, 2, 2, 1, 2),
+    ("associative_recall", torch.float64, True, 2, None, 1, 3),
+]
+
+
+@pytest.mark.parametrize(
+    ("task_name", "dtype", "bits", "val_batches", "test_batches", "random_orders", "per_forward"),
+    PRUNE_CASES,
+    ids=[f"{c[0]}-{str(c[1])[6:]}-fit{c[-1]}" for c in PRUNE_CASES],
+)
+def test_prune_heads_equals_one_batch_and_one_gate_setting_at_a_time(
+    monkeypatch, restore_process_state, task_name, dtype, bits, val_batches, test_batches, random_orders, per_forward
+):
+    """The batched head step against the plain loops: importance = mean over the validation batches of
+    |∂L_b/∂ξ| (head_gates, one batch at a time), each curve point = evaluate() with its heads removed by
+    head_gates. Listops (one class per sequence, right padding) and MQAR (per-token labels, -100 between); splits
+    of 10 with batches of 4 (the last one of 2); the default budget (everything in one forward) and budgets of a
+    few batches per forward (groups of settings, runs of batches, a short last group). In float64 the importance
+    differs only by the float32 gates' gradient (and the float32 cross-entropy both take); in float32 by the
+    summation order too."""
+    from helpers import small
+
+    from attnlab.config import AttentionConfig
+    from attnlab.module import EncoderModule
+    from attnlab.training import heads as step
+
+    task = small(task_name, {"num_train": 8, "num_val": 10, "num_test": 10, "batch_size": 4})
+    if per_forward is not None:
+        length = task.tensors("test")[0].shape[1]
+        monkeypatch.setattr(step, "TOKENS_PER_FORWARD", per_forward * task.batch_size * length)
+    torch.manual_seed(0)
+    attention = [AttentionConfig(differential=True, num_kv_heads=2), AttentionConfig(num_kv_heads=1)]
+    module = EncoderModule(
+        task.vocab_size, task.num_classes, task.per_token, task.pad_id, task.max_len,
+        d_model=16, num_heads=4, attention=attention, report_bits=bits, dropout=0.2,
+    ).to(dtype)  # fmt: skip
+    randomize_(module, 1, scale=1.0)  # predictions that change as heads go
+    module.train(per_forward is None)  # (dropout: the step must run in eval mode)
+    calls = []
+    pruning, logged = step.prune_heads(
+        module, task, seed=5, random_orders=random_orders, val_batches=val_batches, test_batches=test_batches,
+        progress=lambda done, total: calls.append((done, total)),
+    )  # fmt: skip
+    assert module.training == (per_forward is None)  # put back
+    assert all(layer.self_attn.head_gate is None for layer in module.encoder.layers)
+    module.eval()
+    layers = list(module.encoder.layers)
+
+    def split(name, limit):
+        tokens, labels = task.tensors(name)
+        out = [(tokens[i : i + 4], labels[i : i + 4]) for i in range(0, tokens.shape[0], 4)]
+        return out if limit is None else out[:limit]
+
+    val = split("val", val_batches)
+    assert val[-1][0].shape[0] == 2 or val_batches is not None
+    if test_batches is None:
+        assert split("test", None)[-1][0].shape[0] == 2  # a short last test batch
+    if task.per_token:
+        assert (task.tensors("test")[1] == -100).any()
+    else:
+        assert (task.tensors("test")[0] == task.pad_id).any()
+
+    want = torch.zeros(2, 4, dtype=torch.float64)
+    for batch in val:
+        gates = torch.ones(2, 4, dtype=dtype, requires_grad=True)
+        with head_gates(layers, gates):
+            (grad,) = torch.autograd.grad(module._loss(batch)[0], gates)
+        want += grad.abs().double()
+    want /= len(val)
+    got = torch.tensor(pruning["importance"], dtype=torch.float64)
+    rtol = 1e-6 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got, want, rtol=rtol, atol=0)
+    assert (want > 0).all()
+    assert pruning["orders"]["importance"] == [[list(lh) for lh in importance_order(want)]]
+    assert pruning["orders"].get("random", []) == [
+        [list(lh) for lh in random_order(2, 4, 5 + r)] for r in range(random_orders)
+    ]
+
+    metric = "bpc" if bits else "acc"
+    assert pruning["metric"] == metric and (pruning["num_layers"], pruning["num_heads"]) == (2, 4)
+    accs, seen = set(), set()
+    for name, orders in pruning["orders"].items():
+        curves = pruning["curves"][name]
+        assert len(curves) == len(orders)
+        for order, curve in zip(orders, curves, strict=True):
+            assert [p["removed"] for p in curve] == list(range(9))
+            gates = torch.ones(2, 4, dtype=torch.float64)
+            for k, point in enumerate(curve):
+                if k:
+                    gates[tuple(order[k - 1])] = 0.0
+                with head_gates(layers, gates.clone()):
+                    ref = step.evaluate(module, task, "test", limit=test_batches)
+                assert set(point) == {"removed", *ref}, (name, k)
+                assert point["acc"] == ref["acc"], (name, k, point, ref)
+                assert point["loss"] == pytest.approx(ref["loss"], rel=1e-6, abs=0), (name, k)
+                if bits:
+                    assert point["bpc"] == pytest.approx(ref["loss"] / math.log(2), rel=1e-6), (name, k)
+                accs.add(point["acc"])
+                seen.add(tuple(gates.flatten().tolist()))
+        mean = sum(sum(p[metric] for p in curve) / 9 for curve in curves) / len(curves)
+        assert pruning["auc"][name] == pytest.approx(mean, rel=1e-12)
+        assert logged[f"prune/auc_{name}"] == pruning["auc"][name]
+    assert len(accs) > 1  # the accuracy moves as heads go: the comparison sees something
+    assert calls and calls[-1] == (len(seen), len(seen)) and all(t == len(seen) for _, t in calls)
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+    for layer in range(2):
+        for head in range(4):
+            assert logged[f"attn/L{layer}H{head}/importance"] == pytest.approx(float(want[layer, head]), rel=rtol)
