@@ -40,7 +40,11 @@ __all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_a
 
 def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | None, path: str | Path) -> Path:
     """Save a (layers × heads) grid of heatmaps of one sequence's attention weights, with a colour bar (0 to 1) and
-    the token positions (from 0) on the axes.
+    the token positions (from 0) on the outer edges.
+
+    The grid is one image (the maps side by side, blank gaps between them) in one pair of axes, its labels drawn as
+    text, in a layout fixed in inches: matplotlib's constrained layout over an axes per map measured every tick
+    label, which was most of the figure's cost (0.4 s, 9 % of a 4.7 s default run; now a few hundredths).
 
     Args:
         weights: one (H, L, L) tensor per layer.
@@ -48,34 +52,61 @@ def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | Non
         pad_id: padding token or None.
         path: the PNG to write.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.figure import Figure  # (no pyplot: no global figure manager, no backend to choose)
 
     n = int((tokens != pad_id).sum()) if pad_id is not None else tokens.shape[0]
+    n = max(n, 1)  # (a probe of padding only: its first position)
     num_layers, num_heads = len(weights), weights[0].shape[0]
-    fig, axes = plt.subplots(
-        num_layers, num_heads, figsize=(2.2 * num_heads + 0.8, 2.2 * num_layers), squeeze=False, constrained_layout=True
-    )
-    ticks = sorted({0, (n - 1) // 2, n - 1})  # token positions, counted from 0
-    image = None
+    gap = max(1, round(n * 0.22))  # blank columns and rows between maps, about a quarter of a map
+    mosaic = np.full((num_layers * (n + gap) - gap, num_heads * (n + gap) - gap), np.nan, dtype=np.float32)
     for layer, w in enumerate(weights):
+        maps = w[:, :n, :n].float().cpu().numpy()  # (H, n, n)
         for head in range(num_heads):
-            ax = axes[layer][head]
-            image = ax.imshow(w[head, :n, :n].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
-            ax.set_title(f"L{layer} H{head}", fontsize=8)
-            ax.set_xticks(ticks)
-            ax.set_yticks(ticks)
-            ax.tick_params(labelsize=6, length=2)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
-    fig.supxlabel("key position")
-    fig.supylabel("query position")
+            r, c = layer * (n + gap), head * (n + gap)
+            mosaic[r : r + n, c : c + n] = maps[head]
+    cell, left, bottom, top, right = 1.7, 0.75, 0.6, 0.3, 1.1  # inches; a map is `cell` wide
+    grid_w, grid_h = cell * mosaic.shape[1] / n, cell * mosaic.shape[0] / n
+    width, height = left + grid_w + right, bottom + grid_h + top
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((left / width, bottom / height, grid_w / width, grid_h / height))
+    cmap = _colormap("viridis")
+    image = ax.imshow(mosaic, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto")
+    ax.set_axis_off()
+    ticks = sorted({0, (n - 1) // 2, n - 1})  # token positions, counted from 0
+    step = cell / n  # inches per position
+    for layer in range(num_layers):
+        y_top = height - top - layer * (n + gap) * step  # the map's top edge
+        for head in range(num_heads):
+            x = left + (head * (n + gap) + n / 2) * step
+            fig.text(x / width, (y_top + 0.04) / height, f"L{layer} H{head}", ha="center", va="bottom", fontsize=8)
+        for t in ticks:  # query positions, left of the first column
+            fig.text(
+                (left - 0.05) / width, (y_top - (t + 0.5) * step) / height, str(t), ha="right", va="center", fontsize=6
+            )
+    for head in range(num_heads):  # key positions, under the last row
+        for t in ticks:
+            x = left + (head * (n + gap) + t + 0.5) * step
+            fig.text(x / width, (bottom - 0.05) / height, str(t), ha="center", va="top", fontsize=6)
+    bar = fig.add_axes(
+        ((width - right + 0.25) / width, (bottom + 0.1 * grid_h) / height, 0.12 / width, 0.8 * grid_h / height)
+    )
+    fig.colorbar(image, cax=bar, label="attention weight")
+    fig.text((left + grid_w / 2) / width, 0.1 / height, "key position", ha="center", va="bottom")
+    fig.text(0.12 / width, (bottom + grid_h / 2) / height, "query position", rotation=90, ha="left", va="center")
     path = Path(path)
     with atomic_open(path, "wb") as f:  # replaced whole (and a link there replaced, never written through)
         fig.savefig(f, dpi=80, format="png")
-    plt.close(fig)
     return path
+
+
+def _colormap(name: str) -> Any:
+    """A matplotlib colormap by name, its missing values (the gaps between maps) white."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps[name].copy()
+    cmap.set_bad("white")
+    return cmap
 
 
 class AttentionDiagnostics(L.Callback):
