@@ -136,7 +136,12 @@ class NormalizedAttention(torch.autograd.Function):
             t = logits.div_(cap).tanh_()
             logits = torch.mul(t, cap, out=POOL.take(shape, q.dtype))
             buffers.append(logits)
-        weights, state = row_op.forward(logits, allowed)
+        if getattr(row_op, "prefers_out", False):  # it would keep a copy of the logits: keep the logits instead
+            weights = POOL.take(shape, q.dtype)
+            buffers.append(weights)
+            weights, state = row_op.forward(logits, allowed, out=weights)
+        else:
+            weights, state = row_op.forward(logits, allowed)
         del logits
         z = torch.matmul(weights, v)
         ctx.save_for_backward(q, k, v)

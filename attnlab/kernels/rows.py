@@ -26,7 +26,11 @@ class RowOp(Protocol):
     to be overwritten; allowed: bool broadcastable to (B, H, Lq, Lk), True = may attend, or None → (weights
     (B, H, Lq, Lk), state), where ``state`` is whatever :meth:`backward` needs (tensors; weights may be
     ``logits`` itself, overwritten). ``backward(d_weights, weights, state)``: d_weights (B, H, Lq, Lk), contiguous,
-    free to be overwritten → d_logits (B, H, Lq, Lk) (may be ``d_weights`` itself), 0 at masked keys."""
+    free to be overwritten → d_logits (B, H, Lq, Lk) (may be ``d_weights`` itself), 0 at masked keys.
+
+    Optional: ``prefers_out = True`` says that ``forward(logits, allowed, out=buffer)`` (the weights written into a
+    buffer of the logits' shape, the logits left as they are and kept in the state) is cheaper than in place, where
+    the operation would have to allocate a copy of what its backward pass reads (softpick)."""
 
     name: str
 

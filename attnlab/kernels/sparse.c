@@ -179,7 +179,7 @@ static inline const uint8_t *allowed_row(const Job *job, int64_t item) {
             for (int64_t j = 0; j < Lk; ++j) {                                                                         \
                 const T_ v = w[j], x = v - m, ex = EXP(x) - shift;                                                     \
                 /* the sign of s, whatever the rounding of exp; hidden keys (below low): 0 */                          \
-                const T_ ep = ex > 0 ? ex : (T_)0, en = ((v < 0) & (x > low)) && ex < 0 ? ex : (T_)0;                  \
+                const T_ ep = ex > 0 ? ex : (T_)0, en = ((v < 0) & (x > low) & (ex < 0)) ? ex : (T_)0;                \
                 const T_ e = v > 0 ? ep : en;                                                                          \
                 w[j] = e;                                                                                              \
                 pos += e > 0 ? e : (T_)0;                                                                              \

@@ -110,6 +110,9 @@ class SparseRowOp:
         if name not in KINDS:
             raise ValueError(f"SparseRowOp: unknown normalizer '{name}' (one of {', '.join(KINDS)})")
         self.name, self.kind, self.eps = name, KINDS[name], float(eps)
+        self.prefers_out = name == "softpick"
+        """softpick in place must keep R (B, H, Lq, Lk) for its backward pass, a new tensor of the logits' size each
+        call; given ``out=`` it writes the weights there and keeps the logits instead (its caller's buffer)."""
 
     def forward(self, logits: Tensor, allowed: Tensor | None, out: Tensor | None = None) -> tuple[Tensor, Any]:
         """logits (B, H, Lq, Lk) contiguous, overwritten unless ``out`` (a new tensor of the same shape and dtype)
