@@ -132,12 +132,20 @@ static int parallel(Kernel kernel, Job base, int64_t n, int threads, int64_t sli
         tasks[t].kernel = kernel;
         tasks[t].job = &jobs[t];
     }
+#ifdef _OPENMP
+    /* on torch's own OpenMP threads (the process's one libgomp): after a torch operation its workers spin
+       waiting for work, and threads of our own would have to compete with them for the cores */
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+    for (int t = 0; t < threads; ++t) kernel(&jobs[t]);
+    (void)task_main, (void)ids, (void)started, (void)tasks;
+#else
     for (int t = 1; t < threads; ++t) started[t] = pthread_create(&ids[t], NULL, task_main, &tasks[t]) == 0;
     for (int t = 1; t < threads; ++t)
         if (!started[t]) kernel(&jobs[t]);
     kernel(&jobs[0]);
     for (int t = 1; t < threads; ++t)
         if (started[t]) pthread_join(ids[t], NULL);
+#endif
     free(jobs), free(tasks), free(ids), free(started);
     return 0;
 }
