@@ -59,6 +59,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from attnlab.backends import Backend, Conditions, register_backend
+from attnlab.backends.sdpa import dot_score_reason
 from attnlab.masks import PreparedMask
 from attnlab.position_bias import PositionBias, ScoreMod
 from attnlab.scores import DotProductScore
@@ -101,10 +102,9 @@ def _offers_score_mod(term: Any) -> bool:
 
 def flex_reason(attn: Any) -> str | None:
     """None when FlexAttention computes every stage of ``attn`` exactly, else the first stage it cannot (one line)."""
-    if not isinstance(attn.score, DotProductScore):
-        return f"it computes dot-product scores only, not {attn.config.score}"
-    if attn.score.has_value_term or (attn.position_bias is not None and attn.position_bias.has_value_term):
-        return "it has no value-side term (Shaw's value_term)"
+    reason = dot_score_reason(attn)
+    if reason is not None:
+        return reason
     if attn.extra_logit() is not None:
         return f"it has no sink logit (normalizer={attn.config.normalizer}); softmax only"
     if not getattr(attn.normalizer, "is_softmax", False):

@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attnlab.backends import Backend, Conditions, build_backend, register_backend
-from attnlab.backends.sdpa import finish
+from attnlab.backends.sdpa import dot_score_reason, finish
 from attnlab.kernels import softmax as softmax_kernel
 from attnlab.kernels.rows import RowOp
 from attnlab.scores import DotProductScore
@@ -184,10 +184,9 @@ class Normalized(Backend):
     (see the module's docstring)."""
 
     def config_reason(self, attn: Any) -> str | None:
-        if not isinstance(attn.score, DotProductScore):
-            return f"it computes dot-product scores only, not {attn.config.score}"
-        if attn.score.has_value_term or (attn.position_bias is not None and attn.position_bias.has_value_term):
-            return "it has no value-side term (Shaw's value_term)"
+        reason = dot_score_reason(attn)
+        if reason is not None:
+            return reason
         if getattr(attn.normalizer, "is_softmax", False):
             if attn.softcap is None:
                 return "it is for soft-capping or a normalizer other than softmax (sdpa computes plain softmax)"

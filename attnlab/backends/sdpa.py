@@ -25,15 +25,24 @@ from attnlab.backends import Backend, Conditions, register_backend
 from attnlab.masks import PreparedMask
 from attnlab.scores import DotProductScore
 
-__all__ = ["BiasedSoftmaxAttention", "dot_product_reason", "finish", "scaled_dot_product_attention"]
+__all__ = ["BiasedSoftmaxAttention", "dot_product_reason", "dot_score_reason", "finish", "scaled_dot_product_attention"]
 
 
-def dot_product_reason(attn: Any) -> str | None:
-    """None when every stage of ``attn`` is one SDPA computes exactly, else the first that is not."""
+def dot_score_reason(attn: Any) -> str | None:
+    """None when ``attn``'s logits are a dot-product score plus additive terms (no value-side term), what every
+    fused backend over q kᵀ requires (sdpa, biased_softmax, relative, flex, normalized); else why not (one line)."""
     if not isinstance(attn.score, DotProductScore):
         return f"it computes dot-product scores only, not {attn.config.score}"
     if attn.score.has_value_term or (attn.position_bias is not None and attn.position_bias.has_value_term):
         return "it has no value-side term (Shaw's value_term)"
+    return None
+
+
+def dot_product_reason(attn: Any) -> str | None:
+    """None when every stage of ``attn`` is one SDPA computes exactly, else the first that is not."""
+    reason = dot_score_reason(attn)
+    if reason is not None:
+        return reason
     if attn.softcap is not None:
         return "it has no soft-capping"
     if not getattr(attn.normalizer, "is_softmax", False) and attn.extra_logit() is None:
