@@ -4,8 +4,8 @@
 
    The keys come transposed, ukT (B*H, A, Lk), so that the inner loop runs over keys j, contiguous in memory: it
    is vectorised by the compiler, tanh included (glibc's libmvec under -ffast-math), and no (.., Lk, A) activation
-   is ever written. Work items are the B*H*Lq query rows, split into one contiguous range per thread (pthreads, so
-   that no second OpenMP runtime is loaded beside torch's).
+   is ever written. Work items are the B*H*Lq query rows, split into one contiguous range per thread (run_jobs,
+   parallel.h: torch's own OpenMP threads; the library's libgomp.so.1 is the one torch loaded, not a second runtime).
 
    Backward, with g = dL/dlogits and s = g (1 - t^2), t recomputed (one tanh per element, as in the forward),
    one thread per (b, h) slice (so the key and v sums need no lock and are taken in a fixed order):
@@ -14,10 +14,11 @@
      dL/dukT[a,j]  = v[a] sum_i s
    Nothing beyond the inputs, the (B, H, Lq, Lk) logits or their gradient, and the outputs is allocated. */
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
+
+#include "parallel.h"
 
 typedef struct {
     const void *wq, *ukT, *v, *grad;
@@ -77,52 +78,21 @@ KERNELS(double, f64, tanh)
 
 typedef void (*Kernel)(Job *);
 
-typedef struct {
-    Kernel kernel;
-    Job *job;
-} Task;
-
-static void *task_main(void *arg) {
-    Task *task = arg;
-    task->kernel(task->job);
-    return NULL;
-}
-
-/* Runs kernel over items [0, n), one contiguous range per thread; returns 0, or 1 if memory ran out. A thread
-   that cannot be started has its range run by the calling thread. */
+/* Runs kernel over items [0, n), one contiguous range per thread; returns 0, or 1 if memory ran out. */
 static int parallel(Kernel kernel, Job base, int64_t n, int threads) {
-    if (threads < 1) threads = 1;
-    if (threads > n) threads = (int)(n > 0 ? n : 1);
+    threads = job_threads(n, threads);
     Job *jobs = calloc((size_t)threads, sizeof(Job));
-    Task *tasks = calloc((size_t)threads, sizeof(Task));
-    pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
-    int *started = calloc((size_t)threads, sizeof(int));
-    if (!jobs || !tasks || !ids || !started) {
-        free(jobs), free(tasks), free(ids), free(started);
-        return 1;
-    }
+    if (!jobs) return 1;
     for (int t = 0; t < threads; ++t) {
         jobs[t] = base;
         jobs[t].begin = n * t / threads;
         jobs[t].end = n * (t + 1) / threads;
-        tasks[t].kernel = kernel;
-        tasks[t].job = &jobs[t];
     }
-#ifdef _OPENMP
-    /* on torch's own OpenMP threads (the process's one libgomp): after a torch operation its workers spin
-       waiting for work, and threads of our own would have to compete with them for the cores */
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; ++t) kernel(&jobs[t]);
-    (void)task_main, (void)ids, (void)started, (void)tasks;
-#else
-    for (int t = 1; t < threads; ++t) started[t] = pthread_create(&ids[t], NULL, task_main, &tasks[t]) == 0;
-    for (int t = 1; t < threads; ++t)
-        if (!started[t]) kernel(&jobs[t]); /* could not start a thread: do its share here */
-    kernel(&jobs[0]);
-    for (int t = 1; t < threads; ++t)
-        if (started[t]) pthread_join(ids[t], NULL);
-#endif
-    free(jobs), free(tasks), free(ids), free(started);
+    if (run_jobs((JobKernel)kernel, jobs, sizeof(Job), threads)) {
+        free(jobs);
+        return 1;
+    }
+    free(jobs);
     return 0;
 }
 

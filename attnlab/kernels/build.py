@@ -1,10 +1,11 @@
 """Building and loading the C kernels of :mod:`attnlab.kernels`.
 
-Each kernel is one C file beside this module, built on first use with the system C compiler (``$CC``, else
-``cc``; ``-O3 -march=native -ffast-math``, so that exp and tanh are vectorised through glibc's libmvec) into a shared
-library loaded with ctypes. Builds are cached in ``$ATTNLAB_KERNEL_CACHE`` (default ``~/.cache/attnlab/kernels``)
-under a hash of the source, the flags, the compiler's version and the CPU, so later processes load them in
-milliseconds; a build goes to a temporary file that is then renamed, so parallel sweep jobs may build at once.
+Each kernel is one C file beside this module (with the headers beside it: ``parallel.h``, the threads), built on
+first use with the system C compiler (``$CC``, else ``cc``; ``-O3 -march=native -ffast-math -fopenmp``, so that exp
+and tanh are vectorised through glibc's libmvec) into a shared library loaded with ctypes. Builds are cached in
+``$ATTNLAB_KERNEL_CACHE`` (default ``~/.cache/attnlab/kernels``) under a hash of the source and the headers, the
+flags, the compiler's version and the CPU, so later processes load them in milliseconds; a build goes to a temporary
+file that is then renamed, so parallel sweep jobs may build at once.
 
 Where a kernel cannot be built (no compiler, Windows), :meth:`Library.get` returns None and :attr:`Library.error`
 says why in one line; the callers then use their PyTorch code. ``ATTNLAB_FUSED_KERNELS=0`` turns every kernel off.
@@ -34,8 +35,8 @@ FLAG_SETS: tuple[tuple[str, ...], ...] = (
     ("-O3", "-march=native", "-ffast-math", "-fPIC"),
     ("-O3", "-ffast-math", "-fPIC"),
 )
-"""With ``-fopenmp`` a kernel's rows run on the process's OpenMP threads: torch's, since the library links
-``libgomp.so.1``, which torch has loaded already (the same runtime, the same thread pool). Without it (a compiler
+"""With ``-fopenmp`` a kernel's rows run on the process's OpenMP threads (``parallel.h``): torch's, since the library
+links ``libgomp.so.1``, which torch has loaded already (the same runtime, the same thread pool). Without it (a compiler
 without OpenMP) on threads of its own (pthreads), which compete with torch's workers spinning after an operation:
 the softmax kernel took 7.1 ms after a matrix product instead of 3.9 ms alone (2 threads)."""
 LINK_FLAGS = ("-shared", "-lm", "-lpthread")
@@ -82,7 +83,7 @@ def build_library(source: Path, directory: Path | None = None, compiler: str | N
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelBuildError(f"C compiler '{compiler}' does not run: {e}") from e
     directory = cache_dir() if directory is None else Path(directory)
-    text = Path(source).read_bytes()
+    text = b"".join(h.read_bytes() for h in [Path(source), *sorted(Path(source).parent.glob("*.h"))])  # + headers
     error = "failed"
     for flags in FLAG_SETS:
         parts = [text, " ".join(flags + LINK_FLAGS).encode(), *(v.encode() for v in version)]

@@ -11,14 +11,15 @@
 
    The hidden mask is a uint8 tensor broadcast over (B, H, Lq, Lk) by its strides (0 where it broadcasts).
    -ffast-math assumes no infinities, so hidden keys get weight 0 by a select, never through exp(-inf).
-   Work items are the B*H*Lq rows, one contiguous range per thread (pthreads). In the backward pass a per-head table
+   Work items are the B*H*Lq rows, one contiguous range per thread (run_jobs, parallel.h). In the backward pass a per-head table
    (T5) is accumulated by each thread into its own slice dT[thread] (summed by the caller, in thread order). */
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "parallel.h"
 
 typedef struct {
     void *S;
@@ -102,59 +103,26 @@ KERNELS(float, f32, expf, -FLT_MAX)
 KERNELS(double, f64, exp, -DBL_MAX)
 
 typedef void (*Kernel)(Job *);
-typedef struct {
-    Kernel kernel;
-    Job *job;
-} Task;
-
-static void *task_main(void *arg) {
-    Task *task = arg;
-    task->kernel(task->job);
-    return NULL;
-}
-
 static int parallel(Kernel kernel, Job base, int64_t n, int threads, int64_t slice) {
-    if (threads < 1) threads = 1;
-    if (threads > n) threads = (int)(n > 0 ? n : 1);
+    threads = job_threads(n, threads);
     Job *jobs = calloc((size_t)threads, sizeof(Job));
-    Task *tasks = calloc((size_t)threads, sizeof(Task));
-    pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
-    int *started = calloc((size_t)threads, sizeof(int));
-    if (!jobs || !tasks || !ids || !started) {
-        free(jobs), free(tasks), free(ids), free(started);
-        return 1;
-    }
+    if (!jobs) return 1;
     for (int t = 0; t < threads; ++t) {
         jobs[t] = base;
         jobs[t].begin = n * t / threads;
         jobs[t].end = n * (t + 1) / threads;
         jobs[t].table_stride = base.per_row ? 0 : slice * t;
-        tasks[t].kernel = kernel;
-        tasks[t].job = &jobs[t];
     }
-#ifdef _OPENMP
-    /* on torch's own OpenMP threads (the process's one libgomp): after a torch operation its workers spin
-       waiting for work, and threads of our own would have to compete with them for the cores */
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; ++t) kernel(&jobs[t]);
-    (void)task_main, (void)ids, (void)started, (void)tasks;
-#else
-    for (int t = 1; t < threads; ++t) started[t] = pthread_create(&ids[t], NULL, task_main, &tasks[t]) == 0;
-    for (int t = 1; t < threads; ++t)
-        if (!started[t]) kernel(&jobs[t]);
-    kernel(&jobs[0]);
-    for (int t = 1; t < threads; ++t)
-        if (started[t]) pthread_join(ids[t], NULL);
-#endif
-    free(jobs), free(tasks), free(ids), free(started);
+    if (run_jobs((JobKernel)kernel, jobs, sizeof(Job), threads)) {
+        free(jobs);
+        return 1;
+    }
+    free(jobs);
     return 0;
 }
 
 /* The number of threads the backward pass uses for n rows (the caller sizes dT's per-thread slices with it). */
-int attnlab_relative_threads(int64_t n, int threads) {
-    if (threads < 1) threads = 1;
-    return threads > n ? (int)(n > 0 ? n : 1) : threads;
-}
+int attnlab_relative_threads(int64_t n, int threads) { return job_threads(n, threads); }
 
 int attnlab_relative_forward(int dtype, void *S, const void *T, const int64_t *ptr, const int32_t *starts,
                              const int32_t *cols, const uint8_t *hidden, const int64_t *hidden_strides, int64_t B,

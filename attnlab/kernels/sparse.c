@@ -20,13 +20,14 @@
      the logits): dz = u (g - sum g w) where s > 0, u sum g w where s < 0, 0 where s = 0 and at hidden keys.
 
    The allowed mask is a uint8 tensor broadcast over (B, H, Lq, Lk) by its strides (0 where it broadcasts); NULL:
-   every key visible. Work items are the B*H*Lq rows, one contiguous range per thread (pthreads). */
+   every key visible. Work items are the B*H*Lq rows, one contiguous range per thread (run_jobs, parallel.h). */
 
 #include <float.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "parallel.h"
 
 enum { SPARSEMAX = 0, ENTMAX15 = 1, SOFTPICK = 2 };
 
@@ -276,50 +277,20 @@ KERNELS(float, f32, expf, sqrtf, -FLT_MAX)
 KERNELS(double, f64, exp, sqrt, -DBL_MAX)
 
 typedef void (*Kernel)(Job *);
-typedef struct {
-    Kernel kernel;
-    Job *job;
-} Task;
-
-static void *task_main(void *arg) {
-    Task *task = arg;
-    task->kernel(task->job);
-    return NULL;
-}
-
 static int parallel(Kernel kernel, Job base, int64_t n, int threads) {
-    if (threads < 1) threads = 1;
-    if (threads > n) threads = (int)(n > 0 ? n : 1);
+    threads = job_threads(n, threads);
     Job *jobs = calloc((size_t)threads, sizeof(Job));
-    Task *tasks = calloc((size_t)threads, sizeof(Task));
-    pthread_t *ids = calloc((size_t)threads, sizeof(pthread_t));
-    int *started = calloc((size_t)threads, sizeof(int));
-    if (!jobs || !tasks || !ids || !started) {
-        free(jobs), free(tasks), free(ids), free(started);
-        return 1;
-    }
+    if (!jobs) return 1;
     for (int t = 0; t < threads; ++t) {
         jobs[t] = base;
         jobs[t].begin = n * t / threads;
         jobs[t].end = n * (t + 1) / threads;
-        tasks[t].kernel = kernel;
-        tasks[t].job = &jobs[t];
     }
-#ifdef _OPENMP
-    /* on torch's own OpenMP threads (the process's one libgomp): after a torch operation its workers spin
-       waiting for work, and threads of our own would have to compete with them for the cores */
-#pragma omp parallel for num_threads(threads) schedule(static, 1)
-    for (int t = 0; t < threads; ++t) kernel(&jobs[t]);
-    (void)task_main, (void)ids, (void)started, (void)tasks;
-#else
-    for (int t = 1; t < threads; ++t) started[t] = pthread_create(&ids[t], NULL, task_main, &tasks[t]) == 0;
-    for (int t = 1; t < threads; ++t)
-        if (!started[t]) kernel(&jobs[t]);
-    kernel(&jobs[0]);
-    for (int t = 1; t < threads; ++t)
-        if (started[t]) pthread_join(ids[t], NULL);
-#endif
-    free(jobs), free(tasks), free(ids), free(started);
+    if (run_jobs((JobKernel)kernel, jobs, sizeof(Job), threads)) {
+        free(jobs);
+        return 1;
+    }
+    free(jobs);
     return 0;
 }
 
