@@ -121,6 +121,24 @@ def test_fused_kernel_check_on_cpu_finds_flash_and_explains_a_refusal(single_thr
         check_fused_sdpa("cpu", torch.float32, score="t5_bias", length=16, dropout=0.1)
 
 
+def test_a_run_writes_what_it_measured_after_every_section(tmp_path, single_thread):
+    """A bench cut short (a time limit; a lent GPU given back: it happened on an H100, 2026-11-28) keeps its sections:
+    run_bench writes the results so far after each one."""
+    from attnlab.bench.cli import run_bench
+
+    seen = []
+    partial = tmp_path / "bench.partial.json"
+
+    def log(msg: str) -> None:
+        seen.append(json.loads(partial.read_text()) if partial.exists() else None)
+
+    results = run_bench(Options(quick=True, only=["fused", "decode"]), log, partial)
+    written = json.loads(partial.read_text())
+    assert written["fused"]["kernel"] == "flash" and "decode" in written
+    assert set(written["section_seconds"]) == set(results["section_seconds"]) == {"fused", "decode"}
+    assert seen[0] is not None and "fused" in seen[0] and "decode" not in seen[0]  # written before decode ran
+
+
 def test_naive_additive_reference_equals_the_chunked_score(single_thread):
     """The harness's memory baseline computes the same thing as AdditiveScore (float64, values and gradients)."""
     gen = torch.Generator().manual_seed(0)

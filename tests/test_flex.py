@@ -258,6 +258,25 @@ def test_a_forced_flex_call_on_the_cpu_with_gradients_is_refused_in_one_line():
             layer.double()(inputs().double())
 
 
+def test_under_the_flop_counter_flex_steps_aside_and_the_products_are_counted():
+    """FlexAttention cannot run under a dispatch mode (torch 2.11 on an H100, 2026-11-28: the compiled call traced
+    its dense path and stopped the benchmark): a forced flex says so in one line; the FLOPs of the same layer come
+    from the backend auto takes instead, the products q·kᵀ and P·v of the layer (2·B·H·L·L·(d_k + d_v))."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from attnlab.compute import count_flops
+
+    layer = make_layer({"softcap": 5.0})
+    with torch.no_grad(), FlopCounterMode(display=False):
+        with pytest.raises(RuntimeError, match=r"^attention.backend=flex cannot run here: .*dispatch mode[^\n]*$"):
+            layer(inputs())
+    auto = attnlab.MultiHeadAttention(D_MODEL, H, D_K, softcap=5.0).eval()
+    with torch.no_grad():
+        total = count_flops(lambda: auto(inputs()))
+    projections = 2 * B * L * D_MODEL * (3 * H * D_K) + 2 * B * L * (H * D_K) * D_MODEL
+    assert total - projections == 2 * B * H * L * L * (D_K + D_K)
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -59,7 +59,7 @@ def num_threads(n: int):
 
 def grads_of(out: torch.Tensor, inputs: list[torch.Tensor], seed: int = 99) -> tuple[torch.Tensor, ...]:
     """∂⟨out, c⟩/∂inputs for a random upstream gradient c (the same c for the same seed and shape)."""
-    c = randn(*out.shape, seed=seed).to(out.dtype)
+    c = randn(*out.shape, seed=seed).to(out.device, out.dtype)
     return torch.autograd.grad(out, inputs, c)
 
 

@@ -43,10 +43,14 @@ tensors they read, so that dynamo sees the same code for every call and layer (n
 new inputs, not a new graph) and compiles once per (shapes, terms, soft-cap value, mask kind, grad mode). On a
 2-core CPU (measured under load) a compile takes 9–20 s, the first of a process with a cold Inductor cache up to
 ~45 s (~16 s of CPU time: it also builds Inductor's CPU checks), 5–10 s from a warm cache (``/tmp/torchinductor_*``);
-a call that hits a compiled graph adds microseconds. Dynamo's ``recompile_limit`` (8) bounds the compiled variants
-per process: past it a call runs unfused (with dynamo's warning). ``attention.backend_params.compile=false`` runs
-FlexAttention's unfused reference instead (it materialises the scores; for checking a translation without a
-compile).
+a call that hits a compiled graph adds microseconds. Dynamo's ``recompile_limit`` (8 by default) bounds the compiled
+variants of one function per process, and past it a call runs unfused (with dynamo's warning): a benchmark or a
+check that builds a dozen biased models in one process passed it on an H100 (2026-11-28), so making the compiled
+function raises the limit to at least :data:`RECOMPILE_LIMIT`. Under a dispatch mode (the FLOP counter,
+:func:`attnlab.compute.count_flops`) FlexAttention cannot run, compiled or not, in torch 2.11–2.13: ``auto`` then
+takes the next backend (the FLOPs are the same products) and a forced ``flex`` raises its one line.
+``attention.backend_params.compile=false`` runs FlexAttention's unfused reference instead (it materialises the
+scores; for checking a translation without a compile).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from attnlab.backends import Backend, Conditions, register_backend
 from attnlab.backends.sdpa import dot_score_reason
@@ -70,6 +75,9 @@ MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 """A FlexAttention ``mask_mod``: (b, h, q_idx, kv_idx) → bool, all 0-d tensors."""
 
 _COMPILED: dict[str, Callable[..., Tensor]] = {}
+RECOMPILE_LIMIT = 64
+"""The least dynamo ``recompile_limit`` while the compiled FlexAttention is in use: each (shapes, terms, soft-cap,
+mask kind, grad mode) compiles once, and the default 8 ran out within one benchmark group."""
 
 
 def compiled_flex_attention() -> Callable[..., Tensor]:
@@ -77,6 +85,9 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
     FlexAttention runs a reference that materialises the scores)."""
     fn = _COMPILED.get("flex_attention")
     if fn is None:
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         fn = _COMPILED["flex_attention"] = torch.compile(flex_attention, dynamic=False)
     return fn
 
@@ -266,6 +277,8 @@ class Flex(Backend):
         return flex_reason(attn)
 
     def call_reason(self, attn: Any, when: Conditions) -> str | None:
+        if _get_current_dispatch_mode() is not None:
+            return "FlexAttention cannot run under a dispatch mode (the FLOP counter) in this torch"
         if when.device == "cpu":
             if attn.config.backend != "flex":
                 return "it is for CUDA (on the CPU FlexAttention is forward-only here): force it with backend=flex"

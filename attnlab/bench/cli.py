@@ -82,10 +82,13 @@ class Options:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_bench(
+    opts: Options, log: Callable[[str], None] = print, partial: Path | None = None
+) -> dict[str, Any]:
     """Run the selected sections → the results dict (machine, ``peak``: the machine's practical peak FLOP/s,
     measured before the timed sections when one of them has a roofline column, the sections with each training
-    step's ``roofline``, targets)."""
+    step's ``roofline``, targets). With ``partial``, the results so far are written there (JSON) after every
+    section, so that a run cut short (a time limit, a lent GPU given back) keeps what it measured."""
     device = torch.device(opts.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but torch sees no CUDA device")
@@ -107,6 +110,9 @@ def run_bench(opts: Options, log: Callable[[str], None] = print) -> dict[str, An
         now = time.perf_counter()
         results["section_seconds"][name] = now - clock[0]
         clock[0] = now
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(results, indent=2, default=str) + "\n")
 
     if "fused" in opts.only:
         try:
@@ -197,13 +203,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+    out = opts.out or new_results_dir(RESULTS_ROOT, opts.quick)
+    partial = out / "bench.partial.json"
     try:
-        results = run_bench(opts, log)
+        results = run_bench(opts, log, partial)
     except FusedKernelUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    out = opts.out or new_results_dir(RESULTS_ROOT, opts.quick)
     paths = write_results(results, out)
+    partial.unlink(missing_ok=True)
     try:
         print(format_tables(results))
         print(f"\nwrote {', '.join(str(p) for p in paths)} ({results['seconds']:.0f} s)")
