@@ -67,6 +67,7 @@ __all__ = [
     "atomic_open",
     "check_pruning",
     "config_defaults",
+    "csv_safe",
     "find_runs",
     "flatten_config",
     "is_neutral",
@@ -74,8 +75,10 @@ __all__ = [
     "is_wandb_id",
     "iter_metrics",
     "load_run",
+    "load_yaml_untrusted",
     "nofollow_opener",
     "read_bytes",
+    "read_json",
     "read_metrics",
     "read_text",
     "utc_now",
@@ -123,6 +126,8 @@ NEUTRAL_KEYS = (
     "ckpt_path",
     "overwrite",
     "diagnostics.heatmaps",
+    "diagnostics.importance",
+    "diagnostics.random_orders",
     "trainer.enable_progress_bar",
 )
 """config.yaml keys (and everything under them) that cannot change a run's numbers: a resume may change them, and
@@ -297,6 +302,95 @@ def read_text(path: str | Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RunFileError(f"{path} is not UTF-8 text (byte {exc.start})") from None
+
+
+def read_json(path: str | Path) -> Any:
+    """A run or sweep folder's JSON file (summary.json, tuned.json, pruning.json), never through a link, as untrusted
+    input: :class:`RunFileError` (one line naming the file) when it cannot be read, is empty, is not JSON, holds a
+    number Python will not convert, or is nested too deeply for the parser (a ``[[[[...`` of any depth costs that
+    line, never a RecursionError)."""
+    return _read_json(Path(path))
+
+
+MAX_YAML_NODES = 100_000
+"""The most nodes a YAML file of a run or sweep folder may hold once its aliases are expanded (a resolved config has
+a few hundred): :func:`load_yaml_untrusted` refuses a file past it, such as the "billion laughs" (10 levels of 10
+aliases, 1 KB on disk, 10¹⁰ nodes for any reader that walks it)."""
+
+
+def _no_alias_bomb_loader() -> type:
+    """A ``yaml.SafeLoader`` that counts, while it composes, the nodes of each node with its aliases expanded, and
+    stops (``yaml.YAMLError``) as soon as a node passes :data:`MAX_YAML_NODES` or an alias refers to a node that
+    contains it (a recursive structure). Composing never expands an alias, so the count costs one integer per node:
+    time and memory stay proportional to the file, never to its expansion."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def __init__(self, stream: Any) -> None:
+            super().__init__(stream)
+            self._expanded: dict[int, int] = {}  # id(node) -> its node count with aliases expanded
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            alias = self.check_event(yaml.AliasEvent)
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if alias:
+                if id(node) not in self._expanded:  # an alias to a node that is still being composed: a cycle
+                    raise yaml.YAMLError(f"an alias refers to a node that contains it (line {mark.line + 1})")
+                return node
+            if isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._expanded[id(child)] for child in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                size = 1 + sum(self._expanded[id(k)] + self._expanded[id(v)] for k, v in node.value)
+            else:
+                size = 1
+            if size > MAX_YAML_NODES:
+                raise yaml.YAMLError(
+                    f"its aliases (*name) expand to more than {MAX_YAML_NODES:,} nodes (at line {mark.line + 1}): "
+                    "an alias bomb, not a config"
+                )
+            self._expanded[id(node)] = size
+            return node
+
+    return Loader
+
+
+@functools.lru_cache(maxsize=1)
+def _yaml_loader() -> type:
+    return _no_alias_bomb_loader()
+
+
+def load_yaml_untrusted(source: str | Path, text: str | None = None) -> Any:
+    """A YAML file of a run or sweep folder (config.yaml, ``.hydra/*.yaml``, ``multirun.yaml``) read as untrusted
+    data: ``source`` is the file's path, read never through a link (:func:`read_text`) unless ``text`` gives its
+    content (``source`` then only names it). Only plain YAML types are built (``yaml.safe_load``); anchors and
+    aliases are allowed up to :data:`MAX_YAML_NODES` nodes expanded. :class:`RunFileError`, one line naming the
+    file, for a file that cannot be read, is not YAML, is nested too deeply, or whose aliases expand past the bound
+    or into a cycle. The package's own ``conf/`` files are trusted and read with OmegaConf, not here."""
+    import yaml
+
+    path = Path(source)
+    if text is None:
+        text = read_text(path)
+    try:
+        return yaml.load(text, Loader=_yaml_loader())  # (a SafeLoader subclass)
+    except RecursionError:
+        raise RunFileError(f"{path} is nested too deeply to be read") from None
+    except yaml.YAMLError as exc:
+        if type(exc) is yaml.YAMLError:  # ours: already one plain sentence
+            raise RunFileError(f"{path} is refused: {exc}") from None
+        raise RunFileError(f"{path} is not valid YAML ({' '.join(str(exc).split())})") from None
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(text: str) -> str:
+    """A text cell for a CSV file that a spreadsheet may open: text starting with ``=``, ``+``, ``-``, ``@`` (or a
+    tab or carriage return) gets a leading ``'``, so that a run name or config value such as ``=HYPERLINK(...)`` or
+    ``-2+3`` is shown as text, never evaluated as a formula (OWASP's "CSV injection"). Other text is returned as is;
+    write numbers as numbers (they are never passed here)."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
 
 
 def _read_json(path: Path) -> Any:
@@ -789,16 +883,9 @@ class RunFolder:
             raise RunFileError(f"{path} is not a regular file or folder{more}: remove it")
 
     def read_config(self) -> dict[str, Any]:
-        """config.yaml as a plain dict; :class:`RunFileError` when it is missing, empty or not a mapping."""
-        import yaml
-
-        text = read_text(self.config_path)
-        try:
-            data = yaml.safe_load(text)
-        except RecursionError:
-            raise RunFileError(f"{self.config_path} is nested too deeply to be read") from None
-        except yaml.YAMLError as exc:
-            raise RunFileError(f"{self.config_path} is not valid YAML ({' '.join(str(exc).split())})") from None
+        """config.yaml as a plain dict (read by :func:`load_yaml_untrusted`: no alias bomb); :class:`RunFileError`
+        when it is missing, empty, not a mapping, or refused."""
+        data = load_yaml_untrusted(self.config_path)
         if not isinstance(data, dict):
             raise RunFileError(f"{self.config_path} is {'empty' if data is None else 'not a mapping'}")
         return data
@@ -1026,9 +1113,14 @@ class SweepJournal:
     def __init__(self, sweep_dir: str | Path) -> None:
         self.path = Path(sweep_dir) / SWEEP_FILE
 
-    def start(self, jobs: int | None) -> None:
-        """Begin the journal (a sweep started again into the same folder appends a new header)."""
-        self._append({"jobs": jobs, "started": time.time()})
+    def start(self, jobs: int | None, estimates: dict[str, float] | None = None) -> None:
+        """Begin the journal (a sweep started again into the same folder appends a new header); ``estimates``:
+        each job's estimated seconds by job number (:mod:`attnlab.training.plan`), for the "left" line and the
+        closing report."""
+        row: dict[str, Any] = {"jobs": jobs, "started": time.time()}
+        if estimates:
+            row["estimates"] = estimates
+        self._append(row)
 
     def record(self, job: str, status: str, reason: str | None, wall_time_s: float | None) -> None:
         """Add one finished job."""

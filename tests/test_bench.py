@@ -356,3 +356,17 @@ def test_step_flops_of_a_one_layer_encoder_equal_a_hand_count(single_thread):
     assert flops == projections + feed_forward + head + attention == 348_160
     opts = parse_args(["--quick", "--only", "variants", "--reps", "2"])
     assert isinstance(opts, Options) and opts.only == ["variants"] and opts.reps == 2
+
+
+def test_the_bench_csv_never_starts_a_text_cell_with_a_formula(tmp_path):
+    """A label such as a user's registered score named ``=cmd()`` is written as text (issue 40)."""
+    row = {name: None for name in CSV_FIELDS}
+    row.update(section="encoder", label="=HYPERLINK(1)", score="+x", median_ms=-1.5)
+    target = {"id": "1", "what": "@sum", "value": -0.5, "limit": 1.0, "met": True, "note": "-note"}
+    write_results({"encoder": [row], "targets": [target]}, tmp_path)
+    with (tmp_path / "bench.csv").open() as f:
+        (written,) = list(csv.DictReader(f))
+    assert written["label"] == "'=HYPERLINK(1)" and written["score"] == "'+x" and written["median_ms"] == "-1.5"
+    with (tmp_path / "targets.csv").open() as f:
+        (t,) = list(csv.DictReader(f))
+    assert t["what"] == "'@sum" and t["note"] == "'-note" and t["value"] == "-0.5"

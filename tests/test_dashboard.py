@@ -282,13 +282,9 @@ def folder_page(folder_of_sweeps: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 # ---------------------------------------------------------------------------------------------------- statistics
-def test_t_critical_scipy_and_fallback_table_agree() -> None:
-    assert t_critical(1, use_scipy=False) == pytest.approx(T975_DF1, abs=1e-9)
-    assert t_critical(2, use_scipy=False) == pytest.approx(T975_DF2, abs=1e-9)
-    assert t_critical(1) == pytest.approx(T975_DF1, abs=1e-6)
-    pytest.importorskip("scipy")
-    for df in (*range(1, 40), 60, 120, 1000):
-        assert t_critical(df, use_scipy=False) == pytest.approx(t_critical(df), abs=2e-4), df
+def test_t_critical_is_scipys_quantile() -> None:
+    assert t_critical(1) == pytest.approx(T975_DF1, abs=1e-9)
+    assert t_critical(2) == pytest.approx(T975_DF2, abs=1e-9)
     with pytest.raises(ValueError):
         t_critical(0)
 
@@ -1076,3 +1072,110 @@ def test_views_and_their_registration_errors() -> None:
     with pytest.raises(ValueError, match=r"views=\.\.\. lists one metric by name; '\.\*/acc' is a pattern"):
         register_metric(r".*/acc", "accuracy", views=("final",))
     assert "attn/x" not in metrics_module.listed_metrics()
+
+
+# ---------------------------------------------------------------------------------------------------- issue 40
+def test_csv_text_cells_never_start_a_formula_and_numbers_stay_numbers(tmp_path: Path) -> None:
+    hostile = ['=HYPERLINK("http://evil","x")', "+1+1", "-2+3", "@SUM(A1)"]
+    for i, name in enumerate(hostile):
+        write_run(tmp_path / "sweep" / f"{i}_{name.strip('=+-@')[:6]}", name, 16, i % 2, task=name)
+    runs = load_runs(tmp_path / "sweep")
+    path = dashboard.write_csv(runs, tmp_path / "runs.csv")
+    rows = list(csv.reader(path.open()))
+    header, body = rows[0], rows[1:]
+    variants = [row[header.index("variant")] for row in body]
+    assert sorted(variants) == sorted("'" + name for name in hostile)
+    assert sorted(row[header.index("task")] for row in body) == sorted("'" + name for name in hostile)
+    for row in body:
+        for cell in row:
+            if cell[:1] in ("=", "+", "-", "@"):  # only a number may start so (none of these runs has one)
+                float(cell)
+    assert [float(row[header.index("test/acc")]) for row in body] == [r.final("test/acc") for r in runs]
+    assert all(row[header.index("seed")] in ("0", "1") for row in body)
+
+
+def test_a_read_only_folder_is_one_line_naming_it_and_the_way_out(
+    sweeps: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Issue 40: the page's folder cannot be written (read-only): exit 2, one line naming the folder and -o, and
+    nothing written (as root, whom permissions do not stop, the write is made to fail as a read-only file system
+    makes it fail)."""
+    import errno
+
+    folder = tmp_path / "ro"
+    shutil.copytree(sweeps / "sweep_a" / "0_d_k=8,seed=0,variant=dot", folder)
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    if os.geteuid() == 0:
+        from attnlab.dashboard import cli
+
+        def refuse(path, mode="w"):
+            raise OSError(errno.EROFS, "Read-only file system", str(Path(path).parent / f".{Path(path).name}.1.tmp"))
+
+        monkeypatch.setattr(cli, "atomic_open", refuse)
+    else:
+        folder.chmod(0o555)
+    try:
+        assert main([str(folder), "--csv", str(folder / "runs.csv")]) == 2
+    finally:
+        folder.chmod(0o755)
+    captured = capsys.readouterr()
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("attnlab-dashboard: error: cannot write ") and f"the folder {folder} is read-only" in line
+    assert "-o /tmp/dashboard.html" in line and "Traceback" not in captured.err
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # no page, no CSV, no temporary file
+
+
+def test_the_mqar_chance_line_is_labelled_as_what_it_is(tmp_path: Path) -> None:
+    """associative_recall's chance_accuracy is 1/num_pairs (a guess among the context's values), not a uniform
+    guess over the 32 values: the dashed line says 1/num_pairs, and the page says what it is."""
+    datamodule = {"num_pairs": 8, "vocab_values": 32}
+    for i, (variant, seed) in enumerate([("dot", 0), ("dot", 1), ("scaled_dot", 0), ("scaled_dot", 1)]):
+        folder = write_run(tmp_path / f"{i}_{variant}", variant, 16, seed, task="associative_recall",
+                           datamodule=datamodule)  # fmt: skip
+        summary = json.loads((folder / "summary.json").read_text())
+        (folder / "summary.json").write_text(json.dumps({**summary, "chance_accuracy": 1 / 8}))
+    runs = load_runs(tmp_path)
+    fig = dashboard.figures.comparison_figure(runs, Sweep(runs), ["test/acc"], None, None)
+    texts = [a["text"] for a in fig["layout"]["annotations"]]
+    assert "1/num_pairs 12.5 %" in texts and not any(t.startswith("chance") for t in texts)
+    (note,) = [a for a in fig["layout"]["annotations"] if a["text"] == "1/num_pairs 12.5 %"]
+    assert "1/vocab_values" in note["hovertext"]
+    html = html_lib.unescape(build_html(runs))
+    assert "The dashed line of associative_recall is 1/num_pairs: the task's chance_accuracy" in html
+
+
+def test_entropies_of_rows_that_are_no_distribution_say_so(tmp_path: Path) -> None:
+    """A run whose rows do not sum to 1 (GLA, the delta rule: row mass 0.62) or are signed: its entropy_norm is
+    drawn with a note on the section and on its per-head heatmap; a softmax run's is not."""
+    for i, (variant, seed) in enumerate([("dot", 0), ("dot", 1), ("gla", 0), ("gla", 1)]):
+        folder = write_run(tmp_path / f"{i}_{variant}", variant, 16, seed)
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["metrics"]["attn/row_mass"] = 0.62 if variant == "gla" else 1.0
+        (folder / "summary.json").write_text(json.dumps(summary))
+    runs = load_runs(tmp_path)
+    html = html_lib.unescape(build_html(runs))
+    final = html[html.index('<section id="final">') :]
+    final = final[: final.index("</section>")]
+    assert "Not entropies of a distribution for gla" in final and "row mass 0.62" in final and "dot," not in final
+    gla = next(r for r in runs if r.variant == "gla")
+    dot = next(r for r in runs if r.variant == "dot")
+    notes = [a["text"] for a in dashboard.figures.head_figure(gla, ["entropy_norm"])["layout"]["annotations"]]
+    assert any(t.startswith("Not a distribution: rows that do not sum to 1 (row mass 0.62)") for t in notes)
+    notes = [a["text"] for a in dashboard.figures.head_figure(dot, ["entropy_norm"])["layout"]["annotations"]]
+    assert not any("distribution" in t for t in notes)
+
+
+def test_empty_sections_say_why_from_the_runs_configs(tmp_path: Path) -> None:
+    """experiment=mqar sets diagnostics.heatmaps=false (and these runs also have diagnostics.heads=false on the
+    command line): the attention-maps and head-atlas sections say so instead of a generic list of causes."""
+    for i, seed in enumerate((0, 1)):
+        write_run(tmp_path / f"{i}_dot", "dot", 16, seed, extra={"diagnostics": {"heatmaps": False, "heads": False}},
+                  overrides=["experiment=mqar", "diagnostics.heads=false", f"seed={seed}"])  # fmt: skip
+    html = html_lib.unescape(build_html(load_runs(tmp_path)))
+
+    def section(anchor: str) -> str:
+        start = html.index(f'<section id="{anchor}">')
+        return html[start : html.index("</section>", start)]
+
+    assert "Here: diagnostics.heatmaps=false in every run (set by experiment=mqar)." in section("maps")
+    assert "Here: diagnostics.heads=false in every run (set on the command line)." in section("atlas")

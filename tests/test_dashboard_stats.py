@@ -7,6 +7,7 @@ the textbook mean, the sample standard deviation with n - 1 and the Student-t qu
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from scipy.stats import t as student_t
 
 from attnlab.dashboard import metrics as metrics_module
+from attnlab.dashboard import stats as stats_module
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run
 from attnlab.dashboard.metrics import MetricSpec, parse_metric, register_metric, spec_for
@@ -29,6 +31,7 @@ from attnlab.dashboard.stats import (
     curves,
     headline,
     holm,
+    interval_text,
     mean_ci,
     paired_difference,
     t_critical,
@@ -459,15 +462,18 @@ def test_mean_ci_ignores_nan_none_and_inf() -> None:
     assert half == pytest.approx(hand_half, rel=1e-9)
 
 
-def test_t_critical_table_and_expansion_are_close_to_scipy() -> None:
-    # table values t_{0.975, df} for df = 1, 2, 5, 10, 30 (any statistics textbook)
-    for df, table in ((1, 12.706), (2, 4.303), (5, 2.571), (10, 2.228), (30, 2.042)):
-        assert t_critical(df, use_scipy=False) == pytest.approx(table, abs=5e-4)
-        assert t_critical(df) == pytest.approx(table, abs=5e-4)
-    for df in range(1, 31):
-        assert t_critical(df, use_scipy=False) == pytest.approx(float(student_t.ppf(0.975, df)), abs=1e-8)
-    for df in (31, 35, 50, 100, 500, 10_000):
-        assert t_critical(df, use_scipy=False) == pytest.approx(float(student_t.ppf(0.975, df)), abs=1e-4)
+def test_t_critical_matches_printed_tables_to_full_precision() -> None:
+    """scipy's quantiles (issue 40: the hand-written table and its expansion are gone) against values written here,
+    not computed by scipy: the closed forms for 1 and 2 degrees of freedom (Cauchy: tan(0.475 pi); df = 2:
+    (2p - 1) / sqrt(2p(1 - p)) = 4.3026527297...), and t_{0.975, df} as printed to 10 digits (NIST/SEMATECH
+    e-Handbook of Statistical Methods, table 1.3.6.7.2)."""
+    assert t_critical(1) == pytest.approx(12.706204736174696, rel=1e-12)
+    assert t_critical(2) == pytest.approx(4.302652729749464, rel=1e-12)
+    for df, printed in ((3, 3.182446305), (4, 2.776445105), (5, 2.570581836), (10, 2.228138852), (30, 2.042272456)):
+        assert t_critical(df) == pytest.approx(printed, abs=1e-9), df
+    assert t_critical(120) == pytest.approx(1.979930405, abs=1e-9)
+    assert "use_scipy" not in inspect.signature(t_critical).parameters  # no fallback left to disagree with scipy
+    assert not hasattr(stats_module, "_betainc") and not hasattr(stats_module, "_T975")
     with pytest.raises(ValueError):
         t_critical(0)
 
@@ -967,7 +973,6 @@ def test_paired_difference_pairs_on_the_common_seeds_by_hand() -> None:
     assert d.half_width == pytest.approx(4.302653 * s_d / math.sqrt(3), rel=1e-6)
     assert d.p == pytest.approx(p, rel=1e-9)
     assert d.t == pytest.approx(mean / (s_d / math.sqrt(3)), rel=1e-9)
-    assert paired_difference(a, b, use_scipy=False).p == pytest.approx(p, rel=1e-9)  # the continued fraction
     # one common seed: a difference, no interval, no test
     one = paired_difference({0: 0.9, 1: 0.8}, {1: 0.5, 2: 0.4})
     assert (one.mean, one.half_width, one.p, one.n, one.paired) == (pytest.approx(0.3), None, None, 1, True)
@@ -989,15 +994,14 @@ def test_without_a_common_seed_the_difference_is_welchs() -> None:
     assert welch_difference(a, [0.5]).half_width is None and math.isnan(welch_difference([], b).mean)
 
 
-def test_t_two_sided_p_without_scipy_matches_scipy() -> None:
-    for df in (1, 2, 3, 4.5, 9, 29.7, 120, 5000):
-        for t in (0.0, 0.1, -0.7, 1.0, 2.2, -4.3, 12.7, 60.0):
-            want = float(2 * student_t.sf(abs(t), df))
-            assert t_two_sided_p(t, df, use_scipy=False) == pytest.approx(want, rel=1e-9, abs=1e-300), (t, df)
+def test_t_two_sided_p_at_printed_quantiles() -> None:
+    """|t| = t_{0.975, df} (printed tables) leaves 5 % in the two tails; t_{0.995, 4} = 4.604094871 leaves 1 %."""
+    assert t_two_sided_p(12.706204736174707, 1) == pytest.approx(0.05, rel=1e-10)
+    assert t_two_sided_p(-2.776445105197799, 4) == pytest.approx(0.05, rel=1e-10)
+    assert t_two_sided_p(4.604094871, 4) == pytest.approx(0.01, rel=1e-8)
+    assert t_two_sided_p(0.0, 7) == 1.0
     assert t_two_sided_p(math.inf, 3) == 0.0 and math.isnan(t_two_sided_p(math.nan, 3))
-    # the textbook check: |t| = t_{0.975, df} leaves 5 % in the two tails
-    assert t_two_sided_p(12.706204736, 1, use_scipy=False) == pytest.approx(0.05, rel=1e-8)
-    assert t_two_sided_p(2.776445105, 4, use_scipy=False) == pytest.approx(0.05, rel=1e-8)
+    assert "use_scipy" not in inspect.signature(t_two_sided_p).parameters
 
 
 def test_holm_adjustment_by_hand() -> None:
@@ -1091,12 +1095,12 @@ def test_half_widths_print_plainly_and_as_more_than_the_range() -> None:
     assert Cell(0.5, 0.0127, 2).half_text(acc) == " ± 1.3"
     assert Cell(0.5, 0.635, 2).half_text(acc) == " ± 64"
     assert Cell(1.0, 123.4, 2).half_text(loss) == " ± 123" and Cell(1.0, 0.01234, 2).half_text(loss) == " ± 0.0123"
-    assert Cell(1.0, 1234.5, 2).text(loss) == "1 ± 1234 (2)"
+    assert Cell(1.0, 1234.5, 2).text(loss) == "1 ± 1234 (n=2)"
     assert spec_for("attn/saturation").format_half(1.5) == "> 1" and Cell(0.5, None, 1).half_text(acc) == ""
     runs = [make_run({"variant.name": "dot"}, seed=s, metrics={"test/acc": v}) for s, v in enumerate([0.4, 0.6])]
     runs += [make_run({"variant.name": "additive"}, seed=s, metrics={"test/acc": 0.3}) for s in range(2)]
     text = headline(runs, Sweep(runs), "test/acc", None).sentence()
-    assert "50.0 % ± > 100 (2)" in text and "e+" not in text
+    assert "50.0 % ± > 100 (n=2)" in text and "e+" not in text
 
 
 def test_every_bounded_metric_has_its_bounds_and_intervals_are_clipped_to_them() -> None:
@@ -1197,3 +1201,17 @@ def test_run_knobs_stay_out_of_labels_unless_they_tell_configurations_apart() ->
         "d_k",
         "lr",
     ]
+
+
+def test_one_formatter_prints_an_interval_the_same_way_everywhere() -> None:
+    """Issue 40: an interval wider than the metric's range is "± > 100", never that and the number; a headline cell,
+    the verdict sentence and a terminal report all print it through ``interval_text``."""
+    acc = spec_for("test/acc")
+    half = 12.706204736 * 0.2 / 2  # two seeds 20 points apart: 127 points
+    assert interval_text(0.5, half, "test/acc", 2) == "50.0 % ± > 100 (n=2)"
+    assert interval_text(0.5, half, acc) == "50.0 % ± > 100"
+    assert interval_text(0.875, 0.0123, acc, 3) == "87.5 % ± 1.2 (n=3)"
+    assert interval_text(0.875, None, acc, 1) == "87.5 % (n=1)"
+    assert interval_text(1.0, 1234.5, "test/loss", 2) == "1 ± 1234 (n=2)"
+    assert Cell(0.5, half, 2).text(acc) == interval_text(0.5, half, acc, 2)
+    assert f"{acc.format(0.5)}{Cell(0.5, half, 2).half_text(acc)}" == interval_text(0.5, half, acc)  # page cells

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import csv
 import html as html_lib
+import itertools
 import json
 import math
 import re
@@ -206,8 +207,8 @@ def test_the_headline_uses_only_the_seed_runs_and_names_the_protocol(tuned_html:
     # each configuration's chosen point and its tuning value (in the order of the headline's rows)
     chosen = re.findall(r'<tr><td class="t">(\w+)</td><td class="t">([^<]+)</td><td>([^<]+)</td>', section)
     assert chosen == [
-        ("additive", "lr=0.001", "60.0 %"),
-        ("dot", "lr=0.01", "78.0 %"),
+        ("additive", "lr=0.001 (at the grid&#x27;s edge: widen it)", "60.0 %"),
+        ("dot", "lr=0.01 (at the grid&#x27;s edge: widen it)", "78.0 %"),
         ("scaled_dot", "lr=0.003", "90.0 %"),
     ]
     # the test/acc table: one row per variant (not per lr), one column, cells over the three seed runs only
@@ -508,3 +509,78 @@ def test_the_tuning_and_pareto_charts_render_in_headless_chromium(tuned_html: st
         "wall_time_s: wall time (s)",
     ]
     assert set(pareto["ytitles"]) == {"test/acc: accuracy (%)", "test/bpc: bits per byte (bits/byte)"}
+
+
+# ---------------------------------------------------------------------------------------------------- issue 40
+def test_a_tuned_json_nested_200000_deep_costs_one_warning(tuned_sweep: Path, tmp_path: Path, capsys) -> None:
+    root = tmp_path / "sweep"
+    shutil.copytree(tuned_sweep, root)
+    (root / "tuned.json").write_text("[" * 200_000 + "]" * 200_000)
+    found = find_tuned(load_runs(root), root)
+    (problem,) = found.problems
+    assert problem.startswith(f"{root / 'tuned.json'}: ") and "nested too deeply" in problem and not found.sweeps
+    assert dashboard.main([str(root), "-o", str(tmp_path / "page.html")]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("attnlab-dashboard: warning: ") and "tuned.json" in line and "nested too deeply" in line
+
+
+def test_a_chosen_point_at_the_grids_edge_is_flagged(tuned_html: str) -> None:
+    """dot's best lr (0.01) is the grid's largest and additive's (0.001) its smallest: both flagged; scaled_dot's
+    (0.003) lies inside. Computed from grid and best: this tuned.json has no "edge" field."""
+    from attnlab.dashboard.tuned import grid_edges
+
+    rows = re.findall(r"<tr><td class=\"t\">(\w+)</td><td class=\"t\">(.*?)</td>", _section(tuned_html, "headline"))
+    points = {name: html_lib.unescape(point) for name, point in rows}
+    assert points["dot"] == "lr=0.01 (at the grid's edge: widen it)"
+    assert points["additive"] == "lr=0.001 (at the grid's edge: widen it)"
+    assert points["scaled_dot"] == "lr=0.003"
+    grid = {"lr": [0.001, 0.003, 0.01], "wd": [0.0, 0.1], "act": ["relu", "gelu"], "one": [5]}
+    assert grid_edges(grid, {"lr": 0.003, "wd": 0.1, "act": "gelu", "one": 5}) == ["wd"]
+    assert grid_edges(grid, {"lr": 0.001, "wd": 0.0, "act": "relu", "one": 5}) == ["lr", "wd"]
+    assert grid_edges(grid, None) == [] and grid_edges({"flag": [True, False]}, {"flag": True}) == []
+
+
+def _pruning(value: float) -> dict[str, Any]:
+    """A valid pruning.json of a 1-layer, 2-head model whose test accuracy is ``value`` before pruning."""
+    curve = [{"removed": k, "acc": value - 0.1 * k} for k in range(3)]
+    return {"metric": "acc", "num_layers": 1, "num_heads": 2, "importance": [[0.2, 0.1]],
+            "curves": {"importance": [curve], "random": [curve]}}  # fmt: skip
+
+
+def test_the_pruning_chart_of_a_tuned_sweep_shows_only_its_seed_runs(tuned_sweep: Path, tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    shutil.copytree(tuned_sweep, root)
+    for summary in root.rglob("summary.json"):
+        run = summary.parent
+        config = json.loads((run / "config.yaml").read_text())
+        at_best = config["lr"] == BEST[config["variant"]["name"]]
+        (run / "pruning.json").write_text(json.dumps(_pruning(0.9 if at_best else 0.3)))
+    html = build_html(load_runs(root), root=root)
+    fig = _figure_by_id(html, "fig-pruning")
+    names = {trace["name"].removesuffix(" · random") for trace in fig["data"]}
+    assert names == {"scaled_dot · lr=0.003", "dot · lr=0.01", "additive · lr=0.001"}  # each at its chosen lr
+    firsts = {trace["y"][0] for trace in fig["data"] if trace.get("y")}
+    assert firsts == {0.9}  # no tuning run off its best point (0.3) is drawn
+    assert "only the seed runs, at each configuration's chosen point" in html
+
+
+def _figure_by_id(html: str, div: str) -> dict:
+    found = re.search(rf'<script type="application/json" id="{div}-json">(.*?)</script>', html, re.S)
+    return json.loads(found.group(1))
+
+
+def test_the_pareto_markers_have_a_legend(tmp_path: Path) -> None:
+    """Variant (colour) x heads (marker): each marker symbol has a legend entry saying which heads it stands for."""
+    for i, (variant, heads) in enumerate(itertools.product(("dot", "additive"), (2, 4))):
+        for seed in (0, 1):
+            write_run(tmp_path / f"{i}_{seed}", variant, 0.003, seed, val=0.5, acc=0.5 + 0.1 * i + 0.01 * seed,
+                      bpc=1.0, extra={"num_heads": heads})  # fmt: skip
+    runs = load_runs(tmp_path)
+    sweep = dashboard.Sweep(runs)
+    fig = figures_module.pareto_figure(runs, sweep, ["test/acc"], ["flops_per_token"])
+    legend = {t["name"]: t["marker"]["symbol"] for t in fig["data"] if t["name"].startswith("marker: ")}
+    assert set(legend) == {"marker: heads=2", "marker: heads=4"} and len(set(legend.values())) == 2
+    for trace in fig["data"]:
+        if trace["name"] in ("dot", "additive"):
+            for symbol, text in zip(trace["marker"]["symbol"], trace["hovertext"], strict=True):
+                assert legend[f"marker: heads={'2' if 'heads=2' in text else '4'}"] == symbol

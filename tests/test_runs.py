@@ -184,3 +184,31 @@ def test_load_run_names_missing_files(tmp_path: Path) -> None:
     RunFolder(tmp_path).write_summary(Summary(status="ok", steps=10))
     (problem,) = load_run(tmp_path).problems
     assert problem.startswith(f"{tmp_path / 'metrics.jsonl'} is missing")
+
+
+def test_csv_safe_keeps_text_from_starting_a_formula() -> None:
+    """Issue 40: a run name or config value written to a CSV never starts a spreadsheet formula."""
+    from attnlab.runs import csv_safe
+
+    for text in ('=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\t=1", "\r=1"):
+        assert csv_safe(text) == "'" + text
+    for text in ("dot", "lr=0.003", "", "a=b", "0.5", " =1"):
+        assert csv_safe(text) == text
+
+
+def test_load_yaml_untrusted_reads_plain_yaml_and_anchors_and_refuses_what_is_not(tmp_path: Path) -> None:
+    from attnlab.runs import RunFileError, load_yaml_untrusted
+
+    path = tmp_path / "config.yaml"
+    path.write_text("base: &b {x: 1}\nother: *b\nmerged: {<<: *b, y: 2}\n")
+    assert load_yaml_untrusted(path) == {"base": {"x": 1}, "other": {"x": 1}, "merged": {"x": 1, "y": 2}}
+    assert load_yaml_untrusted(tmp_path / "named.yaml", text="a: 1\n") == {"a": 1}
+    for text, what in (
+        ("a: &a [*a]\n", "an alias refers to a node that contains it"),
+        ("a: !!python/object/apply:os.system [echo]\n", "is not valid YAML"),
+        ("a: [1\n", "is not valid YAML"),
+        ("a: " + "[" * 3000 + "]" * 3000 + "\n", "nested too deeply"),
+    ):
+        with pytest.raises(RunFileError) as err:
+            load_yaml_untrusted(path, text=text)
+        assert str(err.value).startswith(f"{path} ") and what in str(err.value) and "\n" not in str(err.value)

@@ -498,8 +498,51 @@ CORRUPT = {
     "summary-list": ("summary.json", lambda p: p.write_text("[1, 2]"), "must be a JSON object"),
     "config-list": ("config.yaml", lambda p: p.write_text("- 1\n- 2\n"), "config.yaml is not a mapping"),
     "deep-json": ("summary.json", lambda p: p.write_text("[" * 100000 + "]" * 100000), "nested too deeply"),
+    "alias-bomb": ("config.yaml", lambda p: p.write_text(_alias_bomb()), "alias bomb"),
     "huge-int": ("summary.json", lambda p: _huge(p), "cannot be read as JSON"),
 }
+
+
+def _alias_bomb(levels: int = 10, width: int = 10) -> str:
+    """The "billion laughs" as YAML: level k is a list of ``width`` aliases of level k - 1, so that level 9 expands
+    to 10^10 strings; about 500 bytes on disk."""
+    lines = [f"a0: &a0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * width)}]" for k in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_in_one_line_within_a_second_and_bounded_memory(tmp_path: Path, capsys):
+    """Issue 40: a run folder's config.yaml of 10 levels x 10 aliases (1 KB, 10^10 nodes expanded) is one line
+    naming the file, for every reader: RunFolder.read_config (what a resume reads, through the run's own checks),
+    attnlab.runs.load_run and the dashboard (the page is still built, the run shown without its config)."""
+    import tracemalloc
+
+    run = tmp_path / "sweep" / "bomb"
+    run.mkdir(parents=True)
+    bomb = _alias_bomb()
+    assert len(bomb.encode()) < 1024
+    (run / "config.yaml").write_text(bomb)
+    (run / "summary.json").write_text(json.dumps({"status": "ok", "schema_version": 5, "metrics": {"test/acc": 0.5}}))
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(RunFileError) as err:
+            RunFolder(run).read_config()
+        elapsed = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(err.value)
+    assert message.startswith(f"{run / 'config.yaml'} ") and "alias bomb" in message and "\n" not in message
+    assert elapsed < 1.0 and peak < 20e6, (elapsed, peak)
+    from attnlab.runs import load_run
+
+    assert load_run(run).problems == [message] and load_run(run).config == {}
+    started = time.perf_counter()
+    assert dashboard_main([str(tmp_path / "sweep"), "-o", str(tmp_path / "page.html")]) == 0
+    assert time.perf_counter() - started < 60
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert err_lines == [f"attnlab-dashboard: warning: run bomb: {message}"]
 
 
 def _huge(path: Path) -> None:

@@ -162,8 +162,13 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
         1.05,
     )
     note = "" if not d else f"the head analysis: {d['median_with_heads_s'] - d['median_with_s']:.1f} s a run"
-    what = "training with diagnostics and the end-of-run head importance and pruning (the default) ÷ without"
+    what = "training with diagnostics and the end-of-run head importance and pruning (a single run's default) ÷ without"
     add("2b", what, d and d.get("ratio_heads"), None, note)
+    # issue 40: the head step within 10 % of a default run, or off by default where it costs most (sweeps, smoke
+    # runs: diagnostics.importance=auto); reported against the run with the training-time diagnostics
+    share = None if not d else (d["median_with_heads_s"] - d["median_with_s"]) / d["median_with_s"]
+    note = "diagnostics.importance=auto: off in sweeps and smoke runs (true turns it on)"
+    add("2c", "the end-of-run head step ÷ the rest of a default single run", share, None, note)
     for variant, limit in (("relative_position", 1.5), ("t5_bias", 1.3), ("alibi", 1.5)):
         r = _find(rows, f"L{plan.target_long_length}", variant)
         kernel = r["sdpa_kernel"] if r else ""
@@ -482,9 +487,16 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
             *results.get("mha", []),
             *results.get("flex", []),
         ]:
-            writer.writerow(row)
+            writer.writerow(_csv_row(row))
     with paths[2].open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=TARGET_FIELDS)
         writer.writeheader()
-        writer.writerows(results["targets"])
+        writer.writerows(_csv_row(row) for row in results["targets"])
     return paths
+
+
+def _csv_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A row whose text cells never start a spreadsheet formula (:func:`attnlab.runs.csv_safe`); numbers stay."""
+    from attnlab.runs import csv_safe
+
+    return {k: csv_safe(v) if isinstance(v, str) else v for k, v in row.items()}

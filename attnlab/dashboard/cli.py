@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import json
 import os
 import sys
@@ -18,7 +19,7 @@ from attnlab.dashboard.load import MISSING, Run, load_runs
 from attnlab.dashboard.metrics import metrics_in, short_name, spec_for
 from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
 from attnlab.dashboard.tuned import Tuned, find_tuned
-from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sources
+from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sources, csv_safe
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
 
@@ -151,7 +152,7 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
     columns += lengths
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(columns)
+        writer.writerow([_csv_cell(c) for c in columns])
         for run in runs:
             params = run.setting("variant_params", "variant.params") or {}
             row: list[Any] = [run.name, run.variant, json.dumps(params, sort_keys=True, default=str) if params else ""]
@@ -165,8 +166,28 @@ def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
             row += [run.init(m) for m in init]
             row += [_setting(run, k) for k in CSV_SETTINGS]
             row += [run.final(m) for m in lengths]
-            writer.writerow(["" if v is None else v for v in row])
+            writer.writerow([_csv_cell(v) for v in row])
     return path
+
+
+def _csv_cell(value: Any) -> Any:
+    """A CSV cell: "" for None, text through :func:`attnlab.runs.csv_safe` (a run name or config value never starts
+    a spreadsheet formula), numbers as they are."""
+    if value is None:
+        return ""
+    return csv_safe(value) if isinstance(value, str) else value
+
+
+def _write_error(err: OSError, path: Path, option: str = "-o") -> str:
+    """One line for a file the dashboard cannot write: a read-only folder is named as such, with the option that
+    writes elsewhere (``-o`` for the page, ``--csv`` for the CSV)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"cannot write {path}: the folder {folder} is read-only ({err.strerror or err}); "
+            f"write it elsewhere with {option} /tmp/{path.name}"
+        )
+    return f"cannot write {path} ({err.strerror or err})"
 
 
 def _setting(run: Run, key: str) -> Any:
@@ -200,12 +221,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"attnlab-dashboard: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a read-only folder (or a full disk): one line, no traceback
+        out = args.output or args.path / DEFAULT_OUTPUT
+        named = Path(err.filename) if isinstance(err.filename, str) else out
+        if named.parent != out.parent:  # not the page's folder (a file that could not be read): as it is
+            print(f"attnlab-dashboard: error: {printable(str(err))}", file=sys.stderr)
+            return 2
+        print(f"attnlab-dashboard: error: {printable(_write_error(err, out))}; nothing written", file=sys.stderr)
+        return 2
     for run in runs:
         for problem in run.problems:
             print(f"attnlab-dashboard: warning: run {printable(run.name)}: {printable(problem)}", file=sys.stderr)
     for problem in tuned.problems:
         print(f"attnlab-dashboard: warning: {printable(problem)}", file=sys.stderr)
-    csv_path = write_csv(runs, args.csv) if args.csv is not None else None
+    try:
+        csv_path = write_csv(runs, args.csv) if args.csv is not None else None
+    except OSError as err:
+        print(f"attnlab-dashboard: error: {printable(_write_error(err, args.csv, '--csv'))}", file=sys.stderr)
+        return 2
     try:
         print_table(runs)  # (Rich: on a broken pipe, the same as below, then SystemExit(1))
         print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, of which plotly.js {_plotly_mb():.1f} MB)")

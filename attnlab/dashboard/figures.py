@@ -52,6 +52,7 @@ __all__ = [
     "plain",
     "search_figure",
     "sensitivity_figure",
+    "unnormalised",
 ]
 
 MAX_COLS = 3
@@ -82,6 +83,7 @@ class Style:
         first = named[0] if named else None
         self.colour = {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(first.values)} if first else {}
         rest = named[1:]
+        self.rest = rest  # the keys that dash and marker tell apart
         combos = sorted({tuple(run.value(d.key) for d in rest) for run in sweep.runs}, key=lambda t: natural_key(t))
         self.dash = {c: DASHES[i % len(DASHES)] for i, c in enumerate(combos)}
         self.symbol = {c: SYMBOLS[(i // len(DASHES)) % len(SYMBOLS)] for i, c in enumerate(combos)}
@@ -97,6 +99,10 @@ class Style:
 
     def marker(self, key: tuple[Any, ...]) -> dict[str, Any]:
         return {"symbol": self.symbol.get(self._parts(key)[1], "circle"), "size": 7}
+
+    def point_label(self, key: tuple[Any, ...]) -> str:
+        """What :meth:`point`'s symbol stands for: the values of the keys after the first (``heads=2 · lr=0.01``)."""
+        return " · ".join(d.label(v) for d, v in zip(self.rest, self._parts(key)[1], strict=True))
 
     def point(self, key: tuple[Any, ...]) -> str:
         """The marker symbol of a point drawn without a line (the Pareto view): one per combination of the keys
@@ -239,8 +245,25 @@ def _offsets(count: int, dim: Dimension | None, xs: Sequence[float], log: bool) 
     return [(lambda x, k=k: x + step * (k - (count - 1) / 2)) for k in range(count)]
 
 
-def _chance_shape(layout: dict[str, Any], i: int, chance: float) -> None:
+CHANCE_NAMES = {
+    "associative_recall": (
+        "1/num_pairs",
+        "the task's chance_accuracy: a guess among the num_pairs values the context holds (a model that knows the "
+        "values but not which key each belongs to), not a uniform guess over the values (1/vocab_values)",
+    ),
+    "noisy_recall": (
+        "1/num_pairs",
+        "the task's chance_accuracy: a guess among the num_pairs values the context holds, not a uniform guess over "
+        "the values (1/vocab_values)",
+    ),
+}
+"""Tasks whose ``chance_accuracy`` is not a uniform guess over the classes: ``task → (short label, what it is)``;
+the chance line is labelled with the short label (its hover says what it is) instead of "chance"."""
+
+
+def _chance_shape(layout: dict[str, Any], i: int, chance: float, task: str | None = None) -> None:
     n = _axis(i)
+    label, meaning = CHANCE_NAMES.get(task or "", ("chance", "the task's chance accuracy (summary.json)"))
     layout["shapes"].append(
         {
             "type": "line",
@@ -255,7 +278,8 @@ def _chance_shape(layout: dict[str, Any], i: int, chance: float) -> None:
     )
     layout["annotations"].append(
         {
-            "text": f"chance {100 * chance:.3g} %",
+            "text": f"{label} {100 * chance:.3g} %",
+            "hovertext": plain(f"{label} = {100 * chance:.3g} %: {meaning}"),
             "xref": f"x{n} domain",
             "x": 1,
             "yref": f"y{n}",
@@ -268,8 +292,13 @@ def _chance_shape(layout: dict[str, Any], i: int, chance: float) -> None:
     )
 
 
-def _chances(runs: Sequence[Run]) -> list[float]:
-    return sorted({round(c, 6) for c in (r.chance for r in runs if r.ok) if c is not None})[:3]
+def _chances(runs: Sequence[Run]) -> list[tuple[float, str | None]]:
+    """The distinct chance accuracies of the finished runs (at most 3), each with its task where one task has it."""
+    found: dict[float, set[str]] = {}
+    for run in runs:
+        if run.ok and run.chance is not None:
+            found.setdefault(round(run.chance, 6), set()).add(run.task)
+    return [(c, next(iter(t)) if len(t) == 1 else None) for c, t in sorted(found.items())[:3]]
 
 
 def _series_traces(
@@ -391,8 +420,8 @@ def comparison_figure(
         _x_axis(layout, i, x, xs)
         _y_axis(layout, i, spec, metric, [v for s in all_series[i] for p in s.points for v in p.values])
         if spec.chance and not init:
-            for chance in _chances(_facet_runs(runs, facet, value)):
-                _chance_shape(layout, i, chance)
+            for chance, task in _chances(_facet_runs(runs, facet, value)):
+                _chance_shape(layout, i, chance, task)
     return _figure(data, layout)
 
 
@@ -469,8 +498,8 @@ def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
                 }
             )
         if spec.chance:
-            for chance in _chances(members):
-                _chance_shape(layout, i, chance)
+            for chance, task in _chances(members):
+                _chance_shape(layout, i, chance, task)
     return _figure(data, layout)
 
 
@@ -549,6 +578,23 @@ def curves_figure(
     return _figure(data, layout)
 
 
+ROW_MASS_TOLERANCE = 0.01  # a row mass this far from 1 (or any negative weight): not a distribution
+
+
+def unnormalised(run: Run) -> str | None:
+    """Why the run's attention rows are no distribution, or None when they are: its final ``attn/row_mass`` is not
+    1 (GLA, the delta rule, sigmoid, softmax1: ``row mass 0.62``), or it has weight below 0 (``attn/negative_mass``:
+    signed effective weights, differential attention). Its ``entropy_norm``, ``max_prob`` and ``saturation`` are then
+    statistics of each row's nonnegative part renormalised to 1 (:mod:`attnlab.metrics`), not of the weights."""
+    negative = run.final("attn/negative_mass")
+    mass = run.final("attn/row_mass")
+    if negative is not None and negative > 1e-6:
+        return f"signed weights (weight below 0: {negative:.3g} per row)"
+    if mass is not None and abs(mass - 1.0) > ROW_MASS_TOLERANCE:
+        return f"rows that do not sum to 1 (row mass {mass:.3g})"
+    return None
+
+
 def head_figure(run: Run, metrics: Sequence[str]) -> dict[str, Any] | None:
     """The run's final per-layer x per-head values of ``metrics`` (``entropy_norm``, ``saturation``) as heatmaps
     with a shared 0..1 colour bar; None when the run logged no per-head diagnostics."""
@@ -556,10 +602,29 @@ def head_figure(run: Run, metrics: Sequence[str]) -> dict[str, Any] | None:
     grids = [(m, g) for m, g in grids if g is not None]
     if not grids:
         return None
-    layout = _grid(1, len(grids), [f"final {m}" for m, _ in grids])
+    why = unnormalised(run)
+    layout = _grid(1, len(grids), [f"final {m}" + (" (renormalised rows)" if why else "") for m, _ in grids])
     layers, _heads = grids[0][1].shape
+    if why:  # said on the figure: these are not the entropy of the weights
+        layout["annotations"].append(
+            {
+                "text": plain(f"Not a distribution: {why}. These are of each row's nonnegative part, renormalised."),
+                "xref": "paper",
+                "yref": "paper",
+                "x": 0,
+                "y": 0,
+                "yshift": -40,
+                "xanchor": "left",
+                "yanchor": "top",
+                "showarrow": False,
+                "font": {"size": 11, "color": "#a33"},
+            }
+        )
     layout["height"] = 130 + max(150, 48 * layers)
     layout["margin"]["t"] = 40
+    if why:  # room for the note under the x axis title
+        layout["margin"]["b"] += 30
+        layout["height"] += 30
     for i in range(len(grids)):
         layout[f"yaxis{_axis(i)}"]["domain"] = [0, 1]
     layout["coloraxis"] = {
@@ -834,9 +899,10 @@ def pareto_figure(
     metric (two rows of two for four costs).
 
     The legend names the first key that labels name (the variant: a colour), one trace per value in each panel;
-    the other keys are each point's marker symbol and its hover, which names the whole
-    configuration and ``notes`` (a tuned sweep's grid keys: the point each configuration ran at). The frontier
-    has no legend entry (the page's note says what it is). None without a point."""
+    the other keys are each point's marker symbol, with a legend entry per symbol (``marker: heads=2``, drawn in
+    grey), and its hover, which names the whole configuration and ``notes`` (a tuned sweep's grid keys: the point
+    each configuration ran at). The frontier has no legend entry (the page's note says what it is). None without a
+    point."""
     style = Style(sweep, sweep.dims)
     named = sweep.label_dims(sweep.dims)
     first = named[0] if named else None
@@ -857,10 +923,30 @@ def pareto_figure(
     present = {group(key) for points in found.values() for _, key, *_ in points}
     ordered = [first.label(v) for v in first.values] if first is not None else ["all runs"]
     names = [name for name in dict.fromkeys(ordered) if name in present]  # (in the order of the key's values)
+    symbols: dict[str, str] = {}  # the marker legend: what each symbol stands for (the keys after the first)
+    if style.rest:
+        for points in found.values():
+            for _, key, *_ in points:
+                symbols.setdefault(style.point_label(key), style.point(key))
+        symbols = {k: symbols[k] for k in sorted(symbols, key=natural_key)}
     titles = [f"{m} vs {c}" if m else "" for m, c in panels]
-    layout = _grid(math.ceil(len(panels) / cols), cols, titles, legend_entries=names)
+    layout = _grid(math.ceil(len(panels) / cols), cols, titles, legend_entries=[*names, *symbols])
     layout["showlegend"] = True
     data: list[dict[str, Any]] = []
+    for label, symbol in symbols.items():  # legend entries only: no point of their own
+        data.append(
+            {
+                "type": "scatter",
+                "x": [None],
+                "y": [None],
+                "mode": "markers",
+                "marker": {"symbol": symbol, "size": 9, "color": "#777"},
+                "name": plain(f"marker: {label}"),
+                "legendgroup": plain(f"marker: {label}"),
+                "showlegend": True,
+                "hoverinfo": "skip",
+            }
+        )
     shown: set[str] = set()
     for i, (metric, cost) in enumerate(panels):
         n = _axis(i)

@@ -28,7 +28,7 @@ from attnlab.dashboard.dims import Dimension, Sweep, format_value
 from attnlab.dashboard.heads import TYPE_COLOURS, atlas_figure, pruning_figure, rank_figure
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import listed_metrics, metrics_in, parse_metric, spec_for
-from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, headline
+from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, half_width_text, headline
 from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
 from attnlab.heads import HEAD_THRESHOLD, HEAD_TYPES
 from attnlab.runs import RunFileError, read_bytes
@@ -196,7 +196,7 @@ def _rivals_html(table: Headline) -> str:
     for c in comps:
         d = c.difference
         margin = f"{100 * d.mean:.1f}" if spec.percent else spec.format(d.mean)
-        half = "" if d.half_width is None else f" ± {spec.format_half(d.half_width)}"
+        half = "" if d.half_width is None else f" {half_width_text(d.half_width, spec)}"
         test = f"paired, {d.n} seed{'s' if d.n != 1 else ''}" if d.paired else "Welch (no common seed)"
         p = "-" if d.p is None else f"{d.p:.2g}"
         verdict = "beats" if c.wins else "untested" if not d.tested else "not separated"
@@ -314,6 +314,9 @@ def _tuned_html(tuned: TunedSweep) -> str:
         job = c.best_job
         if c.best is not None:
             point = ", ".join(f"{k}={format_value(v)}" for k, v in c.best.items())
+            edges = c.edges(tuned.grid)
+            if edges:
+                point += f" (at the grid's edge: widen it{'' if len(tuned.grid) == 1 else ' in ' + ', '.join(edges)})"
         elif c.tune and all(j.failed for j in c.tune):
             point = "every point failed"
         else:
@@ -332,6 +335,34 @@ def _tuned_html(tuned: TunedSweep) -> str:
     return (
         f'<p class="protocol">{text}</p><div class="scroll"><table class="tuned" data-sweep="{_e(tuned.name)}">'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+    )
+
+
+def _not_distributions(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> str:
+    """A sentence naming the configurations whose attention rows are no distribution
+    (:func:`~attnlab.dashboard.figures.unnormalised`: signed weights, or a row mass other than 1: GLA, the delta
+    rule), where ``metrics`` draws an entropy-like statistic of them; "" otherwise."""
+    drawn = [m for m in metrics if m.removeprefix("attn/") in ("entropy", "entropy_norm", "max_prob", "saturation")]
+    odd = [run for run in runs if run.ok and figures.unnormalised(run)]
+    if not drawn or not odd:
+        return ""
+    named = sweep.label_dims(sweep.dims)
+    labels = sorted({sweep.label(run, named) or run.name for run in odd}, key=natural_key)
+    shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
+    return (
+        f" Not entropies of a distribution for {_e(shown)}: their effective weights are signed or their rows do not "
+        f"sum to 1 ({_e(figures.unnormalised(odd[0]))}), so {_e(', '.join(drawn))} are statistics of each row's "
+        "nonnegative part renormalised to 1, not of the weights themselves."
+    )
+
+
+def _chance_note(runs: Sequence[Run]) -> str:
+    """What the dashed chance line is, where a task's chance accuracy is not a uniform guess
+    (:data:`~attnlab.dashboard.figures.CHANCE_NAMES`); "" otherwise."""
+    tasks = sorted({run.task for run in runs if run.ok and run.chance is not None} & set(figures.CHANCE_NAMES))
+    return "".join(
+        f" The dashed line of {_e(task)} is {_e(figures.CHANCE_NAMES[task][0])}: {_e(figures.CHANCE_NAMES[task][1])}."
+        for task in tasks
     )
 
 
@@ -438,17 +469,62 @@ def _run_figures(
     return out
 
 
+def why_empty(runs: Sequence[Run], *keys: str) -> str:
+    """Why a section has nothing to show, read from the runs' configs: the first of ``keys`` (``diagnostics.*``
+    switches) that is off, ``" Here: diagnostics.heatmaps=false in every run (set by experiment=mqar)."``, where
+    that value came from an experiment preset rather than the command line, or in ``k of n`` runs; "" when none of
+    them is off (``diagnostics.importance=auto`` counts as off in a sweep: it runs in single runs only)."""
+    with_config = [run for run in runs if run.config]
+    for key in keys:
+        off = [run for run in with_config if run.raw_value(key) is False or run.raw_value(key) in ("false", "False")]
+        auto = key == "diagnostics.importance" and len(runs) > 1
+        if auto and not off:
+            off = [run for run in with_config if run.raw_value(key) == "auto"]
+        if not off:
+            continue
+        value = "auto (single runs only; this is a sweep)" if auto and off[0].raw_value(key) == "auto" else "false"
+        where = "every run" if len(off) == len(runs) else f"{len(off)} of {len(runs)} runs"
+        given: set[str] = set()
+        presets: set[str] = set()
+        for run in off:
+            overrides = run.summary.get("overrides") if run.summary else None
+            for item in overrides if isinstance(overrides, list) else []:
+                name, _, choice = str(item).lstrip("+~").partition("=")
+                if name == key:
+                    given.add(name)
+                elif name == "experiment" and choice:
+                    presets.add(choice)
+        source = ""
+        if given:
+            source = " (set on the command line)"
+        elif presets:
+            source = f" (set by {' / '.join(f'experiment={p}' for p in sorted(presets, key=natural_key))})"
+        return f" Here: {key}={value} in {where}{_e(source)}."
+    return ""
+
+
 def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
     """Per layer x head heatmaps, one per value of the first key (the variant), the best run shown first and a
     selector for the others."""
     stats = [m.removeprefix("attn/") for m in metrics_in("head")]
     out = _run_figures(page, runs, sweep, metric, lambda run: figures.head_figure(run, stats), "heads")
-    return "".join(out) or '<p class="note">No per-head diagnostics (attn/L{l}H{h}/...) in metrics.jsonl.</p>'
+    why = why_empty(runs, "diagnostics.enabled")
+    return "".join(out) or f'<p class="note">No per-head diagnostics (attn/L{{l}}H{{h}}/...) in metrics.jsonl.{why}</p>'
 
 
-def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
+def _atlas_section(
+    page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str, chart_runs: Sequence[Run] | None = None
+) -> str:
     """What the heads do: the head atlas of each value of the first key (the variant; its best run first, a
-    selector for the others), then the pruning curves and rank collapse against depth of the whole sweep."""
+    selector for the others), then the pruning curves and rank collapse against depth of the whole sweep, drawn
+    from ``chart_runs`` (default ``runs``; a tuned sweep's seed runs, never its tuning grid's other points)."""
+    tuned_out = chart_runs is not None and len(chart_runs) < len(runs)
+    chart_runs = runs if chart_runs is None else chart_runs
+    seeds_only = (
+        " Of a tuned sweep, only the seed runs, at each configuration's chosen point (not the tuning grid's runs)."
+        if tuned_out
+        else ""
+    )
     out = _run_figures(page, runs, sweep, metric, atlas_figure, "atlas")
     legend = " ".join(
         f'<span class="type" style="background:{colour}">{_e(HEAD_TYPES[kind])}</span>'
@@ -463,27 +539,32 @@ def _atlas_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) 
     ]
     none = (
         '<p class="note">No run logged head-type scores (attn/L{l}H{h}/induction ...): a task without a vocabulary '
-        "(digits), diagnostics.heads=false, or runs of attnlab before 0.6.</p>"
+        "(digits), diagnostics.heads=false, or runs of attnlab before 0.6."
+        + why_empty(runs, "diagnostics.enabled", "diagnostics.heads")
+        + "</p>"
     )
     parts += out or [none]
     charts = [
         (
             "Pruning",
-            pruning_figure(runs, sweep),
+            pruning_figure(chart_runs, sweep),
             "fig-pruning",
             "The test metric of each configuration as its heads are removed at test time (gate 0), from the least "
             "important up (importance normalised per layer, Michel et al. 2019; solid) and in random order (dotted), "
-            "the mean over its seeds; the first point is the unpruned model's test metric (pruning.json of each run).",
-            "No run wrote pruning.json (diagnostics.importance=false, or an older run).",
+            "the mean over its seeds; the first point is the unpruned model's test metric (pruning.json of each run)."
+            + seeds_only,
+            "No run wrote pruning.json (diagnostics.importance=false, or an older run)."
+            + why_empty(chart_runs, "diagnostics.importance"),
         ),
         (
             "Rank collapse",
-            rank_figure(runs, sweep),
+            rank_figure(chart_runs, sweep),
             "fig-rank",
             "The relative residual ‖X − 1x̄ᵀ‖_F / ‖X‖_F of the token representations of the validation probe from "
             "their mean (Dong et al. 2021), at the end of training, against the layer: 0 means every token has the "
-            "same representation (rank 1). Mean over seeds with the 95 % t interval.",
-            "No run logged rank collapse (attn/L{l}/rank_residual).",
+            "same representation (rank 1). Mean over seeds with the 95 % t interval." + seeds_only,
+            "No run logged rank collapse (attn/L{l}/rank_residual)."
+            + why_empty(chart_runs, "diagnostics.enabled", "diagnostics.heads"),
         ),
     ]
     for title, fig, div, note, missing in charts:
@@ -526,7 +607,8 @@ def _maps_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -
             f"<figcaption>{_e(images[0]['caption'])}</figcaption></figure>"
         )
     if not out:
-        return '<p class="note">No run saved attention maps (attention/maps.png).</p>'
+        why = why_empty(runs, "diagnostics.enabled", "diagnostics.heatmaps")
+        return f'<p class="note">No run saved attention maps (attention/maps.png).{why}</p>'
     return (
         '<p class="note">One probe sequence per run: rows are queries, columns keys (token positions from 0), the '
         "colour the attention weight. Each variant shows its best run; pick another in its list.</p>"
@@ -605,7 +687,7 @@ def build_html(
         which = "seed run" if plan is not None else "run"
         named = group_sweep.label_dims(group_sweep.dims)
         keys_note = (
-            f"; colour: the {_e(named[0].name)}, marker: the other keys (hover a point for its name)"
+            f"; colour: the {_e(named[0].name)}, marker: the other keys (in the legend; hover a point for its name)"
             if len(named) > 1
             else ""
         )
@@ -637,6 +719,8 @@ def build_html(
             + "; one line per combination of the other keys; error bars: 95 % t interval over seeds"
             " (clipped to the metric's range); lines are shifted sideways a little so their intervals stay apart."
             " Click a legend entry to hide it in every panel, double-click to show only it."
+            + _chance_note(ok)
+            + _not_distributions(ok, sweep, metrics)
             + (
                 f" The same in every run, not drawn: {_e(', '.join(f'{m} = {v:.4g}' for m, v in flat.items()))}."
                 if flat
@@ -674,7 +758,11 @@ def build_html(
     init = [m for m in metrics_in("init") if any(r.init(m) is not None for r in ok)]
     if init:
         fig = figures.comparison_figure(runs, sweep, init, x, facet, init=True)
-        note = '<p class="note">The attention diagnostics before the first step (step 0), by the same keys.</p>'
+        note = (
+            '<p class="note">The attention diagnostics before the first step (step 0), by the same keys.'
+            + _not_distributions(ok, sweep, init)
+            + "</p>"
+        )
         sections.append(("init", "At initialisation", note + page.figure(fig)))
 
     curve_metrics = [m for m in metrics_in("curve") if any(run.curve(m)[0].size for run in runs)]
@@ -688,11 +776,15 @@ def build_html(
         )
         sections.append(("curves", "Training curves", note + page.figure(fig)))
     else:
-        sections.append(("curves", "Training curves", '<p class="note">No metrics.jsonl rows.</p>'))
+        why = " Here: no run has a metrics.jsonl." if not any(r.metric_log.row_count for r in runs) else ""
+        sections.append(("curves", "Training curves", f'<p class="note">No metrics.jsonl rows.{why}</p>'))
 
     rank_metric = top[0] if top else "val/acc_best"
     sections.append(("heads", "Per layer × head", _heads_section(page, runs, sweep, rank_metric)))
-    sections.append(("atlas", "What the heads do", _atlas_section(page, runs, sweep, rank_metric)))
+    seed_runs = {id(run) for t in tuned.sweeps for run in t.seed_runs}
+    tuning_only = {id(run) for t in tuned.sweeps for run in t.tune_runs} - seed_runs
+    chart_runs = [run for run in runs if id(run) not in tuning_only]
+    sections.append(("atlas", "What the heads do", _atlas_section(page, runs, sweep, rank_metric, chart_runs)))
     sections.append(("maps", "Attention maps", _maps_section(page, runs, sweep, rank_metric)))
     table_metrics = list(dict.fromkeys([*top, *metrics_in("table")]))
     table_metrics = [m for m in table_metrics if any(r.final(m) is not None for r in runs)]

@@ -21,9 +21,10 @@ false "beats" at 5 % or less whatever the dependence between the tests (Holm 197
 rejective multiple test procedure*, Scand. J. Statist. 6: 65-70). An untestable comparison (fewer than two
 pairs, or fewer than two seeds on a side for Welch) counts in ``m`` with p = 1.
 
-Quantiles and p-values come from ``scipy.stats.t`` when scipy is importable; without it, from a table and the
-Cornish-Fisher expansion (:func:`t_critical`) and from the regularised incomplete beta function
-(``P(|T_df| > |t|) = I_{df/(df+t²)}(df/2, 1/2)``, by its continued fraction).
+Quantiles and p-values come from ``scipy.stats.t`` (:func:`t_critical`, :func:`t_two_sided_p`).
+
+Every interval is printed by :func:`interval_text` (the page's cells and verdicts, and any terminal report):
+``87.5 % ± 1.2 (n=3)``, or ``± > 100`` where the half-width is at least the metric's whole range, never both.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from attnlab.dashboard.dims import Dimension, Sweep, format_value, numeric_x
 from attnlab.dashboard.load import Run, finite, natural_key
@@ -53,8 +55,10 @@ __all__ = [
     "best_run",
     "best_runs",
     "curves",
+    "half_width_text",
     "headline",
     "holm",
+    "interval_text",
     "mean_ci",
     "paired_difference",
     "pareto_front",
@@ -67,32 +71,13 @@ __all__ = [
 MAX_CURVE_POINTS = 200  # a curve with more steps is thinned evenly (first and last step kept)
 ALPHA = 0.05  # the headline's winner beats a rival when its Holm-adjusted p is below this
 
-# t_{0.975, df} for df = 1..30 (two-sided 95 %), used when scipy is not importable.
-_T975 = (
-    12.706204736, 4.302652730, 3.182446305, 2.776445105, 2.570581836, 2.446911851, 2.364624252, 2.306004135,
-    2.262157163, 2.228138852, 2.200985160, 2.178812830, 2.160368656, 2.144786688, 2.131449546, 2.119905299,
-    2.109815578, 2.100922040, 2.093024054, 2.085963447, 2.079613845, 2.073873068, 2.068657610, 2.063898562,
-    2.059538553, 2.055529439, 2.051830516, 2.048407142, 2.045229642, 2.042272456,
-)  # fmt: skip
-
 
 @functools.lru_cache(maxsize=256)
-def t_critical(df: int, use_scipy: bool = True) -> float:
-    """The two-sided 95 % Student-t quantile ``t_{0.975, df}``: ``scipy.stats.t.ppf`` when scipy is importable,
-    else a table (df <= 30) and the Cornish-Fisher expansion around z = 1.959964 (error < 1e-4 for df > 30)."""
+def t_critical(df: int) -> float:
+    """The two-sided 95 % Student-t quantile ``t_{0.975, df}`` (``scipy.stats.t.ppf``)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if use_scipy:
-        try:
-            from scipy.stats import t
-
-            return float(t.ppf(0.975, df))
-        except ImportError:
-            pass
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959963984540054
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return float(student_t.ppf(0.975, df))
 
 
 def mean_ci(values: Iterable[float | None]) -> tuple[float, float | None, int]:
@@ -108,67 +93,39 @@ def mean_ci(values: Iterable[float | None]) -> tuple[float, float | None, int]:
     return mean, t_critical(n - 1) * float(xs.std(ddof=1)) / math.sqrt(n), n
 
 
-def _t_quantile(df: float, use_scipy: bool = True) -> float:
-    """``t_{0.975, df}`` for a real ``df`` (Welch's): scipy's, else :func:`t_critical` at ``floor(df)`` (wider:
-    conservative)."""
-    if use_scipy:
-        try:
-            from scipy.stats import t
-
-            return float(t.ppf(0.975, df))
-        except ImportError:
-            pass
-    return t_critical(max(1, math.floor(df)), use_scipy=False)
+def _t_quantile(df: float) -> float:
+    """``t_{0.975, df}`` for a real ``df`` (Welch's)."""
+    return float(student_t.ppf(0.975, df))
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function ``I_x(a, b)``, by its continued fraction (modified Lentz; Numerical
-    Recipes §6.4), on the side of ``x`` where it converges fast."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _betainc(b, a, 1.0 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for numerator in (
-            m * (b - m) * x / ((a + 2 * m - 1.0) * (a + 2 * m)),
-            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1.0)),
-        ):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return front * h / a
-
-
-def t_two_sided_p(t: float, df: float, use_scipy: bool = True) -> float:
+def t_two_sided_p(t: float, df: float) -> float:
     """The two-sided p-value ``P(|T_df| >= |t|)`` of Student's t with ``df`` degrees of freedom (``df`` may be
-    real: Welch's): ``2 · scipy.stats.t.sf(|t|, df)`` when scipy is importable, else ``I_{df/(df+t²)}(df/2, 1/2)``
-    (the regularised incomplete beta function). 0 for an infinite ``t`` (a difference with no spread), NaN for
-    NaN."""
+    real: Welch's): ``2 · scipy.stats.t.sf(|t|, df)``. 0 for an infinite ``t`` (a difference with no spread), NaN
+    for NaN."""
     if df <= 0:
         raise ValueError(f"degrees of freedom must be > 0, got {df}")
     if math.isnan(t):
         return math.nan
     if math.isinf(t):
         return 0.0
-    if use_scipy:
-        try:
-            from scipy.stats import t as student_t
+    return float(min(1.0, 2.0 * student_t.sf(abs(t), df)))
 
-            return float(min(1.0, 2.0 * student_t.sf(abs(t), df)))
-        except ImportError:
-            pass
-    return min(1.0, _betainc(df / 2.0, 0.5, df / (df + t * t)))
+
+def half_width_text(half_width: float, spec: MetricSpec) -> str:
+    """``± 1.2``: the 95 % half-width in the metric's display unit (points for a percentage), or ``± > 100`` where
+    it is at least the metric's whole range (the interval says nothing; :meth:`MetricSpec.format_half`)."""
+    return f"± {spec.format_half(half_width)}"
+
+
+def interval_text(mean: float, half_width: float | None, spec: MetricSpec | str, n: int | None = None) -> str:
+    """One interval as every report prints it, page and terminal alike: ``87.5 % ± 1.2 (n=3)``; ``50.0 % ± > 100
+    (n=2)`` where the half-width is at least the metric's range (never the number as well); ``87.5 % (n=1)`` without
+    an interval. ``spec``: the metric's :class:`MetricSpec` or its name; ``n`` left out when None."""
+    spec = spec_for(spec) if isinstance(spec, str) else spec
+    text = spec.format(mean)
+    if half_width is not None:
+        text += f" {half_width_text(half_width, spec)}"
+    return text if n is None else f"{text} (n={n})"
 
 
 @dataclass(frozen=True)
@@ -206,13 +163,13 @@ def _ratio(mean: float, se: float) -> float:
     return math.copysign(math.inf, mean) if mean != 0 else 0.0
 
 
-def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], use_scipy: bool = True) -> Difference:
+def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float]) -> Difference:
     """The paired difference of two configurations' values by seed (``{seed: value}``), over the seeds in both:
     mean ``d̄`` of ``d_i = a_i − b_i``, half-width ``t_{0.975, n−1} · s_d / sqrt(n)``, ``t = d̄ / (s_d / sqrt(n))``,
     two-sided ``p`` with ``n − 1`` df. Without a common seed it is :func:`welch_difference` of all the values."""
     common = [seed for seed in a if seed in b]
     if not common:
-        return welch_difference(list(a.values()), list(b.values()), use_scipy=use_scipy)
+        return welch_difference(list(a.values()), list(b.values()))
     d = np.asarray([a[seed] - b[seed] for seed in common], dtype=float)
     n = int(d.size)
     mean = float(d.mean())
@@ -220,11 +177,11 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float], use_scipy:
         return Difference(mean, None, n, paired=True)
     se = float(d.std(ddof=1)) / math.sqrt(n)
     t = _ratio(mean, se)
-    p = t_two_sided_p(t, n - 1, use_scipy=use_scipy)
-    return Difference(mean, t_critical(n - 1, use_scipy=use_scipy) * se, n, n - 1, t, p, paired=True)
+    p = t_two_sided_p(t, n - 1)
+    return Difference(mean, t_critical(n - 1) * se, n, n - 1, t, p, paired=True)
 
 
-def welch_difference(a: Sequence[float], b: Sequence[float], use_scipy: bool = True) -> Difference:
+def welch_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
     """The unpaired difference ``ā − b̄`` with Welch's interval and test: ``se² = s_a²/n_a + s_b²/n_b``,
     Welch-Satterthwaite ``df = se⁴ / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1))`` (``n_a + n_b − 2`` when neither
     side has any spread), half-width ``t_{0.975, df} · se``. Untested (no interval) when a side has fewer than 2
@@ -240,8 +197,8 @@ def welch_difference(a: Sequence[float], b: Sequence[float], use_scipy: bool = T
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb > 0 else float(na + nb - 2)
     t = _ratio(mean, se)
-    p = t_two_sided_p(t, df, use_scipy=use_scipy)
-    return Difference(mean, _t_quantile(df, use_scipy) * se, na + nb, df, t, p, paired=False)
+    p = t_two_sided_p(t, df)
+    return Difference(mean, _t_quantile(df) * se, na + nb, df, t, p, paired=False)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -425,11 +382,12 @@ class Cell:
     def half_text(self, spec: MetricSpec) -> str:
         """`` ± 1.2``: the half-width in the metric's display unit (points for a percentage; ``± > 100`` when it
         is wider than the metric's range, :meth:`MetricSpec.format_half`); "" for one seed."""
-        return "" if self.half_width is None else f" ± {spec.format_half(self.half_width)}"
+        return "" if self.half_width is None else f" {half_width_text(self.half_width, spec)}"
 
     def text(self, spec: MetricSpec) -> str:
-        """``87.5 % ± 1.2 (2)``: the mean ± the half-width (in the metric's display unit) and the seeds."""
-        return f"{spec.format(self.mean)}{self.half_text(spec)} ({self.n})"
+        """``87.5 % ± 1.2 (n=2)``: the mean ± the half-width (in the metric's display unit) and the seeds
+        (:func:`interval_text`)."""
+        return interval_text(self.mean, self.half_width, spec, self.n)
 
     def bounds(self, spec: MetricSpec | None = None) -> tuple[float, float] | None:
         """The 95 % interval, clipped to ``spec``'s range when given; None for one seed."""
@@ -568,7 +526,7 @@ class Headline:
         d = next(c.difference for c in comps if c.rival == runner[0])
         sign = 1.0 if spec.higher_is_better else -1.0
         margin = spec.format_margin(sign * d.mean)  # paired over the common seeds (Welch: the difference of means)
-        half = "" if d.half_width is None else f"± {spec.format_half(d.half_width)}, "
+        half = "" if d.half_width is None else f"{half_width_text(d.half_width, spec)}, "
         if not d.paired:
             how = f" ({half}Welch: no common seed)"
         elif d.half_width is not None:

@@ -23,8 +23,18 @@ from typing import Any
 
 from attnlab.dashboard.dims import Sweep, format_value
 from attnlab.dashboard.load import Run, finite
+from attnlab.runs import RunFileError, read_json
 
-__all__ = ["SeedJob", "TuneJob", "Tuned", "TunedConfiguration", "TunedSweep", "find_tuned", "job_folder"]
+__all__ = [
+    "SeedJob",
+    "TuneJob",
+    "Tuned",
+    "TunedConfiguration",
+    "TunedSweep",
+    "find_tuned",
+    "grid_edges",
+    "job_folder",
+]
 
 TUNED_FILE = "tuned.json"  # (attnlab.training.tuned.TUNED_FILE; not imported: that module imports Hydra)
 STAGES = ("tune", "seeds", "done")
@@ -85,6 +95,12 @@ class TunedConfiguration:
         found = [job.run for job in self.tune if job.run is not None]
         found += [job.run for job in self.seeds if job.run is not None and not job.reused]
         return found
+
+    def edges(self, grid: dict[str, list[Any]]) -> list[str]:
+        """The grid keys whose chosen value is the smallest or the largest of the grid's (numeric keys with at least
+        two distinct values): the best may lie beyond, so the grid should be widened there. Computed from ``grid``
+        and :attr:`best` (an older tuned.json has no ``edge`` field; a newer one's is not trusted over this)."""
+        return grid_edges(grid, self.best)
 
     @property
     def best_job(self) -> TuneJob | None:
@@ -213,10 +229,11 @@ def find_tuned(runs: Sequence[Run], root: str | Path | None = None) -> Tuned:
 
 def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
     """The plan in ``folder``, checked and matched to the runs (:class:`_Bad` naming the field that fails)."""
-    from attnlab.training.tuned import read_plan  # (imports Hydra: only where a tuned.json is)
-
-    data = read_plan(folder)
-    if data is None:
+    try:  # (never through a link; a file nested too deeply for the parser is one line, not a RecursionError)
+        data = read_json(os.path.join(folder, TUNED_FILE))
+    except RunFileError as exc:  # (its message begins with the path, which the warning names already)
+        raise _Bad(f"not a readable JSON object: it {str(exc).split(TUNED_FILE + ' ', 1)[-1]}") from None
+    if not isinstance(data, dict):
         raise _Bad("not a readable JSON object")
     if _integer(data.get("format"), "format") != 1:
         raise _Bad(f"format {data['format']!r} is not 1 (written by a newer attnlab?)")
@@ -308,6 +325,22 @@ def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
             seed_jobs.append(SeedJob(seed, job, reused, by_path.get(os.path.join(base, *job.split("/")))))
         configurations.append(TunedConfiguration(label, tune, best, seed_jobs))
     return TunedSweep(Path(folder), name, metric, direction, grid, tune_seed, list(seeds), stage, configurations)
+
+
+def grid_edges(grid: dict[str, list[Any]], best: dict[str, Any] | None) -> list[str]:
+    """The keys of ``grid`` at whose smallest or largest value the point ``best`` lies: numeric keys (numbers, not
+    booleans) with at least two distinct values in the grid, ``best``'s value equal to their minimum or maximum.
+    Empty for no point."""
+    if not best:
+        return []
+    out = []
+    for key, values in grid.items():
+        numbers = {float(v) for v in values if _number(v)}
+        chosen = best.get(key)
+        if len(numbers) >= 2 and all(_number(v) for v in values) and _number(chosen):
+            if float(chosen) in (min(numbers), max(numbers)):
+                out.append(key)
+    return out
 
 
 def _point(value: Any, grid: dict[str, list[Any]], where: str) -> dict[str, Any]:

@@ -114,6 +114,7 @@ def reading(run_dirs: list[str], num: int = 256) -> None:
     from omegaconf import OmegaConf
 
     from attnlab.module import EncoderModule
+    from attnlab.runs import load_yaml_untrusted
 
     accuracies: list[tuple[str, float, float]] = []
     print("\nattention of trained models (mean weight; see the module docstring)")
@@ -121,7 +122,7 @@ def reading(run_dirs: list[str], num: int = 256) -> None:
     print(f"{'run':<28} {'mask':<7} {'layer':>5} {'head':>4} " + " ".join(f"{c:>6}" for c in columns))
     for run in run_dirs:
         folder = Path(run)
-        cfg = OmegaConf.load(folder / "config.yaml")
+        cfg = OmegaConf.create(load_yaml_untrusted(folder / "config.yaml"))  # a run folder is data
         params = OmegaConf.to_container(cfg.task.datamodule, resolve=True)
         params.pop("_target_")
         params.pop("test_lengths", None)
