@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -163,10 +164,14 @@ def train_listops(tmp_path: Path, *overrides: str) -> dict[str, Any]:
     return read_summary(tmp_path)
 
 
-def small(name: str, sizes: dict[str, Any] | None = None, **kwargs: Any):
-    """Task ``name`` built with ``sizes`` (small splits and batches) and ``kwargs`` on top, set up."""
+def small(name: str, sizes: dict[str, Any] | Callable[[str], dict[str, Any]] | None = None, **kwargs: Any):
+    """Task ``name`` built with ``sizes`` (small splits and batches; or a function of the task's name giving them)
+    and ``kwargs`` on top, set up. A test file binds its sizes once: ``small = functools.partial(helpers.small,
+    sizes=SIZES)``."""
     from attnlab.tasks import build_task
 
+    if callable(sizes):
+        sizes = sizes(name)
     task = build_task(name, **{**(sizes or {}), **kwargs})
     task.setup()
     return task

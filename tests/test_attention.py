@@ -78,7 +78,7 @@ def make_mask(kind, lq=L, lk=L):
     raise AssertionError(kind)
 
 
-def make_mha(case, seed=0, bias=True, d_model=D_MODEL, num_heads=H, d_k=D_K, d_v=D_V, **kw):
+def mha_case(case, seed=0, bias=True, d_model=D_MODEL, num_heads=H, d_k=D_K, d_v=D_V, **kw):
     _, name, params = case
     return helpers.make_mha(d_model, num_heads, d_k, d_v, seed=seed, score=name, bias=bias, **params, **kw)
 
@@ -106,7 +106,7 @@ ATOL = 1e-10
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_attend_logits_match_reference_from_projected_q_k(case, cross, ref):
     """attend().logits are the raw score of q = x Wq^T + bq, k = kv Wk^T + bk split into heads."""
-    mha = make_mha(case, seed=1)
+    mha = mha_case(case, seed=1)
     x = ref.randn(B, 4 if cross else L, D_MODEL, seed=2, requires_grad=True)
     kv = ref.randn(B, 7, D_MODEL, seed=3, requires_grad=True) if cross else None
     res = mha.attend(x, key_value=kv)
@@ -152,7 +152,7 @@ def test_d_v_defaults_to_d_k_and_bias_flag():
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_fast_and_eager_paths_agree_with_reference_outputs_and_gradients(case, mask_kind, ref):
-    mha = make_mha(case, seed=3)
+    mha = mha_case(case, seed=3)
     x = ref.randn(B, L, D_MODEL, seed=4, requires_grad=True)
     mask, ref_mask = make_mask(mask_kind)
     out_fast, w_fast = mha(x, mask=mask, need_weights=False)
@@ -172,7 +172,7 @@ def test_fast_and_eager_paths_agree_with_reference_outputs_and_gradients(case, m
 
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_cross_attention_with_key_padding_paths_agree_with_reference(case, ref):
-    mha = make_mha(case, seed=5)
+    mha = mha_case(case, seed=5)
     x = ref.randn(B, 4, D_MODEL, seed=6, requires_grad=True)
     kv = ref.randn(B, 6, D_MODEL, seed=7, requires_grad=True)
     mask = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :]
@@ -190,7 +190,7 @@ def test_cross_attention_with_key_padding_paths_agree_with_reference(case, ref):
 @pytest.mark.parametrize("case", SDPA_SCORES, ids=[s[0] for s in SDPA_SCORES])
 def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
     """The comparison above is only meaningful if need_weights=False really takes the SDPA path."""
-    mha = make_mha(case)
+    mha = mha_case(case)
     x = ref.randn(B, L, D_MODEL, seed=1)
     for mask in (None, attnlab.build_mask("causal")):
         with SDPACalls() as spy:
@@ -205,7 +205,7 @@ def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
 @pytest.mark.parametrize("case", NON_SDPA_SCORES, ids=[s[0] for s in NON_SDPA_SCORES])
 def test_non_sdpa_scores_give_eager_result_without_weights(case, ref):
     """additive, Shaw-with-value-term and linear cannot use SDPA, but need_weights=False must still be correct."""
-    mha = make_mha(case)
+    mha = mha_case(case)
     x = ref.randn(B, L, D_MODEL, seed=1)
     with SDPACalls() as spy:
         out, w = mha(x, need_weights=False)
@@ -252,7 +252,7 @@ def test_shaw_value_term_output_matches_loop_reference(ref):
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_masked_keys_get_zero_weight_and_visible_rows_sum_to_one(case, mask_kind, ref):
-    mha = make_mha(case, seed=8)
+    mha = mha_case(case, seed=8)
     x = ref.randn(B, L, D_MODEL, seed=9)
     mask, ref_mask = make_mask(mask_kind)
     visible = torch.ones(B, H, L, L, dtype=torch.bool) if ref_mask is None else ref_mask.expand(B, H, L, L)
@@ -273,7 +273,7 @@ def test_masked_keys_get_zero_weight_and_visible_rows_sum_to_one(case, mask_kind
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_fully_masked_query_row_gives_zero_attention_and_finite_gradients(case, need_weights, bias, ref):
     """A blind row's attention output is 0 before out_proj, so out equals out_proj.bias (or 0)."""
-    mha = make_mha(case, seed=10, bias=bias)
+    mha = mha_case(case, seed=10, bias=bias)
     x = ref.randn(B, L, D_MODEL, seed=11, requires_grad=True)
     mask = torch.ones(B, 1, L, L, dtype=torch.bool)
     mask[0, 0, 1, :] = False
@@ -299,7 +299,7 @@ def test_fully_masked_query_row_gives_zero_attention_and_finite_gradients(case, 
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_causal_mask_blocks_future_gradients(case, need_weights, mask_form, ref):
     """d out[:, i] / d x[:, j] is exactly zero for j > i, nonzero for j <= i, and zero across the batch."""
-    mha = make_mha(case, seed=12)
+    mha = mha_case(case, seed=12)
     x = ref.randn(B, L, D_MODEL, seed=13, requires_grad=True)
     mask = attnlab.build_mask("causal") if mask_form == "mask_object" else grid(L, L, lambda i, j: j <= i)
     out, _ = mha(x, mask=mask, need_weights=need_weights)
@@ -315,8 +315,8 @@ def test_causal_mask_blocks_future_gradients(case, need_weights, mask_form, ref)
 @pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("case", SCORES, ids=SCORE_IDS)
 def test_dropout_is_inactive_in_eval_mode(case, need_weights, ref):
-    plain = make_mha(case, seed=14)
-    dropped = make_mha(case, seed=14, dropout=0.5)
+    plain = mha_case(case, seed=14)
+    dropped = mha_case(case, seed=14, dropout=0.5)
     x = ref.randn(B, L, D_MODEL, seed=15)
     with torch.no_grad():
         torch.testing.assert_close(

@@ -173,7 +173,7 @@ def dim_keys(sweep: Sweep) -> list[str]:
     return [d.key for d in sweep.dims]
 
 
-def grid(**axes: list[Any]) -> list[dict[str, Any]]:
+def factorial(**axes: list[Any]) -> list[dict[str, Any]]:
     """Every combination of the dotted keys' values (a full factorial: no key is a function of another)."""
     keys = list(axes)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(axes[k] for k in keys))]
@@ -324,7 +324,9 @@ def test_an_optuna_search_keeps_both_lr_and_d_k() -> None:
 
 
 def test_display_names_are_short() -> None:
-    cfgs = grid(**{"variant.name": ["dot", "additive"], "num_heads": [1, 4], "num_layers": [1, 2], "lr": [1e-3, 1e-2]})
+    cfgs = factorial(
+        **{"variant.name": ["dot", "additive"], "num_heads": [1, 4], "num_layers": [1, 2], "lr": [1e-3, 1e-2]}
+    )
     sweep = Sweep([make_run(c) for c in cfgs])
     names = {d.key: d.name for d in sweep.dims}
     assert names == {"variant.name": "variant", "num_heads": "heads", "num_layers": "layers", "lr": "lr"}
@@ -335,7 +337,7 @@ def test_display_names_are_short() -> None:
 
 def test_dimensions_come_in_a_fixed_order_then_alphabetically() -> None:
     # dict order of the overrides is deliberately the reverse of the expected order
-    cfgs = grid(
+    cfgs = factorial(
         **{
             "model.dropout": [0.0, 0.1],
             "lr": [1e-3, 1e-2],
@@ -350,7 +352,7 @@ def test_dimensions_come_in_a_fixed_order_then_alphabetically() -> None:
 
 
 def test_numeric_and_log_flags_follow_the_values() -> None:
-    cfgs = grid(
+    cfgs = factorial(
         **{
             "variant.name": ["dot", "additive"],
             "d_k": [8, 64, 512],
@@ -377,7 +379,7 @@ def _four_dim_sweep(sizes: dict[str, int]) -> tuple[Sweep, list[Run]]:
         "num_heads": [1, 2, 4, 8, 16][: sizes["num_heads"]],
         "lr": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2][: sizes["lr"]],
     }
-    runs = [make_run(c) for c in grid(**values)]
+    runs = [make_run(c) for c in factorial(**values)]
     return Sweep(runs), runs
 
 
@@ -422,7 +424,7 @@ def test_facet_dim_is_the_non_first_non_x_dimension_with_fewest_values() -> None
 def test_facet_dim_needs_two_to_four_values() -> None:
     sweep, _ = _four_dim_sweep({"variant.name": 2, "d_k": 2, "num_heads": 5, "lr": 5})
     assert sweep.facet_dim(sweep.main_dim()) is None
-    runs = [make_run(c) for c in grid(**{"variant.name": ["dot", "additive"], "d_k": [8, 16]})]
+    runs = [make_run(c) for c in factorial(**{"variant.name": ["dot", "additive"], "d_k": [8, 16]})]
     sweep = Sweep(runs)  # no third dimension at all
     assert sweep.facet_dim(sweep.main_dim()) is None
 

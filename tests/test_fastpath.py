@@ -34,7 +34,7 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return _randomize(module, seed, scale=0.5)
 
 
-def make_mha(score: str, params: dict, d_k: int = 4, seed: int = 0) -> attnlab.MultiHeadAttention:
+def fastpath_mha(score: str, params: dict, d_k: int = 4, seed: int = 0) -> attnlab.MultiHeadAttention:
     return helpers.make_mha(D_MODEL, H, d_k, 5, seed=seed, score=score, **params)
 
 
@@ -45,7 +45,7 @@ def make_mha(score: str, params: dict, d_k: int = 4, seed: int = 0) -> attnlab.M
 def test_causal_mask_fast_path_equals_eager_and_dense_mask(score, params):
     """Causal as a Mask object (the is_causal shortcut for bias-free scores) = the same mask as a dense tensor =
     the eager path, outputs and gradients; with d_k (4) ≠ d_model / H (4 · 3 ≠ 12 is not required)."""
-    mha = make_mha(score, params)
+    mha = fastpath_mha(score, params)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
     causal = attnlab.build_mask("causal")
@@ -63,7 +63,7 @@ def test_causal_mask_fast_path_equals_eager_and_dense_mask(score, params):
 
 
 def test_causal_shortcut_not_taken_for_cross_attention_of_other_length():
-    mha = make_mha("scaled_dot", {})
+    mha = fastpath_mha("scaled_dot", {})
     x, kv = randn(B, 4, D_MODEL, seed=1).requires_grad_(), randn(B, 6, D_MODEL, seed=2).requires_grad_()
     causal = attnlab.build_mask("causal")
     with SDPACalls() as spy:
@@ -75,7 +75,7 @@ def test_causal_shortcut_not_taken_for_cross_attention_of_other_length():
 def test_alibi_bias_combined_with_a_cached_mask_is_cached_and_equals_eager():
     """ALiBi's constant bias + a cached causal mask: the −inf-filled bias is built once, later calls reuse it, and
     both calls equal the eager path (values and gradients)."""
-    mha = make_mha("alibi", {})
+    mha = fastpath_mha("alibi", {})
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     causal = attnlab.build_mask("causal")
     first, _ = mha(x, mask=causal)
@@ -116,7 +116,7 @@ def test_a_composed_or_user_written_causal_mask_gets_sdpas_is_causal():
     composed = attnlab.build_mask("causal") & attnlab.build_mask("none")
     assert composed.is_causal and not MyCausal().is_causal
     assert not (attnlab.build_mask("causal") & attnlab.build_mask("sliding_window", window=2)).is_causal
-    mha = make_mha("scaled_dot", {})
+    mha = fastpath_mha("scaled_dot", {})
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     for mask in (composed, MyCausal()):
         assert prepare_mask(mask, L, L, "cpu").is_causal
@@ -137,7 +137,7 @@ def test_cached_mask_with_blind_rows_still_zeroes_them():
     mask = BlindFirstRow()
     assert not prepare_mask(mask, L, L, torch.device("cpu")).all_visible
     for score, params in SDPA_SCORES:
-        mha = make_mha(score, params)
+        mha = fastpath_mha(score, params)
         x = randn(B, L, D_MODEL, seed=1).requires_grad_()
         fast, _ = mha(x, mask=mask)
         eager = mha.attend(x, mask=mask).out

@@ -620,7 +620,7 @@ MHA_CASES = {
 B_MHA, L_MHA, D_MODEL = 2, 5, 8
 
 
-def make_mha(params: dict, seed: int = 0) -> attnlab.MultiHeadAttention:
+def train_mha(params: dict, seed: int = 0) -> attnlab.MultiHeadAttention:
     return helpers.make_mha(D_MODEL, 2, 4, 3, seed=seed, train=True, **params)
 
 
@@ -645,7 +645,7 @@ def assert_fast_equals_eager(mha, x, key_value, mask) -> None:
 @pytest.mark.parametrize("kind", ["self", "causal", "cross"])
 @pytest.mark.parametrize("params", MHA_CASES.values(), ids=MHA_CASES.keys())
 def test_mha_fast_path_takes_the_relative_kernel_and_equals_eager(params, kind):
-    mha = make_mha(params)
+    mha = train_mha(params)
     assert mha.uses_fast_path
     x, key_value, mask = mha_inputs(kind)
     with SDPACalls() as spy:
@@ -661,7 +661,7 @@ def test_mha_without_the_relative_kernel_uses_biased_softmax_and_equals_eager(pa
     assert not relative.available()
     counter = CallCounter(BiasedSoftmaxAttention.apply)
     monkeypatch.setattr(BiasedSoftmaxAttention, "apply", staticmethod(counter))
-    mha = make_mha(params)
+    mha = train_mha(params)
     assert mha.backend_for("cpu", torch.float64) == "biased_softmax"
     x, key_value, mask = mha_inputs(kind)
     with SDPACalls() as spy:
@@ -678,7 +678,7 @@ def test_mha_without_the_relative_kernel_uses_biased_softmax_and_equals_eager(pa
 def test_mha_under_no_grad_uses_plain_sdpa(params, kind, monkeypatch):
     counter = CallCounter(BiasedSoftmaxAttention.apply)
     monkeypatch.setattr(BiasedSoftmaxAttention, "apply", staticmethod(counter))
-    mha = make_mha(params)
+    mha = train_mha(params)
     x, key_value, mask = mha_inputs(kind)
     with torch.no_grad(), SDPACalls() as spy:
         assert_fast_equals_eager(mha, x, key_value, mask)

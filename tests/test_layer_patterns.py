@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import compose_cfg
 
 import attnlab
 from attnlab.config import AttentionConfig, layer_configs, pattern_name
-from attnlab.training.config import CONF_DIR, ConfigError, attention_configs, build_module, validate_config
+from attnlab.training.config import ConfigError, attention_configs, build_module, validate_config
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "hydra_ctx")
 
 LOCAL = {"mask": {"name": "and", "masks": ["base", {"name": "sliding_window", "window": 2}]}}
-
-
-def compose_cfg(*overrides):
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=["logger=none", *overrides])
 
 
 def test_a_pattern_repeats_and_is_cut_to_the_number_of_layers():

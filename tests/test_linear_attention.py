@@ -664,7 +664,9 @@ def test_a_forced_linear_backend_called_with_a_mask_it_cannot_compute_says_why_i
 
 
 def test_unknown_backend_params_and_bad_short_conv_are_refused_in_one_line():
-    typo = r"^attention\.backend_params: no backend takes 'chunk_siz'; allowed: compile \(flex\), chunk_size \(chunked\)$"
+    typo = (
+        r"^attention\.backend_params: no backend takes 'chunk_siz'; allowed: compile \(flex\), chunk_size \(chunked\)$"
+    )
     with pytest.raises(ValueError, match=typo):
         attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_DIM, config=linear_config(backend_params={"chunk_siz": 3}))
     with pytest.raises(ValueError, match=r"^attention\.backend_params: no backend global takes 'chunk_size'"):

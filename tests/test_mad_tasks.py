@@ -6,6 +6,7 @@ splits and the seeds), the chance accuracies, the one-line size errors, the task
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -38,10 +40,7 @@ SPLITS = ("train", "val", "test")
 SIZES: dict[str, Any] = dict(num_train=96, num_val=48, num_test=48, batch_size=16)
 
 
-def small(name: str, **kwargs: Any) -> SequenceTask:
-    task = build_task(name, **{**SIZES, **kwargs})
-    task.setup()
-    return task
+small = functools.partial(helpers.small, sizes=SIZES)  # a MAD task of the test's sizes, set up
 
 
 def rows(task: SequenceTask, split: str) -> list[tuple[list[int], list[int]]]:

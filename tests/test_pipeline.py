@@ -43,7 +43,7 @@ def randomize_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return _randomize(module, seed, scale=0.5)
 
 
-def make_mha(
+def pipeline_mha(
     seed: int = 0, num_heads: int = H, d_k: int = D_K, d_v: int = D_V, **options
 ) -> attnlab.MultiHeadAttention:
     return helpers.make_mha(D_MODEL, num_heads, d_k, d_v, seed=seed, **options)
@@ -195,7 +195,7 @@ def test_rope_fraction_rotating_no_pair_raises():
     ("rope", "base", "rotated"), [(True, 10000.0, D_K), ({"base": 7.0, "fraction": 0.5}, 7.0, 2)], ids=["full", "half"]
 )
 def test_mha_rope_logits_match_the_complex_formula_on_the_projected_q_and_k(rope, base, rotated):
-    mha = make_mha(rope=rope)
+    mha = pipeline_mha(rope=rope)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
     q = rope_complex(heads(mha.q_proj, x, H), base, rotated)
@@ -215,7 +215,7 @@ def test_mha_rope_logits_match_the_complex_formula_on_the_projected_q_and_k(rope
 def test_rope_logits_of_a_repeated_vector_depend_only_on_j_minus_i(rope, base, rotated):
     """The same q at every query position and the same k at every key position: e_ij = f(j − i) (Toeplitz), with
     f(n) = (Σ_p Re(q̃_p conj(k̃_p) e^{−i·n·θ_p}) + Σ_{c ≥ r} q_c k_c) / √d_k for the complex pairs q̃_p, k̃_p."""
-    mha = make_mha(rope=rope)
+    mha = pipeline_mha(rope=rope)
     lq, lk = 5, 7
     x = randn(1, 1, D_MODEL, seed=1).repeat(1, lq, 1)
     kv = randn(1, 1, D_MODEL, seed=2).repeat(1, lk, 1)
@@ -256,7 +256,7 @@ def rms_norm_ref(t: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 )
 def test_qk_norm_normalizes_each_head_of_q_and_k_with_its_own_learned_weights(qk_norm, num_kv_heads, rope, ref):
     """QK-norm over d_k per head (q with q_norm's weights, k with k_norm's), then RoPE, then the scaled dot."""
-    mha = make_mha(qk_norm=qk_norm, num_kv_heads=num_kv_heads, rope=rope or None)
+    mha = pipeline_mha(qk_norm=qk_norm, num_kv_heads=num_kv_heads, rope=rope or None)
     assert mha.q_norm is not mha.k_norm
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
@@ -285,7 +285,7 @@ def test_cosine_score_is_the_capped_temperature_times_the_cosine_of_q_and_k():
     """e_hij = τ_h · q_i·k_j / (|q_i| |k_j|), τ_h = exp(min(log_scale_h, log max_scale)); a head above the cap gets
     no gradient on its log_scale."""
     max_scale = 20.0
-    mha = make_mha(score="cosine", max_scale=max_scale)
+    mha = pipeline_mha(score="cosine", max_scale=max_scale)
     with torch.no_grad():
         mha.score.log_scale.copy_(torch.tensor([math.log(50.0), math.log(3.0), -0.7, 1.3]))  # head 0 over the cap
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
@@ -316,7 +316,7 @@ def test_cosine_score_is_the_capped_temperature_times_the_cosine_of_q_and_k():
 @pytest.mark.parametrize(("score", "position_bias"), [("scaled_dot", None), ("dot", "alibi")])
 def test_softcap_is_c_tanh_of_the_logits_before_the_mask(score, position_bias):
     c = 0.7
-    mha = make_mha(score=score, position_bias=position_bias, softcap=c)
+    mha = pipeline_mha(score=score, position_bias=position_bias, softcap=c)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
     q, k, v = heads(mha.q_proj, x, H), heads(mha.k_proj, x, H), heads(mha.v_proj, x, H)
@@ -362,7 +362,7 @@ def repeat_kv_rows(t: torch.Tensor, num_kv_heads: int, d: int) -> torch.Tensor:
 @pytest.mark.parametrize("num_kv_heads", [2, 1], ids=["gqa", "mqa"])
 def test_gqa_equals_multi_head_attention_with_each_kv_head_repeated_for_its_group(num_kv_heads, mask_kind):
     G = num_kv_heads
-    gqa = make_mha(num_kv_heads=G)
+    gqa = pipeline_mha(num_kv_heads=G)
     full = attnlab.MultiHeadAttention(D_MODEL, H, D_K, D_V).double().eval()
     with torch.no_grad():
         for name in ("q_proj", "out_proj"):
@@ -393,7 +393,7 @@ def test_gqa_equals_multi_head_attention_with_each_kv_head_repeated_for_its_grou
 def test_gqa_matches_a_per_head_loop_reference(num_kv_heads, ref):
     """Query head h reads key/value head g = h // (H / G), written out with the projection rows of each head."""
     G = num_kv_heads
-    mha = make_mha(num_kv_heads=G)
+    mha = pipeline_mha(num_kv_heads=G)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
     mask = padding_tensor()[:, 0]
@@ -440,7 +440,7 @@ POSITION_BIAS_CASES = [(BIAS_ON.get(b, "scaled_dot"), b, params_of("position_bia
 def test_position_bias_stage_adds_its_reference_bias_to_any_score(score, position_bias, params, ref):
     """Every registered position bias (with its test parameters) against a reference written here: a new one
     without a reference fails, by name."""
-    mha = make_mha(score=score, position_bias=position_bias, position_bias_params=params)
+    mha = pipeline_mha(score=score, position_bias=position_bias, position_bias_params=params)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
     q, k, v = heads(mha.q_proj, x, H), heads(mha.k_proj, x, H), heads(mha.v_proj, x, H)
@@ -486,7 +486,7 @@ def test_a_preset_resolves_to_its_score_plus_position_bias_and_computes_the_same
     """A preset is a name for a score plus a position bias: its layer has the explicit layer's resolved config,
     modules and parameters, and (given the same parameter values) the same outputs, weights and gradients, on the
     fast and the eager path."""
-    staged = make_mha(score=score, position_bias=position_bias, position_bias_params=params)
+    staged = pipeline_mha(score=score, position_bias=position_bias, position_bias_params=params)
     from_preset = attnlab.MultiHeadAttention(D_MODEL, H, D_K, D_V, score=preset, **preset_params).double().eval()
     expected = AttentionConfig(score=score, position_bias=position_bias, position_bias_params=params, d_v=D_V)
     assert staged.config == expected
@@ -586,7 +586,7 @@ def diff_reference(ref, mha: attnlab.MultiHeadAttention, x: torch.Tensor, mask: 
     ("num_kv_heads", "layer", "mask_kind"), [(4, 1, "causal"), (2, 3, "padding_tensor"), (1, 2, "none")]
 )
 def test_differential_attention_matches_the_papers_formulas(num_kv_heads, layer, mask_kind, ref):
-    mha = make_mha(differential=True, num_kv_heads=num_kv_heads, layer=layer)
+    mha = pipeline_mha(differential=True, num_kv_heads=num_kv_heads, layer=layer)
     with torch.no_grad():  # random λ vectors with λ ≈ e − 1 + λ_init > 0, so that w₁ − λ w₂ has negative entries
         u, w2 = randn(D_K, seed=7), randn(D_K, seed=8)
         mha.lambda_q1.copy_(u / u.norm() * 1.25)
@@ -606,7 +606,7 @@ def test_differential_attention_matches_the_papers_formulas(num_kv_heads, layer,
 
 
 def test_differential_attention_takes_a_per_head_mask_for_both_maps_of_each_head(ref):
-    mha = make_mha(differential=True, num_kv_heads=2)
+    mha = pipeline_mha(differential=True, num_kv_heads=2)
     mask = torch.rand(B, H, L, L, generator=torch.Generator().manual_seed(3)) < 0.6
     mask[..., 0] = True
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
@@ -667,7 +667,7 @@ CHOICES = {
 @pytest.mark.parametrize("mask_kind", list(MASKS))
 @pytest.mark.parametrize("choice", list(CHOICES))
 def test_masked_keys_get_zero_weight_and_blind_rows_zero_output_without_nan_for_every_new_choice(choice, mask_kind):
-    mha = make_mha(**CHOICES[choice])
+    mha = pipeline_mha(**CHOICES[choice])
     mask, allowed = MASKS[mask_kind](), dense(mask_kind)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     inputs = [x, *mha.parameters()]
@@ -691,7 +691,7 @@ def test_masked_keys_get_zero_weight_and_blind_rows_zero_output_without_nan_for_
 @pytest.mark.parametrize("choice", list(CHOICES))
 def test_causal_mask_blocks_future_gradients_for_every_new_choice(choice, mask_kind):
     """d out_i / d x_j = 0 exactly for every j > i, on the fast path and the eager one; and ≠ 0 for j = i."""
-    mha = make_mha(**CHOICES[choice])
+    mha = pipeline_mha(**CHOICES[choice])
     mask = MASKS[mask_kind]()
     x = randn(1, L, D_MODEL, seed=1).requires_grad_()
     for out in (mha(x, mask=mask)[0], mha.attend(x, mask=mask).out):
@@ -753,7 +753,7 @@ FAST_CHOICES = {
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "padding_tensor"])
 @pytest.mark.parametrize("choice", list(FAST_CHOICES))
 def test_fast_path_calls_sdpa_and_equals_the_eager_path(choice, mask_kind):
-    mha = make_mha(**{k: v() if callable(v) else v for k, v in FAST_CHOICES[choice].items()})
+    mha = pipeline_mha(**{k: v() if callable(v) else v for k, v in FAST_CHOICES[choice].items()})
     assert mha.uses_fast_path
     mask = MASKS[mask_kind]()
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
@@ -789,7 +789,7 @@ NOT_FAST = {
 
 @pytest.mark.parametrize("choice", list(NOT_FAST))
 def test_softcap_and_non_softmax_normalizers_do_not_call_sdpa(choice):
-    mha = make_mha(**NOT_FAST[choice])
+    mha = pipeline_mha(**NOT_FAST[choice])
     assert not mha.uses_fast_path
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()
     with SDPACalls() as spy:

@@ -3,6 +3,7 @@ registry (a user's task through ``imports``) and the data options every task sha
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -58,8 +59,7 @@ def small_kwargs(name: str) -> dict[str, Any]:
     return SMALL.get(name, SMALL_SIZES)
 
 
-def small(name: str, **kwargs: Any) -> SequenceTask:
-    return helpers.small(name, small_kwargs(name), **kwargs)
+small = functools.partial(helpers.small, sizes=small_kwargs)  # a task of its test sizes, set up
 
 
 def all_tensors(task: SequenceTask) -> list[torch.Tensor]:
