@@ -15,20 +15,33 @@ The FLOP convention is ``torch.utils.flop_counter.FlopCounterMode``'s: **matrix 
 baddbmm, convolutions, attention kernels), **2 FLOPs per multiply-add**; softmax, normalisation, activations,
 elementwise work and the optimizer are free. Backward counts what autograd runs: for a linear layer the gradients of
 its input and its weight (twice its forward). The step is counted by running it, on a copy of the model, under the
-counter, so that whatever the backend chooses is what is counted. Importing this module registers the formulas that
-torch lacks:
+counter, so that whatever the backend chooses is what is counted.
 
-* SDPA on the CPU (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward) as torch counts SDPA on a
-  GPU (``sdpa_flop_count``, ``sdpa_backward_flop_count``): forward q·kᵀ and P·v; backward 5 products, the scores
-  recomputed, dP = dO·vᵀ, dv = Pᵀ·dO, dq = dS·k, dk = dSᵀ·q. Like torch's, the count ignores a causal mask's
-  sparsity (a causal kernel does about half the work).
+**Attention is counted as the model's arithmetic, without recomputation, the same for every backend**: forward
+q·kᵀ and P·v (2 products, 2·B·Hq·Lq·Lk·(d_k + d_v)), backward dv = Pᵀ·dO, dP = dO·vᵀ, dq = dS·k and dk = dSᵀ·q
+(4 products, twice the forward). That is what the eager path's autograd runs, and what ``biased_softmax``,
+``normalized`` and attnlab's relative kernel compute; a fused kernel that recomputes q·kᵀ in its backward pass
+(flash attention, FlashAttention-style CPU and CUDA kernels: 5 products, as torch's own formula
+``sdpa_backward_flop_count`` counts them) pays that as an implementation detail, not as the model's cost, so the
+same model has the same FLOPs/token whichever backend computes it, and adding a position bias never lowers the
+count. Grouped-query attention (k and v with Gk < Hq heads) is counted per query head: each query head does its own
+products against its group's shared keys. Like torch's, the count ignores a causal mask's sparsity (a causal kernel
+does about half the work). Importing this module registers the formulas that make it so, **replacing** torch's where
+it has one (``torch.utils.flop_counter.flop_registry``, which ``FlopCounterMode`` copies when it is made):
+
+* SDPA's fused kernels, on the CPU (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward) and on
+  CUDA (``aten._scaled_dot_product_flash_attention``, ``_scaled_dot_product_efficient_attention``,
+  ``_scaled_dot_product_cudnn_attention`` and their backwards): :func:`attention_flops`. (SDPA's math kernel is
+  counted through the matrix products it runs, which are the same 2 + 4.) FlexAttention cannot run under a dispatch
+  mode here: ``auto`` takes another backend while the counter runs (:mod:`attnlab.backends.flex`), whose count is
+  the same.
 * attnlab's fused additive kernel (``attnlab::additive_logits``) as the contraction it replaces: logits =
   v·tanh(W q_i + U k_j) is a sum over the attention size d_a for each (i, j), 2·B·H·Lq·Lk·d_a forward and three
-  times that backward (the gradients of W q, U k and v).
+  times that backward (the gradients of W q, U k and v; the tanh it evaluates again is elementwise, free).
 * attnlab's relative-position kernel (``attnlab::relative_attention``) as its matrix products, q·kᵀ and P·v
-  forward, dv, dP, dq and dk backward; the bias and the softmax are free, as elsewhere. Under a dispatch mode the
-  kernels are called as operators (:mod:`attnlab.kernels.additive`), so the products inside the relative kernel
-  are counted once, by this formula.
+  forward, dv, dP, dq and dk backward (:func:`attention_flops`); the bias and the softmax are free, as elsewhere.
+  Under a dispatch mode the kernels are called as operators (:mod:`attnlab.kernels.additive`), so the products
+  inside the relative kernel are counted once, by this formula.
 
 :func:`closest_width` is the bisection that ``match.by`` (conf/config.yaml) uses to size a model to a parameter or
 state budget.
@@ -43,19 +56,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import (
-    FlopCounterMode,
-    flop_registry,
-    register_flop_formula,
-    sdpa_backward_flop_count,
-    sdpa_flop_count,
-)
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
 
 import attnlab.kernels.additive  # (defines the operators whose formulas are registered below)
 import attnlab.kernels.relative  # noqa: F401
 from attnlab.positions import LearnedPositionalEncoding
 
 __all__ = [
+    "attention_flops",
     "closest_width",
     "count_flops",
     "non_embedding_params",
@@ -66,23 +74,53 @@ __all__ = [
 aten = torch.ops.aten
 
 
-def _register(target: Any) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """``register_flop_formula(target)``, once (a formula torch already has, or this module's on a reload, stays)."""
-    if target in flop_registry:
-        return lambda formula: formula
-    return register_flop_formula(target)
+def _register(*targets: Any) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """``register_flop_formula(targets)``, **replacing** a formula torch (or this module, on a reload) has for a
+    target: every attention operator is counted by this module's convention (the module's docstring)."""
+    for target in targets:
+        flop_registry.pop(target, None)
+    return register_flop_formula(list(targets))
 
 
-@_register(aten._scaled_dot_product_flash_attention_for_cpu)
-def _sdpa_cpu_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+def attention_flops(q_shape: Any, k_shape: Any, v_shape: Any, backward: bool = False) -> int:
+    """The matrix products of softmax(q kᵀ + ...) v, without recomputation: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k),
+    v (B, G, Lk, d_v) (Gk, G dividing Hq: grouped heads are counted per query head) → forward q·kᵀ and P·v,
+    2·B·Hq·Lq·Lk·(d_k + d_v); ``backward``: dv, dP, dq and dk, twice that (whatever a kernel recomputes)."""
+    B, Hq, Lq, d_k = q_shape
+    Gk, Lk = k_shape[-3], k_shape[-2]
+    G, Lv, d_v = v_shape[-3:]
+    if k_shape[-1] != d_k or Lv != Lk or Hq % Gk or Hq % G:
+        raise ValueError(f"attention_flops: q {tuple(q_shape)}, k {tuple(k_shape)}, v {tuple(v_shape)} do not fit")
+    products = 2 * B * Hq * Lq * Lk * (d_k + d_v)
+    return 2 * products if backward else products
 
 
-@_register(aten._scaled_dot_product_flash_attention_for_cpu_backward)
-def _sdpa_cpu_backward_flops(
+SDPA_FORWARD = (
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+)
+"""SDPA's fused kernels (CPU flash; CUDA flash, memory-efficient, cuDNN): q, k, v their first arguments."""
+SDPA_BACKWARD = (
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+)
+"""Their backward passes: dO, q, k, v their first arguments."""
+
+
+@_register(*SDPA_FORWARD)
+def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return attention_flops(query_shape, key_shape, value_shape)
+
+
+@_register(*SDPA_BACKWARD)
+def _sdpa_backward_flops(
     grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any
 ) -> int:
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+    return attention_flops(query_shape, key_shape, value_shape, backward=True)
 
 
 def additive_flops(wq_shape: Any, uk_shape: Any) -> int:
@@ -104,11 +142,9 @@ def _additive_backward_flops(
 
 
 def relative_flops(q_shape: Any, k_shape: Any, v_shape: Any, backward: bool = False) -> int:
-    """The relative kernel's matrix products: q·kᵀ and P·v forward (2·B·H·Lq·Lk·(d + d_v)), dv, dP, dq and dk
-    backward (twice that)."""
-    B, H, Lq, d = q_shape
-    products = 2 * B * H * Lq * k_shape[2] * (d + v_shape[-1])
-    return 2 * products if backward else products
+    """The relative kernel's matrix products (heads expanded: q, k (B, H, L, d), v (B, H, Lk, d_v)): q·kᵀ and P·v
+    forward, dv, dP, dq and dk backward: :func:`attention_flops`."""
+    return attention_flops(q_shape, k_shape, v_shape, backward)
 
 
 @_register(torch.ops.attnlab.relative_attention)

@@ -1,9 +1,13 @@
 """Compute accounting (:mod:`attnlab.compute`) and budgets (``max_tokens``, ``match``).
 
 * FLOPs of a training step against formulas written out here: a 2-layer scaled_dot encoder exactly (projections,
-  SDPA forward and backward as torch counts it, the FFN, the head; backward = the gradients of inputs and
-  weights), the fused kernels' formulas, and for every score, normalizer and backend an attention part > 0 beside
-  the linear layers' FLOPs (counted by hand).
+  attention forward and backward as the model's arithmetic: 2 products forward, 4 backward, the FFN, the head;
+  backward = the gradients of inputs and weights), the fused kernels' formulas, and for every score, normalizer and
+  backend an attention part > 0 beside the linear layers' FLOPs (counted by hand).
+* One convention for every backend: one layer of scaled_dot (SDPA), t5_bias and relative_position (the relative
+  kernel, biased_softmax, SDPA's math kernel, eager), ALiBi and grouped-query attention against a hand count; a
+  position bias never lowers the count; ``auto`` and every backend that computes a layer give the same FLOPs; torch's
+  SDPA formulas (CPU and CUDA kernels) replaced, grouped heads counted per query head.
 * ``params_non_embedding`` by hand; :func:`~attnlab.compute.closest_width` and ``match`` by hand; ``max_tokens``.
 * One real tiny run whose summary.json holds every new field, its results table the FLOPs column.
 """
@@ -25,8 +29,10 @@ from helpers import RECURRENT_FORMS, SCORES, params_of, train_listops
 from hydra import compose, initialize_config_dir
 from rich.console import Console
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 import attnlab
+from attnlab import compute
 from attnlab.compute import Unreachable, closest_width, count_flops, non_embedding_params, step_flops
 from attnlab.config import AttentionConfig
 from attnlab.kernels import additive, relative
@@ -143,8 +149,9 @@ def test_a_scaled_dot_encoder_step_is_the_hand_formula(seed: int, per_token: boo
     }
     backward = {
         "linear": 2 * (forward["q, k, v"] + forward["out"] + forward["ffn"]),  # input and weight gradients
-        # SDPA's backward as torch counts it: the scores recomputed, dP = dO·vᵀ, dv = Pᵀ·dO, dq = dS·k, dk = dSᵀ·q
-        "attention": 5 * 2 * B * H * L * L * d_k,
+        # the model's backward, without the scores a fused kernel recomputes: dP = dO·vᵀ, dv = Pᵀ·dO, dq = dS·k,
+        # dk = dSᵀ·q
+        "attention": 4 * 2 * B * H * L * L * d_k,
     }
     head = 3 * lin(rows if per_token else B, d, C)
     expected = 2 * (sum(forward.values()) + sum(backward.values())) + head
@@ -257,6 +264,200 @@ def test_the_relative_kernel_counts_its_products_once_on_either_path(per_row: bo
 
     assert count_flops(step(lambda *t: relative.relative_attention(*t, runs, None, 0.5))) == forward + backward
     assert count_flops(step(impl)) == forward + backward
+
+
+# ---------------------------------------------------------------------------------------------- one convention
+
+
+def attention_hand_count(B: int, Hq: int, Lq: int, Lk: int, d_k: int, d_v: int) -> int:
+    """One attention layer's products in a training step, the model's arithmetic: q·kᵀ and P·v forward, per query
+    head (grouped heads too), then dv = Pᵀ·dO, dP = dO·vᵀ, dq = dS·k, dk = dSᵀ·q backward (twice the forward),
+    whatever a fused kernel recomputes."""
+    forward = 2 * B * Hq * Lq * Lk * d_k + 2 * B * Hq * Lq * Lk * d_v
+    return forward + 2 * forward
+
+
+def counted_step(module: EncoderModule, batch: int, length: int, seed: int = 0) -> dict[str, int]:
+    """FLOPs of one training step of ``module`` per operator (fresh random tokens and labels)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, module.hparams["vocab_size"], (batch, length), generator=gen)
+    labels = torch.randint(0, module.hparams["num_classes"], (batch, length), generator=gen)
+    module.train().zero_grad()
+    with FlopCounterMode(display=False) as counter:
+        module._loss((tokens, labels))[0].backward()
+    return {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+
+
+T5 = {"num_buckets": 8, "max_distance": 16}
+CLIP = 2
+HAND_CASES = [
+    # (id, attention config, the backend to force (auto: the one expected), the operator that must have counted)
+    ("scaled_dot-sdpa", AttentionConfig(), "sdpa", "aten._scaled_dot_product_flash_attention_for_cpu"),
+    ("scaled_dot-eager", AttentionConfig(backend="eager"), "eager", "aten.bmm"),
+    ("t5_bias-relative", AttentionConfig(score="t5_bias", score_params=T5), "relative", "attnlab.relative_attention"),
+    ("t5_bias-biased_softmax", AttentionConfig(score="t5_bias", score_params=T5, backend="biased_softmax"), "", ""),
+    ("t5_bias-sdpa", AttentionConfig(score="t5_bias", score_params=T5, backend="sdpa"), "", ""),
+    ("t5_bias-eager", AttentionConfig(score="t5_bias", score_params=T5, backend="eager"), "", "aten.bmm"),
+    (
+        "relative_position-relative",
+        AttentionConfig(score="relative_position", score_params={"clip": CLIP}),
+        "relative",
+        "attnlab.relative_attention",
+    ),
+    (
+        "relative_position-sdpa",
+        AttentionConfig(score="relative_position", score_params={"clip": CLIP}, backend="sdpa"),
+        "",
+        "",
+    ),
+    (
+        "relative_position-eager",
+        AttentionConfig(score="relative_position", score_params={"clip": CLIP}, backend="eager"),
+        "",
+        "aten.bmm",
+    ),
+    ("alibi-sdpa", AttentionConfig(position_bias="alibi"), "sdpa", ""),
+    ("alibi-eager", AttentionConfig(position_bias="alibi", backend="eager"), "", ""),
+    ("gqa1-sdpa", AttentionConfig(num_kv_heads=1), "sdpa", "aten._scaled_dot_product_flash_attention_for_cpu"),
+    (
+        "gqa2-sdpa",
+        AttentionConfig(num_kv_heads=2, mask="causal"),
+        "sdpa",
+        "aten._scaled_dot_product_flash_attention_for_cpu",
+    ),
+    ("gqa1-eager", AttentionConfig(num_kv_heads=1, backend="eager"), "", ""),
+    ("gqa1-t5-relative", AttentionConfig(num_kv_heads=1, position_bias="t5", position_bias_params=T5), "relative", ""),
+]
+
+
+@pytest.mark.parametrize(("config", "backend", "operator"), [c[1:] for c in HAND_CASES], ids=[c[0] for c in HAND_CASES])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_one_layer_is_the_hand_count_on_every_backend(
+    config: AttentionConfig, backend: str, operator: str, seed: int
+) -> None:
+    """Projections (counted by hand from the layers' sizes) + the attention's 2 products forward and 4 backward,
+    per query head, + Shaw's table q·w^Kᵀ (B, H, L, 2·clip + 1) and its two gradients: whichever backend computes
+    it, fused (SDPA's flash kernel recomputes q·kᵀ, the relative kernel does not) or eager (autograd's)."""
+    r = random.Random(seed)
+    B, L, H, d_k = r.randint(1, 3), r.randint(4, 11), 4, r.randint(2, 5)
+    module = encoder(config, d_model=r.randint(6, 12), num_heads=H, d_k=d_k, max_len=L, d_ff=r.randint(3, 9))
+    attn = module.encoder.layers[0].self_attn
+    if backend:
+        assert attn.backend_for() == backend
+    ops = counted_step(module, B, L, seed)
+    if operator:
+        assert ops.get(operator, 0) > 0, ops
+    shaw = 3 * 2 * B * H * L * d_k * (2 * CLIP + 1) if config.score == "relative_position" else 0
+    expected = linear_step_flops(module, B, L) + attention_hand_count(B, H, L, L, d_k, d_k) + shaw
+    assert sum(ops.values()) == expected, ops
+    assert step_flops(module, B, L) == expected
+
+
+def bias_cases() -> list[tuple[str, AttentionConfig]]:
+    """Every built-in position bias, and every score that brings one (t5_bias, relative_position, alibi)."""
+    cases = [
+        (f"position_bias={n}", AttentionConfig(position_bias=n, position_bias_params=params_of("position_bias", n)))
+        for n in attnlab.list_position_biases()
+        if n != "none"
+    ]
+    for name in SCORES:
+        config = AttentionConfig(score=name, score_params=params_of("score", name))
+        attn = attnlab.MultiHeadAttention(8, 2, config=config)
+        if attn.position_bias is not None or getattr(attn.score, "position_term", lambda: None)() is not None:
+            cases.append((f"score={name}", config))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("config", "backend"),
+    [(c, b) for _, c in bias_cases() for b in ("auto", "eager")],
+    ids=[f"{i}-{b}" for i, _ in bias_cases() for b in ("auto", "eager")],
+)
+def test_adding_a_bias_never_lowers_the_count(config: AttentionConfig, backend: str) -> None:
+    """The biased layer's step ≥ the plain scaled_dot step at the same shapes (both as ``auto`` chooses, or both
+    eager): a bias adds work (a table's products) or none (a static bias: elementwise, free), never less."""
+    B, L, H, d_k = 2, 9, 2, 4
+    sizes = {"d_model": 8, "num_heads": H, "d_k": d_k, "max_len": L}
+    biased = sum(counted_step(encoder(config.replace(backend=backend), **sizes), B, L).values())
+    plain = sum(counted_step(encoder(AttentionConfig(backend=backend), **sizes), B, L).values())
+    assert biased >= plain
+    assert plain == linear_step_flops(encoder(**sizes), B, L) + attention_hand_count(B, H, L, L, d_k, d_k)
+
+
+SAME_COUNT = [
+    ("plain", AttentionConfig()),
+    ("t5", AttentionConfig(position_bias="t5", position_bias_params=T5)),
+    ("shaw", AttentionConfig(position_bias="shaw", position_bias_params={"clip": CLIP})),
+    ("alibi-causal", AttentionConfig(position_bias="alibi", mask="causal")),
+    ("gqa", AttentionConfig(num_kv_heads=1)),
+    ("gqa-t5", AttentionConfig(num_kv_heads=2, position_bias="t5", position_bias_params=T5)),
+    ("softcap", AttentionConfig(softcap=5.0)),
+    ("sparsemax", AttentionConfig(normalizer="sparsemax")),
+    ("window", AttentionConfig(mask={"name": "sliding_window", "window": 2})),
+    # known: SDPA runs a sink logit as one more key and dimension, differential attention as two P·v (eager: one,
+    # on the combined weights): products beyond the model's that a FLOP formula cannot tell apart
+    pytest.param("softmax1", AttentionConfig(normalizer="softmax1"), marks=pytest.mark.xfail(strict=True)),
+    pytest.param("differential", AttentionConfig(differential=True), marks=pytest.mark.xfail(strict=True)),
+]
+
+
+@pytest.mark.parametrize(("name", "config"), SAME_COUNT)
+def test_every_backend_counts_the_same_attention(name: str, config: AttentionConfig) -> None:
+    """The same layer, ``auto`` and forced onto every backend that computes it in a CPU training step: the same
+    FLOPs as eager, whose softmax is free and whose autograd runs 2 products forward and 4 backward."""
+    B, L, H, d_k = 2, 8, 4, 3
+    sizes = {"d_model": 12, "num_heads": H, "d_k": d_k, "max_len": L}
+    counts = {}
+    for backend in ["auto", *attnlab.list_backends()]:
+        try:
+            module = encoder(config.replace(backend=backend), **sizes)
+            module.encoder.layers[0].self_attn.backend_for()
+        except (ValueError, RuntimeError):  # a backend that does not compute this layer (here)
+            continue
+        counts[backend] = sum(counted_step(module, B, L).values())
+    assert {"auto", "eager"} <= set(counts) and len(counts) >= 3, counts  # auto, eager and one fused backend
+    assert set(counts.values()) == {counts["eager"]}, counts
+    if name in ("plain", "t5", "alibi-causal", "window", "softcap", "sparsemax"):
+        linear = linear_step_flops(encoder(config.replace(backend="eager"), **sizes), B, L)
+        assert counts["eager"] == linear + attention_hand_count(B, H, L, L, d_k, d_k)
+
+
+@pytest.mark.parametrize("op", [*compute.SDPA_FORWARD, *compute.SDPA_BACKWARD], ids=str)
+@pytest.mark.parametrize(("Hq", "G"), [(6, 6), (6, 2), (6, 1)])
+def test_torchs_sdpa_formulas_are_replaced_and_count_grouped_heads(op, Hq: int, G: int) -> None:
+    """Every SDPA kernel's formula, the CUDA ones that torch registers itself included, is this module's: the
+    model's products per query head (torch 2.11's asserted Hq == Hk on an H100 for grouped heads; its backward counts
+    the recomputed scores)."""
+    B, Lq, Lk, d, d_v = 2, 5, 7, 3, 4
+    q, k, v = (torch.empty(s, device="meta") for s in ((B, Hq, Lq, d), (B, G, Lk, d), (B, G, Lk, d_v)))
+    formula = flop_registry[op]
+    backward = op in compute.SDPA_BACKWARD
+    assert formula is (compute._sdpa_backward_flops if backward else compute._sdpa_flops)  # (not torch's)
+    forward = 2 * B * Hq * Lq * Lk * d + 2 * B * Hq * Lq * Lk * d_v
+    if backward:
+        assert formula(torch.empty(B, Hq, Lq, d_v, device="meta"), q, k, v) == 2 * forward
+    else:
+        assert formula(q, k, v) == forward
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's SDPA kernels need a GPU")
+@pytest.mark.parametrize("kernel", ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"])
+def test_cuda_sdpa_kernels_count_the_models_products_with_grouped_heads(kernel: str) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, Hq, G, L, d = 2, 8, 2, 128, 64
+    q = torch.randn(B, Hq, L, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(B, G, L, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+
+    def step() -> None:
+        with sdpa_kernel(getattr(SDPBackend, kernel)):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True).float().sum().backward()
+
+    try:
+        total = count_flops(step)
+    except RuntimeError as error:  # a kernel this GPU / torch does not offer for these inputs
+        pytest.skip(f"{kernel}: {str(error).splitlines()[0]}")
+    assert total == attention_hand_count(B, Hq, L, L, d, d)
 
 
 # ---------------------------------------------------------------------------------------------- parameters

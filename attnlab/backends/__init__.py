@@ -33,7 +33,10 @@ backend             computes                                                    
 The additive score's fused C kernel is the score's own choice inside any backend (``variant.params.kernel``).
 A call that asks for the weights (``need_weights=True``, the diagnostics) always runs ``eager``, whatever the
 layer's backend. A forced backend that cannot compute the layer's configuration is refused when the layer is built
-(one line); one that cannot run under a call's conditions (a CPU kernel on a GPU) raises at that call.
+(one line); one that cannot run under a call's conditions (a CPU kernel on a GPU) raises at that call. A call's dtype
+is the one its products compute in (:func:`compute_dtype`): under autocast (``trainer.precision=bf16-mixed``), the
+autocast dtype, not the input's float32, so ``auto`` passes over the float32/64-only kernels (``relative``,
+``normalized``); :func:`precision_reason` is the refusal of a forced one before a run starts.
 
 Register a backend with ``@register_backend("name")`` on a :class:`Backend` subclass; ``position=`` puts it into
 the automatic order (before ``eager``, by default), so that ``auto`` chooses it where it applies.
@@ -61,9 +64,24 @@ __all__ = [
     "build_backend",
     "check_backend_params",
     "choose_backend",
+    "compute_dtype",
+    "dtype_reason",
     "list_backends",
+    "precision_dtype",
+    "precision_reason",
     "register_backend",
 ]
+
+
+def compute_dtype(dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """The dtype that a layer's matrix products compute in for an input of ``dtype`` on ``device``: under autocast
+    on that device type, its autocast dtype (``torch.get_autocast_dtype``: bfloat16 for the CPU's, by default) for
+    any input but float64 (which autocast leaves as it is), else ``dtype`` itself. What q, k and v of a call are, so
+    a backend that computes float32/64 only can refuse a bf16 autocast step before its kernel sees one."""
+    kind = torch.device(device).type
+    if dtype != torch.float64 and dtype.is_floating_point and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,7 @@ class Conditions:
 
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    """the compute dtype (:func:`compute_dtype`): the autocast dtype under autocast, not the input's."""
     need_weights: bool = False
     training: bool = True
     grad: bool = True
@@ -84,7 +103,23 @@ class Conditions:
     ) -> Conditions:
         """The conditions of calling ``attn`` on ``x`` with the prepared ``mask`` now."""
         form = "none" if mask is None else mask.form
-        return cls(x.device.type, x.dtype, need_weights, attn.training, torch.is_grad_enabled(), form)
+        device = x.device.type
+        dtype = compute_dtype(x.dtype, device)
+        return cls(device, dtype, need_weights, attn.training, torch.is_grad_enabled(), form)
+
+
+FLOAT32_64 = (torch.float32, torch.float64)
+"""The dtypes attnlab's C kernels compute (:data:`attnlab.kernels.build.DTYPES`)."""
+
+
+def dtype_reason(when: Conditions, dtypes: tuple[torch.dtype, ...] = FLOAT32_64) -> str | None:
+    """None when the call's compute dtype (:attr:`Conditions.dtype`, the autocast dtype under autocast) is one of
+    ``dtypes``, else the one line a backend's :meth:`Backend.call_reason` gives for it."""
+    if when.dtype in dtypes:
+        return None
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"it computes {listed}, not {when.dtype}"
 
 
 class Backend:
@@ -205,6 +240,43 @@ def choose_backend(attn: MultiHeadAttention, when: Conditions) -> Backend:
         if backend.call_reason(attn, when) is None:
             return backend
     raise RuntimeError("no attention backend supports this layer")  # pragma: no cover - eager always does
+
+
+PRECISION_DTYPES: dict[str, torch.dtype] = {
+    "64": torch.float64,
+    "32": torch.float32,
+    "bf16": torch.bfloat16,
+    "16": torch.float16,
+}
+"""A Lightning ``trainer.precision``'s leading part → the dtype its training step computes attention in (``-mixed``
+through autocast, ``-true`` by casting the model)."""
+
+
+def precision_dtype(precision: str | int) -> torch.dtype:
+    """The compute dtype of a training step under Lightning's ``trainer.precision`` (``bf16-mixed``, ``32-true``,
+    ``64``, ``16-mixed`` ...): bfloat16, float32, float64 or float16."""
+    return PRECISION_DTYPES[str(precision).split("-")[0]]
+
+
+def precision_reason(layers: list[MultiHeadAttention], device: str, precision: str | int) -> str | None:
+    """One line when a layer's forced backend (``attention.backend``, not ``auto``) cannot compute a training step
+    on ``device`` (``cpu``, ``cuda``) under ``trainer.precision=precision`` (e.g. ``relative`` or ``normalized``
+    under ``bf16-mixed``: their C kernels compute float32/64 only), else None: what validation refuses before a run
+    writes anything. ``auto`` always finds a backend (``eager`` computes every dtype)."""
+    dtype = precision_dtype(precision)
+    for i, attn in enumerate(layers):
+        forced = attn.config.backend
+        if forced == "auto":
+            continue
+        when = Conditions(torch.device(device).type, dtype, False, True, True, attn.mask_form)
+        reason = build_backend(forced).call_reason(attn, when)
+        if reason is not None:
+            where = f"layer {i}: " if len(layers) > 1 else ""
+            return (
+                f"{where}attention.backend={forced} cannot train under trainer.precision={precision} on {device}: "
+                f"{reason}; use attention.backend=auto or another precision"
+            )
+    return None
 
 
 def _candidates(attn: MultiHeadAttention) -> list[Backend]:

@@ -23,7 +23,9 @@ maps in one call and combines them after (as ``sdpa`` does). Refused: other scor
 dropout on the weights in training, devices but the CPU, dtypes but float32/64. It runs with gradients off too (a
 forward pass still writes fewer (B, H, Lq, Lk) tensors than the eager stages). Under ``torch.compile`` the
 softmax runs as the ``attnlab::softcap_softmax`` operator between torch's matrix products, and another row operation
-falls back to ``eager``; under CPU autocast the layer runs ``eager``.
+falls back to ``eager``. Under CPU autocast (bfloat16) the call's compute dtype is bfloat16
+(:func:`~attnlab.backends.compute_dtype`), which the kernels lack: ``auto`` takes ``eager`` (whose normalizer runs
+in float32) and a forced ``normalized`` raises its one line.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attnlab.backends import Backend, Conditions, build_backend, register_backend
+from attnlab.backends import Backend, Conditions, build_backend, compute_dtype, dtype_reason, register_backend
 from attnlab.backends.sdpa import dot_score_reason, finish
 from attnlab.kernels import softmax as softmax_kernel
 from attnlab.kernels.rows import RowOp
@@ -198,8 +200,9 @@ class Normalized(Backend):
     def call_reason(self, attn: Any, when: Conditions) -> str | None:
         if when.device != "cpu":
             return f"it runs on the CPU only, not {when.device}"
-        if when.dtype not in (torch.float32, torch.float64):
-            return f"it computes float32 and float64, not {when.dtype}"
+        reason = dtype_reason(when)  # (under CPU autocast the logits are bfloat16: auto takes eager)
+        if reason is not None:
+            return reason
         if when.training and attn.dropout > 0:
             return "it applies no dropout to the weights"
         if getattr(attn.normalizer, "is_softmax", False) and not softmax_kernel.available():
@@ -209,7 +212,8 @@ class Normalized(Backend):
     def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
         row_op, cap = row_op_of(attn)
         compiling = torch.compiler.is_compiling()
-        fallback = row_op is None or torch.is_autocast_enabled(x.device.type)
+        # (called directly, not through choose_backend: a compute dtype the kernels lack goes to eager too)
+        fallback = row_op is None or compute_dtype(x.dtype, x.device) not in (torch.float32, torch.float64)
         if fallback or (compiling and not isinstance(row_op, softmax_kernel.SoftcapSoftmax)):
             return build_backend("eager").attend(attn, x, key_value, mask)
         q, k, v = attn.project(x, key_value)

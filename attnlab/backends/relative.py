@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.backends import Backend, Conditions, register_backend
+from attnlab.backends import Backend, Conditions, dtype_reason, register_backend
 from attnlab.backends.sdpa import dot_product_reason, finish
 from attnlab.kernels import relative as relative_kernel
 from attnlab.position_bias import PositionBias
@@ -40,8 +40,9 @@ class Relative(Backend):
     def call_reason(self, attn: Any, when: Conditions) -> str | None:
         if when.device != "cpu":
             return f"it runs on the CPU only, not {when.device}"
-        if when.dtype not in (torch.float32, torch.float64):
-            return f"it computes float32 and float64, not {when.dtype}"
+        reason = dtype_reason(when)  # (under CPU autocast q and k are bfloat16: auto takes biased_softmax)
+        if reason is not None:
+            return reason
         if not when.grad:
             return "it is for training (gradients on); without gradients sdpa is as fast"
         if when.training and attn.dropout > 0:
