@@ -15,15 +15,25 @@ each task: the best mean, called a win only when its paired margin over every ot
 correction, else a tie among the variants it does not beat).
 
 The card runs the tasks one after the other, two jobs at a time (``--jobs``; joblib). Started again with the same
-``--out``, it resumes: finished jobs are not run again, and ``--report`` rewrites the page from what is there.
+``--out``, it resumes: finished jobs are not run again, and ``--report`` rewrites the page from what is there. It
+exits 1 when a task's sweep failed (a variant with no grid point or no seed run that finished ok), 2 for a refused
+setting. Ctrl-C or SIGTERM stops the running task's sweep (the signal is passed on; after a grace period the sweep
+is killed), writes the card so far and exits 130 or 143.
+
+The card reads each task's ``tuned.json`` as untrusted input, as the dashboard does: a field that fails a check costs
+one warning and is left out (a seed run outside the sweep folder is never opened), the card is built from the rest.
+Text cells of ``card.csv`` never begin a spreadsheet formula (:func:`attnlab.runs.csv_safe`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import html
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,39 +123,109 @@ def _variant_of(label: str) -> str:
     return label
 
 
-def collect(out: Path, tasks: Sequence[str] = CARD_TASKS) -> list[CardCell]:
-    """The card's cells from the tuned sweeps under ``out`` (a task without ``tuned.json`` is left out)."""
+def collect(out: Path, tasks: Sequence[str] = CARD_TASKS, problems: list[str] | None = None) -> list[CardCell]:
+    """The card's cells from the tuned sweeps under ``out`` (a task without ``tuned.json`` is left out).
+
+    ``tuned.json`` is untrusted: a file that cannot be read (a link, not JSON, nested too deeply) and each field that
+    fails a check (a configuration that is not an object, a label that is not text, a seed that is not an integer,
+    a job outside the sweep folder ...) add one line to ``problems`` and are left out; the rest is used."""
     from attnlab.dashboard.stats import mean_ci
-    from attnlab.dashboard.tuned import job_folder
     from attnlab.runs import RunFileError, RunFolder
     from attnlab.training.tuned import read_plan
 
+    problems = [] if problems is None else problems
     cells: list[CardCell] = []
     for task in tasks:
-        plan = read_plan(out / task)
+        plan = read_plan(out / task, problems)
         if plan is None:
             continue
+        where = out / task / "tuned.json"
         task_cells = []
-        for entry in plan.get("configurations", []):
+        for label, best, seeds in _plan_entries(plan, where, problems):
             values: dict[int, float] = {}
             chance = None
-            for item in entry.get("seeds") or []:
-                try:  # (tuned.json is untrusted: a job outside the sweep folder is never read)
-                    summary = RunFolder(out / task / job_folder(item.get("job"))).read_summary(problems=[])
+            for seed, job in seeds:
+                try:  # (a job outside the sweep folder was left out above: never read)
+                    summary = RunFolder(out / task / job).read_summary(problems=[])
                 except (RunFileError, OSError, ValueError):
                     continue
                 if summary is None or summary.status != "ok":
                     continue
                 value = summary.metrics.get(METRIC)
                 if isinstance(value, int | float) and math.isfinite(value):
-                    values[int(item["seed"])] = float(value)
+                    values[seed] = float(value)
                 chance = summary.chance_accuracy
             mean, half, _ = mean_ci(values.values())
-            lr = (entry.get("best") or {}).get("lr")
-            task_cells.append(CardCell(task, _variant_of(str(entry.get("label"))), lr, values, mean, half, chance))
+            lr = best.get("lr") if best else None
+            task_cells.append(CardCell(task, _variant_of(label), lr, values, mean, half, chance))
         _verdicts(task_cells)
         cells.extend(task_cells)
     return cells
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    from attnlab.console import printable
+
+    text = printable(repr(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plan_entries(
+    plan: dict[str, Any], where: Path, problems: list[str]
+) -> list[tuple[str, dict[str, Any] | None, list[tuple[int, str]]]]:
+    """(label, best point, [(seed, job)]) of each configuration of ``plan`` whose fields pass the dashboard's
+    checks; one line in ``problems`` per field that does not (that configuration, or that seed run, is left out)."""
+    from attnlab.dashboard.tuned import job_folder
+
+    entries = plan.get("configurations")
+    if not isinstance(entries, list):
+        problems.append(f"{where}: configurations is {_show(entries)}, not a list: no cell read")
+        return []
+    out = []
+    for i, entry in enumerate(entries):
+        at = f"{where}: configurations[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{at} is {_show(entry)}, not an object: left out")
+            continue
+        label = entry.get("label")
+        if not isinstance(label, str) or not label or len(label) > 1000:
+            problems.append(f"{at}.label is {_show(label)}, not a configuration's name: left out")
+            continue
+        best = entry.get("best")
+        if best is not None and not (isinstance(best, dict) and _scalar(best.get("lr"))):
+            problems.append(f"{at}.best is {_show(best)}, not a grid point: its lr is not shown")
+            best = None
+        seeds_raw = entry.get("seeds") or []
+        if not isinstance(seeds_raw, list):
+            problems.append(f"{at}.seeds is {_show(seeds_raw)}, not a list: no seed run read")
+            seeds_raw = []
+        seeds: list[tuple[int, str]] = []
+        for j, item in enumerate(seeds_raw):
+            if not isinstance(item, dict):
+                problems.append(f"{at}.seeds[{j}] is {_show(item)}, not an object: left out")
+                continue
+            seed = item.get("seed")
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                problems.append(f"{at}.seeds[{j}].seed is {_show(seed)}, not an integer: left out")
+                continue
+            try:
+                job = job_folder(item.get("job"), f"{at}.seeds[{j}].job")
+            except ValueError as exc:
+                problems.append(f"{exc}: left out")
+                continue
+            if any(seed == s for s, _ in seeds):
+                problems.append(f"{at}.seeds[{j}].seed {seed} is listed twice: left out")
+                continue
+            seeds.append((seed, job))
+        out.append((label, best, seeds))
+    return out
+
+
+def _scalar(value: Any) -> bool:
+    """A grid value: a finite number, a word, or null."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, int | str)
 
 
 def _verdicts(cells: list[CardCell]) -> None:
@@ -176,7 +256,7 @@ def _verdicts(cells: list[CardCell]) -> None:
 
 def write_card(out: Path, cells: Sequence[CardCell], seconds: float | None = None) -> tuple[Path, Path]:
     """``<out>/card.csv`` and ``<out>/card.html`` from ``cells``."""
-    from attnlab.runs import atomic_open
+    from attnlab.runs import atomic_open, csv_safe
 
     out.mkdir(parents=True, exist_ok=True)
     csv_path, html_path = out / "card.csv", out / "card.html"
@@ -186,14 +266,14 @@ def write_card(out: Path, cells: Sequence[CardCell], seconds: float | None = Non
         for c in cells:
             writer.writerow(
                 [
-                    c.task,
-                    c.variant,
-                    c.lr,
+                    csv_safe(c.task),
+                    csv_safe(c.variant),
+                    csv_safe(c.lr) if isinstance(c.lr, str) else c.lr,  # (a number stays a number)
                     len(c.values),
                     _num(c.mean),
                     _num(c.half_width),
                     _num(c.chance),
-                    c.verdict,
+                    csv_safe(c.verdict),
                     _num(c.adjusted_p),
                 ]
             )
@@ -209,6 +289,7 @@ def _num(value: float | None) -> str:
 def card_html(cells: Sequence[CardCell], seconds: float | None = None) -> str:
     """The card as one self-contained page (no script, no request): a variant × task table."""
     from attnlab.dashboard.page import CSP
+    from attnlab.dashboard.stats import half_width_text, spec_for
 
     tasks = list(dict.fromkeys(c.task for c in cells))
     variants = list(dict.fromkeys(c.variant for c in cells))
@@ -222,7 +303,7 @@ def card_html(cells: Sequence[CardCell], seconds: float | None = None) -> str:
             if c is None or not c.values:
                 tds.append('<td class="none">—</td>')
                 continue
-            hw = "" if c.half_width is None else f" ± {_pct(min(c.half_width, 1.0))}"
+            hw = "" if c.half_width is None else " " + half_width_text(c.half_width, spec_for("test/acc"))
             mark = {"win": " ★", "tie": " ="}.get(c.verdict, "")
             lr = f"lr {c.lr:g}" if isinstance(c.lr, int | float) else ""
             shade = max(0.0, min(1.0, c.mean))
@@ -266,8 +347,93 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if math.isfinite(x) else "—"
 
 
+GRACE_S = 60.0
+"""How long a stopped card waits for the running sweep to end after passing the signal on, before killing it."""
+
+
+class _Stop:
+    """The signal that stopped the card (None while none came), passed on to the running sweep."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.at = 0.0
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum, self.at = signum, time.monotonic()
+        child = self.child
+        if child is not None and child.poll() is None:
+            with contextlib.suppress(OSError):
+                child.send_signal(signum)
+
+
+def _run_task(command: list[str], stop: _Stop) -> int:
+    """Run one task's sweep; when the card is stopped, the sweep gets the signal and :data:`GRACE_S` to end (its
+    report, its jobs interrupted and resumable), then it and what it started are killed."""
+    if stop.signum is not None:
+        return 130
+    child = subprocess.Popen(command, start_new_session=True)  # (a terminal's Ctrl-C reaches it through the card)
+    stop.child = child
+    try:
+        while True:
+            try:
+                return child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                if stop.signum is not None and time.monotonic() - stop.at > GRACE_S:
+                    with contextlib.suppress(OSError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    return child.wait()
+    finally:
+        stop.child = None
+        if stop.signum is not None:  # anything the sweep started and left behind (a launcher's workers)
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGTERM)
+
+
+def _check_outputs(out: Path) -> str | None:
+    """Why the card could not write its files in ``out`` (a folder where card.csv or card.html should be), or None."""
+    from attnlab.runs import is_odd
+
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is not a folder"
+    for name in ("card.csv", "card.html"):
+        path = out / name
+        if path.is_dir() or is_odd(path):
+            return f"{path} is a folder, a link or not a regular file: the card never writes through it"
+    return None
+
+
+def _dry_run(tasks: Sequence[str], commands: Sequence[list[str]]) -> int:
+    """``--dry-run``: each task's tuned sweep planned and estimated as ``train.py --dry-run`` plans it
+    (:mod:`attnlab.training.plan`), then the card's total; nothing is run or written (but the step-time cache)."""
+    from attnlab.training.config import ConfigError
+    from attnlab.training.plan import START_S, minutes, plan_command, print_plan
+
+    total, jobs, at_once = 0.0, 0, 1
+    for k, (task, command) in enumerate(zip(tasks, commands, strict=True), 1):
+        argv = command[command.index("-m") :]  # (after the interpreter and its -c)
+        try:
+            plan = plan_command(argv, log=lambda m: print(m, file=sys.stderr, flush=True))
+        except ConfigError as exc:
+            print(f"error: task {task}: {exc}", file=sys.stderr)
+            return 2
+        print(f"card: task {k}/{len(tasks)}: {task}")
+        print_plan(plan, "train.py " + " ".join(argv))
+        total += plan.seconds - START_S  # (its jobs, as many at a time as --jobs)
+        jobs += len(plan.jobs)
+        at_once = plan.parallel
+    print(
+        f"card: {jobs} jobs in {len(tasks)} tasks, estimated {minutes(total + START_S)} "
+        f"({total / 60 + START_S / 60:.1f} min, {at_once} job(s) at a time)"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m attnlab.card``: run the card (or ``--report`` only) and write its page and CSV."""
+    from attnlab.console import printable
+
     parser = argparse.ArgumentParser(prog="python -m attnlab.card", description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated variant names")
     parser.add_argument("--tasks", default=",".join(CARD_TASKS), help="comma-separated card tasks")
@@ -276,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", default=",".join(format(g, "g") for g in DEFAULT_GRID), help="the lr grid")
     parser.add_argument("--jobs", type=int, default=2, help="jobs at a time (joblib; 1: in one process)")
     parser.add_argument("--report", action="store_true", help="only rewrite card.html and card.csv from --out")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print every task's jobs and their estimated minutes; run nothing"
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides for every job (max_steps=600 ...)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -287,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: --seeds takes integers and --lr numbers, comma-separated ({exc})", file=sys.stderr)
         return 2
+    if not all(math.isfinite(g) for g in grid):
+        print(f"error: --lr takes finite numbers, got {args.lr!r}", file=sys.stderr)
+        return 2
     from attnlab.tasks import list_tasks
     from attnlab.training.config import CONF_DIR, group_choices
 
@@ -297,23 +469,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         what = f"unknown names: {', '.join(unknown)}" if unknown else "empty --variants, --tasks, --seeds or --lr"
         print(f"error: {what} (tasks: {', '.join(CARD_TASKS)}; variants: conf/variant/*.yaml)", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return _dry_run(tasks, [card_command(t, variants, out, seeds, grid, args.jobs, args.overrides) for t in tasks])
+    bad_output = _check_outputs(out)
+    if bad_output is not None:
+        print(f"error: {printable(bad_output)}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
-    failed = []
+    failed: list[str] = []
+    stop = _Stop()
     if not args.report:
-        for k, task in enumerate(tasks, 1):
-            print(
-                f"card: task {k}/{len(tasks)}: {task} ({len(variants)} variants, {time.perf_counter() - started:.0f} s)"
-            )
-            code = subprocess.call(card_command(task, variants, out, seeds, grid, args.jobs, args.overrides))
-            if code == 2:
-                return 2  # a refused configuration: one line already printed
-            if code != 0:
-                failed.append(task)
-    cells = collect(out, tasks)
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for k, task in enumerate(tasks, 1):
+                if stop.signum is not None:
+                    break
+                print(
+                    f"card: task {k}/{len(tasks)}: {task} ({len(variants)} variants, "
+                    f"{time.perf_counter() - started:.0f} s)",
+                    flush=True,
+                )
+                code = _run_task(card_command(task, variants, out, seeds, grid, args.jobs, args.overrides), stop)
+                if code == 2 and stop.signum is None:
+                    return 2  # a refused configuration: one line already printed
+                if code != 0:
+                    failed.append(task)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    problems: list[str] = []
+    cells = collect(out, tasks, problems)
+    for line in problems:
+        print(f"warning: {printable(line)}", file=sys.stderr)
+    if not args.report:  # a task whose sweep left a variant without any seed run that finished ok
+        failed += [t for t in tasks if t not in failed and any(c.task == t and not c.values for c in cells)]
     csv_path, html_path = write_card(out, cells, None if args.report else time.perf_counter() - started)
     print(f"card: {html_path} and {csv_path} ({len(cells)} cells, {time.perf_counter() - started:.0f} s)")
+    if stop.signum is not None:
+        name = signal.Signals(stop.signum).name
+        print(f"card: stopped by {name}: the card so far; start it again with the same --out to go on", file=sys.stderr)
+        return 128 + stop.signum
     if failed:
-        print(f"card: some seed runs failed in {', '.join(failed)} (their cells have fewer seeds)", file=sys.stderr)
+        print(
+            f"card: {', '.join(failed)}: a sweep failed, or a variant has no seed run that finished ok (see above)",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

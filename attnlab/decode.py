@@ -19,8 +19,9 @@ without a position bias                    so far (preallocated, doubled when fu
 
 plus, with ``short_conv=k``, the last k − 1 projections of q, k and v. Refused in one line: a position bias or a
 score with a value term (their per-query tables), differential attention, positional feature maps (cosformer),
-and a mask that is not causal (or a causal window). Decoding runs without gradients' bookkeeping where you call it
-under ``torch.no_grad()``; nothing here changes the model.
+and a mask that is not causal (or a causal window); so are tokens of another shape than (B,) per step or (B, L) per
+sequence, and a cache fed another batch size than it holds. Decoding runs without gradients' bookkeeping where you
+call it under ``torch.no_grad()``; nothing here changes the model.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class LayerCache:
     v: Tensor | None = None  # (B, G, capacity, d_v)
     length: int = 0  # tokens seen
     conv: list[Tensor] = field(default_factory=list)  # the last k − 1 projections of q, k, v (B, k − 1, channels)
+    batch_size: int | None = None  # the sequences it holds (B), from its first token on
 
     def nbytes(self) -> int:
         """Bytes this cache holds now (a key/value cache counts the tokens seen, not its spare capacity)."""
@@ -153,9 +155,46 @@ def init_cache(encoder: Any) -> list[LayerCache]:
     return [LayerCache() for _ in encoder.layers]
 
 
+def _check_tokens(tokens: Any, dims: int, shape: str, what: str) -> None:
+    """``tokens`` an integer tensor of ``dims`` dimensions (``shape``), else one line naming what was expected."""
+    if not isinstance(tokens, Tensor):
+        raise ValueError(f"{what} takes tokens as a tensor {shape} of token ids, got {type(tokens).__name__}")
+    if tokens.dim() != dims:
+        other = (
+            "; for a whole sequence (B, L) use decode(encoder, tokens)"
+            if dims == 1 and tokens.dim() == 2
+            else "; for one token per sequence use encoder_step(encoder, tokens[:, i], cache)"
+            if dims == 2 and tokens.dim() == 1
+            else ""
+        )
+        raise ValueError(f"{what} takes tokens {shape}, got shape {tuple(tokens.shape)}{other}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        dtype = str(tokens.dtype).removeprefix("torch.")
+        raise ValueError(f"{what} takes integer token ids {shape}, got dtype {dtype}")
+
+
 def encoder_step(encoder: Any, tokens: Tensor, cache: list[LayerCache]) -> Tensor:
     """One token per sequence through the whole encoder: tokens (B,) long at position ``cache[0].length`` →
-    h (B, d_model) (after the final norm), with ``cache`` updated. Dropout is off (use ``encoder.eval()``)."""
+    h (B, d_model) (after the final norm), with ``cache`` updated. Dropout is off (use ``encoder.eval()``).
+
+    Refused in one line (ValueError): tokens that are not (B,) integer ids, a cache of another encoder (another
+    number of layers), and a cache that holds another batch size than ``tokens``."""
+    _check_tokens(tokens, 1, "(B,), one per sequence", "encoder_step")
+    if not isinstance(cache, list | tuple) or len(cache) != len(encoder.layers):
+        held = f"a cache of {len(cache)} layer(s)" if isinstance(cache, list | tuple) else type(cache).__name__
+        raise ValueError(
+            f"encoder_step needs the cache of this encoder ({len(encoder.layers)} layers, from init_cache(encoder)), "
+            f"got {held}"
+        )
+    batch = int(tokens.shape[0])
+    held = cache[0].batch_size
+    if held is not None and held != batch:
+        raise ValueError(
+            f"the cache holds {held} sequences (batch size {held}, {cache[0].length} token(s) each), but tokens "
+            f"has {batch}: feed tokens of shape ({held},), or start a cache for {batch} with init_cache(encoder)"
+        )
+    for layer_cache in cache:
+        layer_cache.batch_size = batch
     position = cache[0].length
     h = encoder.embed(tokens.unsqueeze(1))  # (B, 1, d_model)
     if encoder.pos is not None:
@@ -172,6 +211,10 @@ def encoder_step(encoder: Any, tokens: Tensor, cache: list[LayerCache]) -> Tenso
 
 def decode(encoder: Any, tokens: Tensor) -> Tensor:
     """Every token of ``tokens`` (B, L) one at a time (:func:`encoder_step`) → h (B, L, d_model): what
-    ``encoder(tokens)`` gives for a causal encoder, computed in the token-by-token form."""
+    ``encoder(tokens)`` gives for a causal encoder, computed in the token-by-token form; an empty sequence (L = 0)
+    gives (B, 0, d_model), as the forward does. Tokens that are not (B, L) integer ids: one line (ValueError)."""
+    _check_tokens(tokens, 2, "(B, L)", "decode")
     cache = init_cache(encoder)
+    if tokens.shape[1] == 0:
+        return encoder.norm(encoder.embed(tokens))  # (B, 0, d_model), in the encoder's dtype and device
     return torch.stack([encoder_step(encoder, tokens[:, i], cache) for i in range(tokens.shape[1])], dim=1)

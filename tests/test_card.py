@@ -1,5 +1,6 @@
 """The capability card (attnlab.card): its cells from tuned sweeps, the winner per task by a paired t-test with
-Holm's correction (checked by hand), its CSV and page, and its command line's refusals."""
+Holm's correction (checked by hand), its CSV and page, and its command line's refusals; tuned.json read as untrusted
+input, CSV cells that never start a formula, the exit code of a failed sweep, and a signal that stops the card."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import csv
 import json
 import math
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +147,128 @@ def test_the_card_command_is_a_tuned_sweep_per_task(tmp_path: Path) -> None:
     assert "variant=scaled_dot,linear" in command and "hydra.sweeper.grid={lr:[0.003,0.01]}" in command
     assert f"hydra.sweep.dir={tmp_path / 'compression'}" == command[-1]
     assert set(card.CARD_TASKS) <= set(__import__("attnlab.tasks", fromlist=["list_tasks"]).list_tasks())
+
+
+def test_report_warns_once_per_bad_field_and_still_builds_the_card(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    _write_task(tmp_path, "compression", {"softmax": {1: 0.9, 2: 0.8}, "linear": {1: 0.5, 2: 0.4}})
+    plan = json.loads((tmp_path / "compression/tuned.json").read_text())
+    plan["configurations"][0]["seeds"].append({"seed": "x", "job": "seeds/00_variant=softmax,seed=1"})
+    plan["configurations"][0]["seeds"].append({"seed": 9, "job": "/etc"})
+    plan["configurations"].append({"label": 5, "seeds": []})
+    plan["configurations"].append("not an object")
+    (tmp_path / "compression/tuned.json").write_text(json.dumps(plan))
+    (tmp_path / "memorization").mkdir()  # nested 200,000 deep: one warning, not a RecursionError
+    (tmp_path / "memorization/tuned.json").write_text("[" * 200_000 + "]" * 200_000)
+    code = card.main(["--report", "--tasks", "compression,memorization", "--out", str(tmp_path)])
+    assert code == 0
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 5 and all(w.startswith("warning: ") for w in warnings), warnings
+    assert "seeds[2].seed is 'x'" in warnings[0] and "'/etc' is not a folder inside" in warnings[1]
+    assert "configurations[2].label is 5" in warnings[2] and "configurations[3] is 'not an object'" in warnings[3]
+    assert "nested too deeply" in warnings[4]
+    rows = list(csv.DictReader((tmp_path / "card.csv").open()))
+    assert [(r["variant"], r["n"]) for r in rows] == [("softmax", "2"), ("linear", "2")]
+
+
+def test_card_csv_text_cells_never_start_a_formula(tmp_path: Path) -> None:
+    _write_task(tmp_path, "compression", {'=HYPERLINK("x")': {1: 0.5}, "-2+3": {1: 0.4}, "@SUM(A1)": {1: 0.3}})
+    plan = json.loads((tmp_path / "compression/tuned.json").read_text())
+    plan["configurations"][0]["best"] = {"lr": "+cmd"}
+    plan["configurations"][1]["best"] = {"lr": -0.5}  # a number: stays a number
+    (tmp_path / "compression/tuned.json").write_text(json.dumps(plan))
+    csv_path, _ = card.write_card(tmp_path, card.collect(tmp_path, ["compression"]))
+    rows = list(csv.reader(csv_path.open()))[1:]
+    assert [r[1] for r in rows] == ['\'=HYPERLINK("x")', "'-2+3", "'@SUM(A1)"]
+    assert [r[2] for r in rows] == ["'+cmd", "-0.5", "0.01"]
+    assert float(rows[0][4]) == 0.5
+
+
+def test_the_card_refuses_an_output_it_would_write_through(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "card.csv").mkdir()
+    assert card.main(["--report", "--tasks", "compression", "--out", str(tmp_path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "card.csv" in line
+
+
+def _card_cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "attnlab.card", "--tasks", "compression", "--variants", "scaled_dot", "--seeds", "1",
+            "--jobs", "1", "--out", str(out), *extra, "debug=fast", "diagnostics.enabled=false", "logger=none",
+            "d_model=16", "num_heads=2"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_card_whose_sweep_had_no_point_that_ran_exits_1(tmp_path: Path) -> None:
+    from helpers import REPO, train_env
+
+    out = tmp_path / "card"
+    proc = subprocess.run(
+        _card_cmd(out, "--lr", "1e30", "max_steps=2", "eval_every=1"),  # lr=1e30 diverges at the first step
+        cwd=REPO, env=train_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "every grid point failed" in proc.stderr and "card: compression" in proc.stderr
+    assert (out / "card.html").exists()
+
+
+def _processes_naming(text: str) -> list[int]:
+    """The pids of the processes whose command line contains ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_cards_sweep_and_prints_the_card_so_far(tmp_path: Path, signum: int, code: int) -> None:
+    from helpers import REPO, train_env
+
+    out = tmp_path / "card"
+    proc = subprocess.Popen(
+        _card_cmd(out, "--lr", "0.01", "max_steps=100000", "eval_every=1"),
+        cwd=REPO, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        summary = None
+        while time.monotonic() < deadline and proc.poll() is None:  # until the tuning job is training
+            summary = next(iter(out.glob("compression/tune/*/summary.json")), None)
+            if summary is not None and '"running"' in summary.read_text() and (summary.parent / "checkpoints").exists():
+                break
+            time.sleep(0.5)
+        assert summary is not None and proc.poll() is None, proc.communicate(timeout=60)
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, stdout[-2000:] + stderr[-3000:]
+    assert f"card: stopped by {signal.Signals(signum).name}" in stderr
+    assert "card: " in stdout and (out / "card.html").exists() and (out / "card.csv").exists()
+    assert json.loads(summary.read_text())["status"] == "interrupted"  # the job heard it, and can be resumed
+    assert _processes_naming(str(out)) == []  # the sweep and its job are gone
+
+
+def test_the_cards_dry_run_plans_every_tasks_sweep_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """``python -m attnlab.card --dry-run``: each task's tuned sweep as ``train.py --dry-run`` plans it, then the
+    card's total; no card folder (issue 40)."""
+    import re
+
+    from attnlab import card
+
+    monkeypatch.setenv("ATTNLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--dry-run", "--tasks", "associative_recall,compression", "--variants", "scaled_dot,gla", "--seeds", "1,2"]
+    assert card.main([*argv, "--lr", "1e-2", "--out", str(tmp_path / "card"), "max_steps=20", "eval_every=10"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("a tuned sweep of 6 job(s)") == 2  # 2 variants × (1 grid point + 2 seeds), per task
+    assert "card: task 1/2: associative_recall" in out and "card: task 2/2: compression" in out
+    assert re.search(r"card: 12 jobs in 2 tasks, estimated \d+:\d\d \([\d.]+ min, 2 job\(s\) at a time\)", out)
+    assert not (tmp_path / "card").exists()

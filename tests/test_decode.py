@@ -94,3 +94,45 @@ def test_the_decode_section_reports_every_model_against_softmax():
     assert len(memory) == 5 and all(t["value"] == 1.0 and t["met"] for t in memory)
     assert len([t for t in targets if t["id"] == "28a"]) == 5
     assert "| gated_deltanet | 64 |" in "\n".join(format_decode(rows))
+
+
+@pytest.mark.parametrize("form", ["scaled_dot", "gated_deltanet", "linear"])
+def test_decoding_an_empty_sequence_gives_what_the_forward_gives(form):
+    options = {"mask": "causal", "score": form}
+    options["normalizer"] = {"scaled_dot": "softmax", "linear": "rowsum"}.get(form, "none")
+    encoder = _encoder(options, "sinusoidal")
+    tokens = torch.zeros(3, 0, dtype=torch.long)
+    with torch.no_grad():
+        h, forward = decode(encoder, tokens), encoder(tokens)
+    assert h.shape == forward.shape == (3, 0, 16) and h.dtype == forward.dtype == torch.float64
+
+
+@pytest.mark.parametrize("form", ["scaled_dot", "gated_deltanet"])
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda e, c: encoder_step(e, torch.tensor([1]), c),  # a recurrent state would broadcast it silently
+            r"^the cache holds 3 sequences \(batch size 3, 1 token\(s\) each\), but tokens has 1: feed tokens of "
+            r"shape \(3,\), or start a cache for 1 with init_cache\(encoder\)$",
+        ),
+        (
+            lambda e, c: encoder_step(e, torch.zeros(3, 5, dtype=torch.long), c),
+            r"^encoder_step takes tokens \(B,\), one per sequence, got shape \(3, 5\); for a whole sequence \(B, L\) "
+            r"use decode\(encoder, tokens\)$",
+        ),
+        (lambda e, c: encoder_step(e, torch.tensor([1.0, 2.0, 3.0]), c), r"^encoder_step takes integer token ids"),
+        (lambda e, c: encoder_step(e, torch.tensor([1, 2, 3]), c[:1]), r"^encoder_step needs the cache of this enc"),
+        (lambda e, c: decode(e, torch.zeros(5, dtype=torch.long)), r"^decode takes tokens \(B, L\), got shape \(5,\)"),
+    ],
+)
+def test_a_cache_of_another_batch_or_tokens_of_another_shape_are_refused_in_one_line(form, call, match):
+    options = {"mask": "causal"} if form == "scaled_dot" else {"mask": "causal", "score": form, "normalizer": "none"}
+    encoder = _encoder(options, "sinusoidal")
+    cache = init_cache(encoder)
+    with torch.no_grad():
+        encoder_step(encoder, torch.tensor([1, 2, 3]), cache)
+        with pytest.raises(ValueError, match=match) as err:
+            call(encoder, cache)
+    assert "\n" not in str(err.value)
+    assert [c.length for c in cache] == [1, 1]  # the cache is as it was

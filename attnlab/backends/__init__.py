@@ -36,7 +36,7 @@ layer's backend. A forced backend that cannot compute the layer's configuration 
 (one line); one that cannot run under a call's conditions (a CPU kernel on a GPU) raises at that call. A call's dtype
 is the one its products compute in (:func:`compute_dtype`): under autocast (``trainer.precision=bf16-mixed``), the
 autocast dtype, not the input's float32, so ``auto`` passes over the float32/64-only kernels (``relative``,
-``normalized``); :func:`precision_reason` is the refusal of a forced one before a run starts.
+``normalized``); :func:`attnlab.training.config.validate_config` refuses a forced one before a run starts.
 
 Register a backend with ``@register_backend("name")`` on a :class:`Backend` subclass; ``position=`` puts it into
 the automatic order (before ``eager``, by default), so that ``auto`` chooses it where it applies.
@@ -68,7 +68,6 @@ __all__ = [
     "dtype_reason",
     "list_backends",
     "precision_dtype",
-    "precision_reason",
     "register_backend",
 ]
 
@@ -256,27 +255,6 @@ def precision_dtype(precision: str | int) -> torch.dtype:
     """The compute dtype of a training step under Lightning's ``trainer.precision`` (``bf16-mixed``, ``32-true``,
     ``64``, ``16-mixed`` ...): bfloat16, float32, float64 or float16."""
     return PRECISION_DTYPES[str(precision).split("-")[0]]
-
-
-def precision_reason(layers: list[MultiHeadAttention], device: str, precision: str | int) -> str | None:
-    """One line when a layer's forced backend (``attention.backend``, not ``auto``) cannot compute a training step
-    on ``device`` (``cpu``, ``cuda``) under ``trainer.precision=precision`` (e.g. ``relative`` or ``normalized``
-    under ``bf16-mixed``: their C kernels compute float32/64 only), else None: what validation refuses before a run
-    writes anything. ``auto`` always finds a backend (``eager`` computes every dtype)."""
-    dtype = precision_dtype(precision)
-    for i, attn in enumerate(layers):
-        forced = attn.config.backend
-        if forced == "auto":
-            continue
-        when = Conditions(torch.device(device).type, dtype, False, True, True, attn.mask_form)
-        reason = build_backend(forced).call_reason(attn, when)
-        if reason is not None:
-            where = f"layer {i}: " if len(layers) > 1 else ""
-            return (
-                f"{where}attention.backend={forced} cannot train under trainer.precision={precision} on {device}: "
-                f"{reason}; use attention.backend=auto or another precision"
-            )
-    return None
 
 
 def _candidates(attn: MultiHeadAttention) -> list[Backend]:

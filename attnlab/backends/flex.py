@@ -277,7 +277,7 @@ class Flex(Backend):
         return flex_reason(attn)
 
     def call_reason(self, attn: Any, when: Conditions) -> str | None:
-        if _get_current_dispatch_mode() is not None:
+        if not torch.compiler.is_compiling() and _get_current_dispatch_mode() is not None:  # (no graph break)
             return "FlexAttention cannot run under a dispatch mode (the FLOP counter) in this torch"
         if when.device == "cpu":
             if attn.config.backend != "flex":
