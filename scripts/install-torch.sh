@@ -24,8 +24,8 @@ url=$("$PYTHON" -m pip install --dry-run --ignore-installed --no-deps --quiet --
 
 if [ "$has_gpu" = 1 ] || [ "$(uname -s)" = Darwin ] || [[ "$url" == *"%2Bcpu"* || "$url" == *"+cpu"* ]]; then
   echo "install-torch: ${SPEC} from ${url%%\?*}"
-  "$PYTHON" -m pip install "$SPEC"
+  "$PYTHON" -m pip install --quiet "$SPEC"
 else
   echo "install-torch: no GPU here; ${SPEC} from the CPU index ${CPU_INDEX} instead of a CUDA build"
-  "$PYTHON" -m pip install "$SPEC" --index-url "$CPU_INDEX" --extra-index-url https://pypi.org/simple
+  "$PYTHON" -m pip install --quiet "$SPEC" --index-url "$CPU_INDEX" --extra-index-url https://pypi.org/simple
 fi

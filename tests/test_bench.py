@@ -335,8 +335,9 @@ def test_step_flops_of_a_one_layer_encoder_equal_a_hand_count(single_thread):
     """The bench counts one training step under attnlab.compute's counter: matrix products only, 2 FLOPs per
     multiply-add, forward + backward. A 1-layer scaled_dot encoder + head, counted by hand: every linear layer
     (N tokens, in → out; its input needs a gradient) costs 2·N·in·out forward and twice that backward (the gradients
-    of its input and of its weight); SDPA costs q·kᵀ and P·v forward and 5 such products backward (torch's formula:
-    the scores recomputed, dP, dv, dq, dk); the embedding, norms, GELU, softmax, loss and AdamW are free."""
+    of its input and of its weight); SDPA costs q·kᵀ and P·v forward and 4 such products backward (dP, dv, dq, dk:
+    the model's arithmetic, without the scores a fused kernel recomputes); the embedding, norms, GELU, softmax, loss
+    and AdamW are free."""
     B, L, d, H, d_k = 2, 8, 16, 2, 8
     shape = Shape(B, L, d, H, d_k, num_layers=1)
     model = build_model(ModelSpec("attnlab", "scaled_dot", shape))
@@ -352,8 +353,8 @@ def test_step_flops_of_a_one_layer_encoder_equal_a_hand_count(single_thread):
     feed_forward = linear(d, d_ff) + linear(d_ff, d)
     head = linear(d, classes)
     one_product = 2 * B * H * L * L * d_k  # q·kᵀ (or P·v, with d_v = d_k)
-    attention = 2 * one_product + 5 * one_product
-    assert flops == projections + feed_forward + head + attention == 348_160
+    attention = 2 * one_product + 4 * one_product
+    assert flops == projections + feed_forward + head + attention == 344_064
     opts = parse_args(["--quick", "--only", "variants", "--reps", "2"])
     assert isinstance(opts, Options) and opts.only == ["variants"] and opts.reps == 2
 

@@ -166,6 +166,7 @@ def _read_wandb(run_dir: Path) -> tuple[dict, list[dict]]:
 def test_multirun_jobs_get_distinct_offline_wandb_runs_with_diagnostics(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "variant=dot,scaled_dot", "debug=fast", "results_table=false", f"hydra.sweep.dir={sweep}"]
+    args.append("diagnostics.importance=true")  # (auto: off in a sweep)
     run_train(*args, wandb=None, timeout=600, returncode=0)  # W&B as the config says: offline
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 2

@@ -409,6 +409,7 @@ def test_a_run_logs_head_scores_and_writes_pruning_curves_from_its_test_metric(t
         "num_heads=2",
         "trainer.limit_test_batches=1",
         "diagnostics.random_orders=2",
+        "diagnostics.importance=true",  # (auto: off in a smoke run)
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         run(compose("config", overrides=overrides), tmp_path)

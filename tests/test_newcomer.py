@@ -49,7 +49,7 @@ def test_the_sweep_table_lists_the_jobs_in_job_order_not_finish_order(tmp_path: 
         journal.record(job, "ok" if job != "2_lr=0.2" else "failed", None, 1.0)
     sweep._report(tmp_path)
     out = capsys.readouterr().out
-    rows = [m.group(1) for m in re.finditer(r"^│ (\d+)_lr=", out, re.M)]
+    rows = [m.group(1) for m in re.finditer(r"^│ +(\d+) │ lr=", out, re.M)]
     assert rows == ["0", "1", "2", "10"]
     assert "3 ok, 1 failed" in out and sweep.failed_jobs() == 1
 
@@ -82,7 +82,7 @@ def test_a_joblib_sweep_names_the_job_on_each_progress_line_and_reports_in_job_o
     (sweep_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("sweep_")]
     _, finished = SweepJournal(sweep_dir).read()
     assert sorted(job["job"].split("_")[0] for job in finished) == ["0", "1"]
-    table = re.findall(r"^│ (\d+)_\S+ +│ ok ", proc.stdout, re.M)
+    table = re.findall(r"^│ +(\d+) │ max_steps=\d+ +│ ok ", proc.stdout, re.M)
     assert table == ["0", "1"]
     summaries = [read_summary(f) for f in run_folders(sweep_dir)]
     assert sorted(s["steps"] for s in summaries) == [5, 30]
@@ -113,9 +113,9 @@ def test_the_text_task_reports_its_bpc_in_the_results_line_and_tables(tmp_path: 
     journal.record("1_task=text", "failed", "a job that wrote no summary", 1.0)
     sweep._report(tmp_path)
     out = capsys.readouterr().out
-    assert re.search(r"┃ job +┃ status ┃ best val acc ┃ test acc ┃ test bpc ┃ wall time ┃", out)
-    assert re.search(rf"│ 0_task=text +│ ok +│ .* │ +{re.escape(test_bpc)} │ +1\.0 s │", out)
-    assert re.search(r"│ 1_task=text +│ failed +│ +- │ +- │ +- │ +1\.0 s │", out)
+    assert re.search(r"┃ job ┃ varying keys ┃ status ┃ best val acc ┃ test acc ┃ test bpc ┃ wall time ┃", out)
+    assert re.search(rf"│ +0 │ task=text +│ ok +│ .* │ +{re.escape(test_bpc)} │ +1\.0 s │", out)
+    assert re.search(r"│ +1 │ task=text +│ failed +│ +- │ +- │ +- │ +1\.0 s │", out)
 
 
 # ------------------------------------------------------------------------------------------ set-up

@@ -82,9 +82,7 @@ class Options:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def run_bench(
-    opts: Options, log: Callable[[str], None] = print, partial: Path | None = None
-) -> dict[str, Any]:
+def run_bench(opts: Options, log: Callable[[str], None] = print, partial: Path | None = None) -> dict[str, Any]:
     """Run the selected sections → the results dict (machine, ``peak``: the machine's practical peak FLOP/s,
     measured before the timed sections when one of them has a roofline column, the sections with each training
     step's ``roofline``, targets). With ``partial``, the results so far are written there (JSON) after every

@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig
 
 from attnlab.runs import RunFileError, RunFolder
-from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices, group_choices
+from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices, check_override_text, group_choices
 
 __all__ = ["check_keys", "check_plugins", "hydra_main", "main", "with_run_overrides"]
 
@@ -179,19 +179,28 @@ def hydra_main(cfg: DictConfig) -> Any:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python train.py ...``: check the overrides, run Hydra, and exit 1 if a job of a multirun failed. Ctrl-C or
+    """``python train.py ...``: check the overrides, run Hydra, and exit 1 if a job of a multirun failed. With
+    ``--dry-run`` anywhere on the line: print the plan and its estimated minutes instead (nothing is run or written;
+    :mod:`attnlab.training.plan`). Ctrl-C or
     SIGTERM during a multirun ends it with its report (the jobs so far) and exit code 130, as a single run ends."""
     from attnlab.training.sweep import failed_jobs, report_interrupted, signalled
 
     args = list(sys.argv[1:] if argv is None else argv)
+    dry = "--dry-run" in args
+    args = [a for a in args if a != "--dry-run"]
     try:
         check_group_choices(args, CONF_DIR)
+        check_override_text(args)  # (after the choices: variant=scaléd keeps its "did you mean")
         check_plugins(args)
         check_keys(args)
         args = with_run_overrides(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if dry:  # the plan and its cost; nothing is run or written (attnlab.training.plan)
+        from attnlab.training.plan import dry_run
+
+        raise SystemExit(dry_run(args))
     sys.argv = [sys.argv[0] or str(Path("train.py")), *args]
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

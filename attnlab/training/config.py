@@ -2,8 +2,9 @@
 to the module, the threads and a resume.
 
 :func:`check_group_choices` runs on the command line's overrides before Hydra composes anything (an unknown
-``variant=adittive`` gets "did you mean 'additive'?"), :func:`validate_config` on the composed config after the
-user's ``imports`` have run. Both raise :class:`ConfigError`, whose message is one line naming the key, its value
+``variant=adittive`` gets "did you mean 'additive'?") and :func:`check_override_text` (text Hydra's grammar cannot
+read: an unquoted ``task.name=é``), :func:`validate_config` on the composed config after the user's ``imports`` have
+run. All raise :class:`ConfigError`, whose message is one line naming the key, its value
 and what is allowed. ``train.py`` prints it as ``error: ...`` and exits with code 2, having written nothing.
 
 Budgets: :func:`validate_config` turns ``max_tokens`` into ``max_steps`` (:func:`resolve_max_tokens`), and a run then
@@ -34,6 +35,7 @@ __all__ = [
     "ConfigError",
     "build_module",
     "check_group_choices",
+    "check_override_text",
     "check_resolves",
     "config_changes",
     "group_choices",
@@ -76,6 +78,7 @@ CUSTOM_GROUPS = {
 # keys a resume may raise: training goes on past the original end (an extension)
 EXTENSION_KEYS = ("max_steps", "trainer.max_steps", "max_tokens")
 
+MAX_STEPS = 10**9  # a billion optimizer steps (11 days at a millisecond each): beyond it a budget is a typo
 MAX_THREADS_PER_CORE = 4  # more torch threads than this per core only slow a run (and a million crash torch)
 TRAINER_PRECISIONS = ("32-true", "32", "64-true", "64", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true")
 
@@ -162,6 +165,51 @@ def check_group_choices(overrides: Iterable[str], conf_dir: Path = CONF_DIR) -> 
                 raise ConfigError(message)
 
 
+# Hydra's command-line flags that take the next argument as their value (not an override)
+_FLAGS_WITH_VALUE = (
+    "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package", "-p",
+    "--info", "-i", "--experimental-rerun", "--shell-completion", "-sc",
+)  # fmt: skip
+
+
+def check_override_text(args: list[str]) -> None:
+    """Every ``key=value`` of the command line is one Hydra's grammar reads, else one line naming the override,
+    the first character it cannot read, and the fix: an unquoted non-ASCII value (``task.name=é``, as a shell
+    passes it) must be quoted for Hydra (``"task.name='é'"``), instead of Hydra's lexer traceback. Flags (``-m``,
+    ``--cfg job``) and their values are skipped; what Hydra reads is left to it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    skip = False
+    for arg in args:
+        if skip or arg.startswith("-"):
+            skip = not skip and arg in _FLAGS_WITH_VALUE
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except Exception as exc:  # (Hydra's grammar errors are several lines, with the lexer's traceback)
+            raise ConfigError(_override_text_error(arg, str(exc))) from None
+
+
+def _override_text_error(arg: str, error: str) -> str:
+    """One line for Hydra's grammar ``error`` on override ``arg``: the character its lexer stopped at (the caret of
+    its message, else the first that is not printable ASCII) and the quoted form, or the error's first line."""
+    lines = error.strip().splitlines() or ["cannot be parsed"]
+    odd = None
+    if len(lines) > 1 and lines[0].endswith(arg) and "^" in lines[1]:
+        at = lines[1].index("^") - (len(lines[0]) - len(arg))
+        odd = arg[at] if 0 <= at < len(arg) else None
+    if odd is None:
+        odd = next((ch for ch in arg if not ch.isascii() or not ch.isprintable()), None)
+    key, _, value = arg.partition("=")
+    if odd is None or "'" in value or '"' in value:
+        return f"cannot read the override {arg!r}: {lines[0]}"
+    return (
+        f"cannot read the override {arg!r}: Hydra's grammar takes no {odd!r} (U+{ord(odd):04X}) in an unquoted value "
+        f"(only ASCII letters, digits and signs like _-+./:@); quote the value: \"{key}='{value}'\""
+    )
+
+
 # ------------------------------------------------------------------------------------------ the composed config
 
 
@@ -206,8 +254,9 @@ def validate_config(cfg: DictConfig) -> Any:
     Returns the task's datamodule, built but not set up (its data is generated later).
     """
     check_resolves(cfg)  # (an unset ??? key first)
-    for key in ("d_model", "num_heads", "num_layers", "batch_size", "max_steps", "eval_every"):
+    for key in ("d_model", "num_heads", "num_layers", "batch_size", "eval_every"):
         _check(check_int, key, cfg.get(key), minimum=1)
+    _check(check_int, "max_steps", cfg.get("max_steps"), minimum=1, maximum=MAX_STEPS)
     _check(default_d_k, cfg.d_model, cfg.num_heads, cfg.d_k)
     _check(check_number, "lr", cfg.lr, low=0.0)
     _check(check_int, "seed", cfg.get("seed"), minimum=0, maximum=2**32 - 1)
@@ -233,9 +282,13 @@ def validate_config(cfg: DictConfig) -> Any:
         "diagnostics.enabled",
         "diagnostics.heatmaps",
         "diagnostics.heads",
-        "diagnostics.importance",
     ):
         _flag(cfg, key)
+    if OmegaConf.select(cfg, "diagnostics.importance") not in (True, False, "auto"):
+        raise ConfigError(
+            f"diagnostics.importance must be true, false or auto (on in a single run, off in sweeps and smoke runs), "
+            f"got {OmegaConf.select(cfg, 'diagnostics.importance')!r}"
+        )
     if cfg.get("ckpt_path") is not None and not isinstance(cfg.ckpt_path, str):
         raise ConfigError(f"ckpt_path must be a path, 'last' or null, got {cfg.ckpt_path!r}")
     _check_model(cfg.model)
@@ -244,6 +297,7 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_trainer(cfg.trainer, cfg.eval_every)
     configs = attention_configs(cfg)
     layers = _on_meta(lambda: _check_attention(cfg, configs))
+    _check_backends(cfg, layers)
     datamodule = _check_task(cfg)
     resolve_max_tokens(cfg, datamodule)
     _check_causal(cfg, datamodule, configs)
@@ -346,6 +400,7 @@ def _check_model(model: DictConfig) -> None:
     _check(check_choice, "model.pos_encoding", model.pos_encoding, POSITIONAL_ENCODINGS)
     for key in ("norm_first", "differential"):
         _flag(model, key, f"model.{key}")
+    _check_short_conv("model.short_conv", model.get("short_conv"))
     betas = plain(model.betas)
     if not isinstance(betas, list) or len(betas) != 2:
         raise ConfigError(f"model.betas must be two numbers in [0, 1), got {betas!r}")
@@ -353,14 +408,102 @@ def _check_model(model: DictConfig) -> None:
         _check(check_number, "model.betas", beta, 0.0, 1.0, high_open=True)
 
 
+def _check_short_conv(key: str, value: Any) -> None:
+    """``short_conv`` at ``key``: null (off) or the width k >= 1 of the causal convolution on q, k and v. ``0`` and
+    ``false`` are refused: the library reads them as off, but a config.yaml that records ``short_conv: 0`` for a
+    run without a convolution says something else."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(
+            f"{key} must be null (off) or an integer >= 1 (the width k of the causal convolution on q, k and v), "
+            f"got {value!r}"
+        )
+
+
+def _check_layer_changes(model: DictConfig) -> None:
+    """The shapes of ``model.pattern``, ``model.layer_kinds`` and ``model.layers``, before any layer is built: a
+    string of kind letters, a mapping of one-letter kinds to mappings of attention fields, a list of such mappings
+    (null: the attention as configured). One line naming the key; each mapping's fields and ``short_conv`` are
+    checked too, whether or not the pattern uses the kind."""
+    from attnlab.config import FIELDS
+
+    pattern = plain(model.get("pattern"))
+    if pattern is not None and (not isinstance(pattern, str) or not pattern):
+        raise ConfigError(f"model.pattern must be null or a string of layer kinds like LG, got {pattern!r}")
+    like = "like {mask: causal}"
+    kinds = plain(model.get("layer_kinds"))
+    if kinds is not None and not isinstance(kinds, dict):
+        raise ConfigError(f"model.layer_kinds must be a mapping of layer kinds (G, L, S: {like}), got {kinds!r}")
+    changes = []
+    for letter, change in (kinds or {}).items():
+        if not isinstance(letter, str) or len(letter) != 1:
+            raise ConfigError(f"model.layer_kinds.{letter}: a layer kind is one letter of model.pattern (like L)")
+        changes.append((f"model.layer_kinds.{letter}", change))
+    layers = plain(model.get("layers"))
+    if layers is not None:
+        if not isinstance(layers, list):
+            raise ConfigError(
+                "model.layers must be null or a list of one mapping of attention fields per layer "
+                f"('[{{mask: causal}}, {{}}]'), got {layers!r}"
+            )
+        changes += [(f"model.layers[{i}]", change) for i, change in enumerate(layers)]
+    for key, change in changes:
+        if change is not None and not isinstance(change, dict):
+            raise ConfigError(
+                f"{key} must be a mapping of attention fields ({like}) or null (the attention as configured), "
+                f"got {change!r}"
+            )
+        unknown = sorted(map(str, set(change or {}) - set(FIELDS)))
+        if unknown:
+            raise ConfigError(f"{key}: attention has no field '{unknown[0]}'; fields: {', '.join(FIELDS)}")
+        if "short_conv" in (change or {}):
+            _check_short_conv(f"{key}.short_conv", change["short_conv"])
+
+
+@functools.cache
+def _diagnostics_keys() -> tuple[str, ...]:
+    """The keys of the ``diagnostics`` node of conf/config.yaml: the only ones a run reads."""
+    node = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml")).get("diagnostics") or {}
+    return tuple(str(key) for key in node)
+
+
+MAX_RANDOM_ORDERS = 1000
+"""The most random pruning orders (``diagnostics.random_orders``) a run measures."""
+MAX_PRUNE_POINTS = 100_000
+"""The most test points (passes over the test set) the random pruning orders may cost in all."""
+
+
 def _check_diagnostics(cfg: DictConfig) -> None:
+    import difflib
+
     d = cfg.diagnostics
+    known = _diagnostics_keys()
+    for key in map(str, d):
+        if known and key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+            hint = f"did you mean diagnostics.{close[0]}? " if close else ""
+            raise ConfigError(f"diagnostics.{key} is not a diagnostics setting ({hint}allowed: {', '.join(known)})")
     _check(check_int, "diagnostics.every_n_steps", d.every_n_steps, minimum=0)
     _check(check_int, "diagnostics.probe_size", d.probe_size, minimum=1)
     _check(check_number, "diagnostics.threshold", d.threshold, 0.0, 1.0, low_open=True, high_open=True)
     _check(check_int, "diagnostics.window", d.window, minimum=0)
     _check(check_int, "diagnostics.near_keys", d.near_keys, minimum=1)
-    _check(check_int, "diagnostics.random_orders", d.random_orders, minimum=0)
+    orders = _check(check_int, "diagnostics.random_orders", _integral(d.random_orders), minimum=0)
+    if type(d.random_orders) is not int:  # (2.0: recorded as 2)
+        OmegaConf.update(cfg, "diagnostics.random_orders", orders)
+    if d.enabled is True and d.get("importance") is not False:  # (true, or auto: on in a single run)
+        heads = cfg.num_layers * cfg.num_heads
+        most = min(MAX_RANDOM_ORDERS, MAX_PRUNE_POINTS // heads)
+        if orders > most:
+            raise ConfigError(
+                f"diagnostics.random_orders must be an integer from 0 to {most:,} (each random order costs the "
+                f"pruning step {heads:,} more passes over the test set, one per head removed; at most "
+                f"{MAX_RANDOM_ORDERS:,} orders and {MAX_PRUNE_POINTS:,} passes in all), got {orders:,}"
+            )
+
+
+def _integral(value: Any) -> Any:
+    """A float that is a whole number (``1e9``) as an int, so that its range is judged; anything else unchanged."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _check_logger(logger: DictConfig) -> None:
@@ -515,6 +658,7 @@ def attention_configs(cfg: DictConfig) -> list[Any]:
 
     base = base_attention(cfg)
     m = cfg.model
+    _check_layer_changes(m)
     try:
         return layer_configs(
             base, cfg.num_layers, m.get("pattern"), plain(m.get("layer_kinds")), plain(m.get("layers"))
@@ -669,6 +813,10 @@ def _check_task(cfg: DictConfig) -> Any:
             f"task.datamodule._target_={target} is not the class of task={cfg.task.name} "
             f"({cls.__module__}.{cls.__name__})"
         )
+    flags = _task_flags(cls)
+    for key, value in params.items():
+        if key in flags and not isinstance(value, bool):
+            raise ConfigError(f"task.datamodule.{key} must be true or false, got {value!r}")
     try:
         datamodule = cls(**params)
     except (TypeError, ValueError) as exc:
@@ -685,6 +833,65 @@ def _check_task(cfg: DictConfig) -> Any:
     return datamodule
 
 
+def _task_flags(cls: type) -> set[str]:
+    """The parameters of task class ``cls`` that are true or false (annotated ``bool``): the data options'
+    (``resample``) and the task's own (``permute``), which the task would otherwise read as any truthy value."""
+    import dataclasses
+    import inspect
+
+    from attnlab.tasks.base import DataOptions
+
+    flags = {f.name for f in dataclasses.fields(DataOptions) if f.type in (bool, "bool")}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            try:
+                parameters = inspect.signature(init).parameters.values()
+            except (TypeError, ValueError):
+                continue
+            flags |= {p.name for p in parameters if p.annotation in (bool, "bool")}
+    return flags
+
+
+def _training_conditions(trainer: DictConfig) -> tuple[str, Any]:
+    """(device type, compute dtype) of the training steps the ``trainer`` node will run: CUDA where it asks for a
+    GPU (or ``auto``) and torch sees one, the CPU otherwise; the dtype from ``trainer.precision``."""
+    import torch
+
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        device = "cuda"
+    elif accelerator == "mps":
+        device = "mps"
+    else:
+        device = "cpu"
+    from attnlab.backends import precision_dtype
+
+    return device, precision_dtype(trainer.get("precision", "32-true"))
+
+
+def _check_backends(cfg: DictConfig, layers: list[Any]) -> None:
+    """A backend forced with ``attention.backend`` (or a layer kind's ``backend``) computes each layer's training
+    step on the device and precision the run trains with (FlexAttention has no CPU backward), checked here, before
+    the run folder exists; ``auto`` always finds one."""
+    device, dtype = _training_conditions(cfg.trainer)
+    seen: set[int] = set()
+    for index, layer in enumerate(layers):
+        if id(layer) in seen or layer.config.backend == "auto":
+            continue
+        seen.add(id(layer))
+        try:
+            layer.backend_for(device, dtype)
+        except RuntimeError as exc:
+            where = _layer_key(cfg, index).rstrip(".")
+            prefix = f"{where}: " if where and layer.config.backend != base_attention(cfg).backend else ""
+            message = " ".join(str(exc).split())
+            raise ConfigError(
+                f"{prefix}{message} (a training run on {device} in {str(dtype).removeprefix('torch.')}; "
+                "attention.backend=auto picks one that can)"
+            ) from None
+
+
 def _memory_bytes(trainer: DictConfig) -> tuple[int, str]:
     """(bytes, where) of the memory the attention tensors will live in."""
     import torch
@@ -695,7 +902,9 @@ def _memory_bytes(trainer: DictConfig) -> tuple[int, str]:
 
 
 def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any]) -> None:
-    """Refuse sequences whose data or dense attention tensors cannot fit, before generating anything."""
+    """Refuse, before generating anything, what cannot fit in memory: the model's parameters with their gradients
+    and optimizer state, sequences whose data or dense attention tensors, and then the layers' state (the recurrent
+    state or key/value cache :meth:`~attnlab.attention.MultiHeadAttention.state_size` reports) for a batch."""
     from attnlab.scores import DotProductScore
 
     length, heads, layers = datamodule.max_len, cfg.num_heads, cfg.num_layers
@@ -720,8 +929,8 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
     params = _parameter_count(cfg, datamodule)
     if params is not None:  # weights, gradients and AdamW's two moments, float32
         needs.append((params * 4 * 4, f"{params:,} parameters with their gradients and optimizer state"))
-    need, what = max(needs)
     have, where = _memory_bytes(cfg.trainer)
+    need, what = max(needs)
     if need > 0.8 * have and params is not None and what.endswith("optimizer state"):
         sizes = {"d_model": cfg.d_model, "d_k": cfg.d_k, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers}
         sizes |= {"model.d_ff": cfg.model.d_ff, "model.d_v": cfg.model.d_v}
@@ -736,6 +945,19 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
         raise ConfigError(
             f"{setting}: sequences of {length} tokens need about {_size(need)} for {what}, more than the "
             f"{_size(have)} of {where} here; use shorter sequences (or a smaller batch / diagnostics.probe_size)"
+        )
+    # the layers' recurrent state or key/value cache: a linear feature map of 1e10 dimensions (taylor's d + d² + 1)
+    state = sum(attention.state_size(length) for attention in attention_layers)
+    if cfg.batch_size * state * 4 > 0.8 * have:  # a training batch's state (the chunked form holds more), float32
+        variant = " ".join(
+            [f"variant.name={cfg.variant.name}"]
+            + [f"variant.params.{k}={v}" for k, v in (plain(cfg.variant.get("params")) or {}).items()]
+        )
+        raise ConfigError(
+            f"{variant} (d_k={resolve_d_k(cfg)}, num_heads={heads}, num_layers={layers}): the layers' state is "
+            f"{state:,} floats per sequence (state_size at {length} tokens), about {_size(cfg.batch_size * state * 4)} "
+            f"for a batch of {cfg.batch_size}, more than the {_size(have)} of {where} here; choose a smaller state "
+            "(variant.params, d_k, num_heads) or batch_size"
         )
 
 
@@ -855,6 +1077,12 @@ def resolve_max_tokens(cfg: DictConfig, datamodule: Any) -> int | None:
     per_step = tokens_per_step(datamodule.batch_size, datamodule.seq_len, accumulate=accumulate)
     steps = -(-max_tokens // per_step)
     steps = -(-steps // cfg.eval_every) * cfg.eval_every
+    if steps > MAX_STEPS:
+        most = MAX_STEPS // cfg.eval_every * cfg.eval_every * per_step
+        raise ConfigError(
+            f"max_tokens={max_tokens:.3g} makes {steps:.3g} steps of {per_step:,} tokens (batch_size × seq_len), "
+            f"more than the {MAX_STEPS:,} steps a run may take; allowed: null or an integer from 1 to {most:,}"
+        )
     OmegaConf.update(cfg, "max_steps", steps)
     return steps
 

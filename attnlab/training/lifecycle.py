@@ -451,7 +451,14 @@ class Run:
         used (:mod:`attnlab.heads`): per-head ``attn/L{l}H{h}/importance`` and ``prune/auc_*`` logged,
         ``pruning.json`` written. Rank 0 only, with ``diagnostics.enabled`` and ``diagnostics.importance``."""
         d = self.cfg.diagnostics
-        if not (self.writer and d.enabled and d.importance):
+        from attnlab.training.plan import head_step_on
+
+        if not (self.writer and d.enabled):
+            return
+        if not head_step_on(self.cfg, self.multirun):
+            if d.importance == "auto":
+                where = "a sweep" if self.multirun else "a smoke run"
+                self.log.info(f"head importance and pruning: off in {where} (diagnostics.importance=true turns it on)")
             return
         from attnlab.training.heads import prune_heads
 

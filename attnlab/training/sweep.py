@@ -154,11 +154,49 @@ def job_done(job: str, status: str, reason: str | None, wall_time_s: float | Non
         elapsed = time.time() - started
         line += f", {clock(elapsed)} elapsed"
         if total and done < total:
-            line += f", ~{clock(elapsed / done * (total - done))} left"
+            left = _estimated_left(header.get("estimates"), jobs)
+            line += f", ~{clock(left)} left (estimated)" if left is not None else ""
     try:
         print(line, flush=True)
     except BrokenPipeError:  # stdout's reader has gone (| head): the job's record stands
         stdout_gone()
+
+
+def _estimates(raw: Any) -> dict[int, float]:
+    """The journal header's ``estimates`` as ``{job number: seconds}`` (a hand-edited header: what is not a
+    number is left out)."""
+    if not isinstance(raw, dict):
+        return {}
+    out = {}
+    for key, value in raw.items():
+        with contextlib.suppress(TypeError, ValueError):
+            number, seconds = int(key), float(value)
+            if seconds >= 0 and seconds == seconds and seconds != float("inf"):
+                out[number] = seconds
+    return out
+
+
+def _estimated_left(raw: Any, jobs: list[dict[str, Any]]) -> float | None:
+    """The seconds the jobs not yet recorded are estimated to take, from the per-job estimates made when the sweep
+    started (None without them: then no "left" is printed rather than a mean of unlike jobs)."""
+    estimates = _estimates(raw)
+    if not estimates:
+        return None
+    done = {_job_number(job) for job in jobs}
+    return sum(seconds for number, seconds in estimates.items() if number not in done)
+
+
+def _sweep_estimates(config: DictConfig) -> dict[str, float] | None:
+    """Each job's estimated seconds (:func:`attnlab.training.plan.plan_command` on the sweep's own overrides; the
+    step times from the cache, the models not in it timed now), or None when the plan cannot be made."""
+    from attnlab.training.plan import plan_command
+
+    overrides = [*OmegaConf.select(config, "hydra.overrides.hydra", default=[]), *config.hydra.overrides.task]
+    try:
+        plan = plan_command(["-m", *[str(o) for o in overrides]], fresh=False)
+    except (Exception, SystemExit):  # the estimate is a courtesy: the sweep goes on without it
+        return None
+    return plan.estimates() or None
 
 
 class SweepReport(Callback):
@@ -172,7 +210,7 @@ class SweepReport(Callback):
         _quiet_optuna(config)
         _state["failed"] = 0
         _state["sweep"] = Path(config.hydra.sweep.dir)
-        SweepJournal(config.hydra.sweep.dir).start(count_jobs(config))
+        SweepJournal(config.hydra.sweep.dir).start(count_jobs(config), _sweep_estimates(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         _report(Path(config.hydra.sweep.dir))
@@ -182,8 +220,9 @@ class SweepReport(Callback):
 def _report(sweep: Path, interrupted: bool = False) -> None:
     """The jobs table (in job order) and "N ok, M failed" for the sweep folder ``sweep``; sets the failed count
     first."""
+    header: dict[str, Any] = {}
     try:
-        _, jobs = SweepJournal(sweep).read()
+        header, jobs = SweepJournal(sweep).read()
     except RunFileError as exc:
         jobs = []
         print(f"error: {exc}", file=sys.stderr)
@@ -201,9 +240,28 @@ def _report(sweep: Path, interrupted: bool = False) -> None:
         print(f"error: the sweep's table could not be printed ({type(exc).__name__}: {exc})", file=sys.stderr)
     ended = "interrupted: " if interrupted else ""
     console.print(f"sweep {sweep}: {ended}{len(jobs) - len(failed)} ok, {len(failed)} failed")
+    line = _estimate_line(header, jobs)
+    if line:
+        console.print(line)
     for job in failed:
         ranked = " (a grid point: ranked last)" if job not in counted else ""
         console.print(f"  {job.get('status')}{ranked}: {job.get('job')}: {job.get('reason')}")
+
+
+def _estimate_line(header: dict[str, Any], jobs: list[dict[str, Any]]) -> str | None:
+    """``time: estimated 12:10 for the 6 jobs, took 10:05 (0.83× the estimate)``: the per-job estimates made at the
+    start against the jobs' wall times, over the jobs that ran and have both."""
+    estimates = _estimates(header.get("estimates"))
+    pairs = [
+        (estimates[n], float(job["wall_time_s"]))
+        for job in jobs
+        if (n := _job_number(job)) in estimates and isinstance(job.get("wall_time_s"), int | float)
+    ]
+    if not pairs:
+        return None
+    estimated, actual = sum(e for e, _ in pairs), sum(a for _, a in pairs)
+    ratio = f" ({actual / estimated:.2f}× the estimate)" if estimated > 0 else ""
+    return f"time: estimated {clock(estimated)} for the {len(pairs)} job(s), took {clock(actual)}{ratio}"
 
 
 def _job_number(job: dict[str, Any]) -> float:
@@ -227,18 +285,46 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
             metrics = summary.metrics if summary else {}
         rows.append((job, metrics))
     bits = any(metrics.get("test/bpc") is not None for _, metrics in rows)  # a language-modelling task (task=text)
-    for col in ("job", "status", "best val acc", "test acc", *["test bpc"] * bits, "wall time"):
-        table.add_column(col, justify="left" if col in ("job", "status") else "right")
-    for job, metrics in rows:
+    labels = _varying(str(job.get("job")) for job, _ in rows)
+    table.add_column("job", justify="right", no_wrap=True)
+    table.add_column("varying keys", justify="left", overflow="fold")  # (never cut: folded onto more lines)
+    for col in ("status", "best val acc", "test acc", *["test bpc"] * bits, "wall time"):
+        table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
+    for (job, metrics), (number, label) in zip(rows, labels, strict=True):
         wall = job.get("wall_time_s")
         table.add_row(
-            str(job.get("job")),
+            number,
+            label,
             str(job.get("status")),
             *(f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-" for k in ("val/acc_best", "test/acc")),
             *[bpc(metrics, "test/bpc")] * bits,
             f"{wall:.1f} s" if isinstance(wall, int | float) else "-",
         )
     return table
+
+
+def _varying(names: Any) -> list[tuple[str, str]]:
+    """(number, varying keys) of each job folder name ``[stage/]N_k=v,k=v``: the keys whose values differ between
+    the jobs, in the order the first job names them, ``variant`` first (the whole name when it cannot be read)."""
+    parsed = []
+    for name in names:
+        stage, _, leaf = name.rpartition("/")
+        number, sep, rest = leaf.partition("_")
+        pairs = dict(p.split("=", 1) for p in rest.split(",") if "=" in p) if sep and number.isdigit() else None
+        parsed.append((f"{stage}/{number}" if stage else number, pairs, name))
+    readable = [p for _, p, _ in parsed if p is not None]
+    keys: list[str] = []
+    for pairs in readable:
+        keys += [k for k in pairs if k not in keys]
+    keys.sort(key=lambda k: k != "variant")
+    varying = [k for k in keys if len({p.get(k) for p in readable}) > 1] or keys
+    out = []
+    for number, pairs, name in parsed:
+        if pairs is None:
+            out.append(("", name))
+        else:
+            out.append((number, " ".join(f"{k}={pairs[k]}" for k in varying if k in pairs) or "(the defaults)"))
+    return out
 
 
 def mark_signalled() -> None:
