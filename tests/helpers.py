@@ -182,6 +182,7 @@ def train_env(*, wandb: str | None = "offline", full_error: bool = False, **extr
     in mode ``wandb`` (None: as the environment and the config say), tracebacks only with ``full_error``."""
     env = {k: v for k, v in os.environ.items() if k not in ("ATTNLAB_UID", "HYDRA_FULL_ERROR")}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.setdefault("ATTNLAB_SWEEP_ESTIMATE", "0")  # (a sweep's start-up estimate: tests/test_plan.py turns it on)
     if wandb is None:
         env.pop("WANDB_MODE", None)
     else:

@@ -154,7 +154,7 @@ def test_failed_jobs_are_recorded_the_sweep_goes_on_and_exits_non_zero(tmp_path)
         assert refused["status"] == "failed" and refused["reason"] == "num_heads must be an integer >= 1, got 0"
         assert refused["num_heads"] == 0 and refused["d_k"] is None  # settings recorded as far as they make sense
     assert ok["status"] == "ok"
-    assert re.search(r"job 1/4 done \(failed\), .* left", proc.stdout) and "job 4/4 done (ok)" in proc.stdout
+    assert re.search(r"job 1/4 done \(failed\), .* elapsed", proc.stdout) and "job 4/4 done (ok)" in proc.stdout
     assert "1 ok, 3 failed" in proc.stdout
     assert "training diverged" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
     # the failed job's W&B run was finished and marked failed (exit code 1), the good one with 0

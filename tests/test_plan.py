@@ -151,7 +151,7 @@ def test_a_real_sweep_reports_its_estimate_and_no_head_step_by_default(tmp_path)
     sweep = tmp_path / "sweep"
     proc = run_train(
         "-m", *TINY, "variant=dot,scaled_dot", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
-        ATTNLAB_CACHE_DIR=str(tmp_path / "cache"),
+        ATTNLAB_CACHE_DIR=str(tmp_path / "cache"), ATTNLAB_SWEEP_ESTIMATE="1",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "head importance and pruning: off in a sweep (diagnostics.importance=true turns it on)" in proc.stdout

@@ -188,7 +188,10 @@ def plan_command(argv: Sequence[str], fresh: bool = True, log: Callable[[str], N
     if not multirun:
         plan = Plan("run", [Job(0, task_args)])
     else:
-        root = _compose(hydra_args + [_first(a) for a in task_args], hydra_config=True)
+        try:
+            root = _compose(hydra_args + [_first(a) for a in task_args], hydra_config=True)
+        except Exception as exc:  # (Hydra's own errors are several lines)
+            raise ConfigError(f"the sweep cannot be planned: {' '.join(str(exc).split())}") from None
         target = str(OmegaConf.select(root, "hydra.sweeper._target_") or "")
         if target.endswith("TunedSweeper"):
             plan = _tuned_plan(root, task_args)

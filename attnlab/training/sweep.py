@@ -188,8 +188,15 @@ def _estimated_left(raw: Any, jobs: list[dict[str, Any]]) -> float | None:
 
 def _sweep_estimates(config: DictConfig) -> dict[str, float] | None:
     """Each job's estimated seconds (:func:`attnlab.training.plan.plan_command` on the sweep's own overrides; the
-    step times from the cache, the models not in it timed now), or None when the plan cannot be made."""
+    step times from the cache, the models not in it timed now), or None when the plan cannot be made, or when
+    ``ATTNLAB_SWEEP_ESTIMATE=0`` (a test suite or a script that starts many tiny sweeps: each estimate composes and
+    builds every job once more)."""
+    import os
+
     from attnlab.training.plan import plan_command
+
+    if os.environ.get("ATTNLAB_SWEEP_ESTIMATE", "1") == "0":
+        return None
 
     overrides = [*OmegaConf.select(config, "hydra.overrides.hydra", default=[]), *config.hydra.overrides.task]
     try:
