@@ -876,7 +876,7 @@ def real_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sweep = tmp_path_factory.mktemp("real") / "sweep"
     args = ["-m", "variant=additive,dot,rope,alibi", "d_k=8,16", "lr=1e-3,3e-3", "debug=fast"]
     args += ["logger=none", "threads=1", "results_table=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    args += ["diagnostics.heatmaps=false"]
+    args += ["diagnostics.heatmaps=false", "diagnostics.importance=true"]  # (the pruning chart: auto is off in sweeps)
     run_train(*args, f"hydra.sweep.dir='{sweep}'", wandb="disabled", full_error=True, timeout=600, returncode=0)
     return sweep
 
@@ -904,7 +904,9 @@ def test_real_multirun_page_is_legible_at_1400_px(real_sweep: Path, tmp_path: Pa
     with_lr = [f"{v} · lr={lr}" for v in variants for lr in ("0.001", "0.003")]
     # the pruning and rank charts draw every configuration (their x is the heads removed, the layer)
     configurations = [f"{v} · d_k={d_k} · lr={lr}" for v in variants for d_k in (8, 16) for lr in ("0.001", "0.003")]
-    assert set(got["legend"]) == {*variants, *with_lr, *configurations, *(f"{c} · random" for c in configurations)}
+    markers = [f"marker: d_k={d_k} · lr={lr}" for d_k in (8, 16) for lr in ("0.001", "0.003")]  # the Pareto legend
+    pruning = [f"{c} · random" for c in configurations]
+    assert set(got["legend"]) == {*variants, *with_lr, *configurations, *pruning, *markers}
     for fig in got["figures"]:
         assert fig["svg"] and fig["widths"] and min(fig["widths"]) >= 300, (fig["id"], fig["widths"])
     # the winner of val/acc_best, by hand from the summaries: best mean over seeds of a (variant, d_k, lr) cell
