@@ -329,8 +329,9 @@ def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
 
 def grid_edges(grid: dict[str, list[Any]], best: dict[str, Any] | None) -> list[str]:
     """The keys of ``grid`` at whose smallest or largest value the point ``best`` lies: numeric keys (numbers, not
-    booleans) with at least two distinct values in the grid, ``best``'s value equal to their minimum or maximum.
-    Empty for no point."""
+    booleans) with at least two distinct values in the grid, ``best``'s value equal to their minimum or maximum (the
+    best may lie beyond: widen the grid there). Empty for no point. The tuned sweeper writes it into tuned.json with
+    this function; older files lack it, so the page computes it."""
     if not best:
         return []
     out = []

@@ -822,18 +822,9 @@ class Run:
 
     def _backends(self) -> list[str]:
         """The backend of each layer's training step on the trainer's device and precision."""
-        import torch
+        from attnlab.backends import precision_dtype
 
-        precision = str(self.trainer.precision)
-        dtype = (
-            torch.float64
-            if precision.startswith("64")
-            else torch.bfloat16
-            if precision.startswith("bf16")
-            else torch.float16
-            if precision.startswith("16")
-            else torch.float32
-        )
+        dtype = precision_dtype(self.trainer.precision)
         device = self.trainer.strategy.root_device
         try:
             return [layer.self_attn.backend_for(device, dtype) for layer in self.module.encoder.layers]

@@ -166,11 +166,10 @@ def _split_jobs(arguments: Sequence[str]) -> list[list[str]]:
 
 def _varying_labels(jobs: list[Job]) -> None:
     """Each job's label: the ``key=value`` pairs that are not the same in every job (all of them when one job)."""
+    from attnlab.training.sweep import varying_keys
+
     pairs = [dict(o.split("=", 1) for o in job.overrides if "=" in o) for job in jobs]
-    keys: list[str] = []
-    for p in pairs:
-        keys += [k for k in p if k not in keys]
-    varying = [k for k in keys if len({p.get(k) for p in pairs}) > 1] if len(jobs) > 1 else keys
+    varying = varying_keys(pairs)
     for job, p in zip(jobs, pairs, strict=True):
         job.label = " ".join(f"{k}={p[k]}" for k in varying if k in p) or "(the defaults)"
 

@@ -310,6 +310,15 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
     return table
 
 
+def varying_keys(pairs: list[dict[str, str]]) -> list[str]:
+    """The keys whose values differ between the jobs' ``{key: value}`` (a key a job lacks differs), in the order the
+    jobs first name them; every key when none differs (one job, or identical jobs)."""
+    keys: list[str] = []
+    for p in pairs:
+        keys += [k for k in p if k not in keys]
+    return [k for k in keys if len({p.get(k) for p in pairs}) > 1] or keys
+
+
 def _varying(names: Any) -> list[tuple[str, str]]:
     """(number, varying keys) of each job folder name ``[stage/]N_k=v,k=v``: the keys whose values differ between
     the jobs, in the order the first job names them, ``variant`` first (the whole name when it cannot be read)."""
@@ -320,11 +329,7 @@ def _varying(names: Any) -> list[tuple[str, str]]:
         pairs = dict(p.split("=", 1) for p in rest.split(",") if "=" in p) if sep and number.isdigit() else None
         parsed.append((f"{stage}/{number}" if stage else number, pairs, name))
     readable = [p for _, p, _ in parsed if p is not None]
-    keys: list[str] = []
-    for pairs in readable:
-        keys += [k for k in pairs if k not in keys]
-    keys.sort(key=lambda k: k != "variant")
-    varying = [k for k in keys if len({p.get(k) for p in readable}) > 1] or keys
+    varying = sorted(varying_keys(readable), key=lambda k: k != "variant")
     out = []
     for number, pairs, name in parsed:
         if pairs is None:

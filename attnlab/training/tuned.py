@@ -62,7 +62,6 @@ __all__ = [
     "TUNED_FILE",
     "TunedError",
     "TunedSweeper",
-    "grid_edges",
     "grid_points",
     "infra_failure",
     "plan_count",
@@ -141,23 +140,6 @@ def grid_points(grid: dict[str, Any]) -> list[dict[str, Any]]:
     keys = list(grid)
     values = [_as_list(grid[k], k) for k in keys]
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
-
-
-def grid_edges(grid: dict[str, list[Any]], best: dict[str, Any] | None) -> list[str]:
-    """The keys of ``grid`` at whose smallest or largest value the point ``best`` lies: numeric keys (numbers, not
-    booleans) with at least two distinct values in the grid, ``best``'s value equal to their minimum or maximum (the
-    best may lie beyond: widen the grid there). Empty for no point. (The dashboard computes the same from tuned.json:
-    :func:`attnlab.dashboard.tuned.grid_edges`.)"""
-    if not best:
-        return []
-    out = []
-    for key, values in grid.items():
-        numbers = {float(v) for v in values if _is_number(v)}
-        chosen = best.get(key)
-        if len(numbers) >= 2 and all(_is_number(v) for v in values) and _is_number(chosen):
-            if float(chosen) in (min(numbers), max(numbers)):
-                out.append(key)
-    return out
 
 
 def rank_value(value: Any, direction: str) -> float:
@@ -603,6 +585,7 @@ class TunedSweeper(Sweeper):
             _unlock_sweep(sweep_dir)
 
     def _sweep(self, sweep_dir: Path, arguments: list[str]) -> Any:
+        from attnlab.dashboard.tuned import grid_edges  # (one rule for the terminal, tuned.json and the page)
         from attnlab.runs import write_json_atomic
         from attnlab.training.sweep import signalled
 
@@ -653,7 +636,7 @@ class TunedSweeper(Sweeper):
             ]
             best = max(range(len(ranked)), key=lambda k: (ranked[k], -k))
             entry["best"] = entry["tune"][best]["point"] if math.isfinite(ranked[best]) and not pending else None
-            entry["edge"] = grid_edges(plan["grid"], entry["best"])
+            entry["edge"] = grid_edges(plan["grid"], entry["best"])  # (the page's rule, read from tuned.json)
             entry["seeds"] = []
             if pending:
                 entry["pending"] = pending
