@@ -1,0 +1,466 @@
+"""The one recurrence behind linear attention, decay and the delta rule: a :class:`Transition` record and its forms.
+
+Every recurrent variant of the bench carries one state M (B, H, d_k, d_v) along the sequence (the transpose of the
+papers' S = Mᵀ) and reads it with the query. They differ only in what carries M from token t−1 to t, recorded
+by a :class:`Transition`: a decay α_t ∈ (0, 1] (``log_decay``, log α ≤ 0, one per head or one per key channel, or
+None for α ≡ 1) and a writing strength β_t (``beta``, or None for the plain sum):
+
+    M_t = diag(α_t) M_{t−1} + k_t v_tᵀ                                   (decay; α ≡ 1: linear attention)
+    M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ             (delta rule)
+    o_t = M_tᵀ q_t
+
+The decay acts first, then the delta rule writes on the decayed state: with M' = diag(α_t) M_{t−1},
+u_t = β_t (v_t − M'ᵀ k_t) and M_t = M' + k_t u_tᵀ. With a per-head α (a scalar per token and head) diag(α_t)
+commutes with everything and this is the papers' α_t (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ; a per-channel α
+scales the rows of M (the key dimension), Kimi Delta Attention's order.
+
+================================  ============================================  =======================  =========
+setting                           paper                                         log_decay                beta
+================================  ============================================  =======================  =========
+linear attention                  Katharopoulos et al. 2020                     None                     None
+RetNet (retention)                Sun et al. 2023                               per head, constant       None
+GLA, scalar gate ("simple GLA")   Yang et al. 2024 (GLA); Mamba-2, Dao & Gu     per head (B, H, L)       None
+GLA, per-channel gate             Yang et al. 2024, "Gated Linear Attention"    per channel (B,H,L,d_k)  None
+DeltaNet                          Schlag et al. 2021; Yang et al. 2024          None                     (B, H, L)
+Gated DeltaNet                    Yang et al. 2025, "Gated Delta Networks"      per head (B, H, L)       (B, H, L)
+Kimi Delta Attention (KDA)        Kimi Team 2025, "Kimi Linear"                 per channel (B,H,L,d_k)  (B, H, L)
+================================  ============================================  =======================  =========
+
+With the cumulative log-decays b_t = Σ_{m≤t} log α_m (per head, or per channel (L, d_k)) and u_t the delta rule's
+new value (u_t = v_t without it), unrolling gives o = P U with the lower-triangular
+
+    P_tj = Σ_c q_tc k_jc exp(b_tc − b_jc)   (j ≤ t),     per head: P = Q Kᵀ ⊙ Γ, Γ_tj = exp(b_t − b_j)
+    U = T diag(β) V,   T = (I + strictly_lower(diag(β) G))⁻¹,   G_tj = Σ_c k_tc k_jc exp(b_tc − b_jc)   (WY/UT form)
+
+so the **effective attention matrix** from v to the output is P (decay) or P T diag(β) (delta rule, signed).
+Four functions compute the same numbers:
+
+* :func:`step`: one token (the form that decodes); :func:`recurrent`: :func:`step` over the sequence.
+* :func:`chunked`: chunks of C tokens, the quadratic form within a chunk on chunk-local decays (a batched
+  unit-triangular solve for the delta rule), the state across chunks; O(L·C) memory (O(L·C·d_k) with a per-channel
+  decay). Every exponent is a difference b̃_t − b̃_j, j ≤ t, inside one chunk, a chunk-local b̃_t ≤ 0 or b̃_C − b̃_t
+  ≤ 0, so no product of gates overflows whatever L; the per-channel P and G are exp of the masked (C, C, d_k)
+  differences, never a product e^{b̃} · e^{−b̃}. Linear attention (no decay, no β) is :class:`_CausalLinear`, the
+  masked form with a backward pass written by hand (no second derivative).
+* :func:`effective_matrix`: the (L, L) matrix, O(L²) (O(L²·d_k) per channel).
+
+``low_rank`` and ``householder_steps`` are reserved for RWKV-7's diagonal-plus-low-rank transition and
+DeltaProduct's several Householder steps per token: every function here refuses them (``NotImplementedError``).
+This module is the bottom layer: it imports torch and :mod:`attnlab.checks` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from attnlab.checks import check_int
+
+__all__ = ["Transition", "chunked", "effective_matrix", "recurrent", "step"]
+
+
+# ---------------------------------------------------------------------------------------------- the record
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What carries the state M (B, H, d_k, d_v) from token t−1 to t (M is the transpose of the papers' S):
+
+        M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ     (delta rule)
+        M_t = diag(α_t) M_{t−1} + k_t v_tᵀ                             (without β)
+        o_t = M_tᵀ q_t
+
+    i.e. the decay first (M' = diag(α_t) M_{t−1}, the rows of M, the key dimension), then the delta rule's write on
+    the decayed state, u_t = β_t (v_t − M'ᵀ k_t), M_t = M' + k_t u_tᵀ (for a per-head α, the same as the papers'
+    α_t (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ).
+
+    log_decay: log α ≤ 0, per head (B, H, L) or per key channel (B, H, L, d_k), or None (α ≡ 1: linear attention);
+        a token's record (:meth:`at`) holds (B, H) or (B, H, d_k).
+    beta: writing strength β (B, H, L) (a token's: (B, H)), or None (the plain sum).
+    low_rank, householder_steps: reserved for RWKV-7's diagonal-plus-low-rank term and DeltaProduct (later issue);
+        set them and every function here raises NotImplementedError in one line.
+    """
+
+    log_decay: Tensor | None = None
+    beta: Tensor | None = None
+    low_rank: tuple[Tensor, Tensor] | None = None
+    householder_steps: int = 1
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether the decay is per key channel: ``log_decay`` (B, H, L, d_k) in a sequence's record. (A token's
+        record (B, H, d_k) has as many axes as a sequence's per-head one; :func:`step` tells them apart by q.)"""
+        return self.log_decay is not None and self.log_decay.dim() == 4
+
+    def refuse_reserved(self) -> None:
+        """Raise ``NotImplementedError`` (one line) when a reserved field is set."""
+        if self.low_rank is not None:
+            raise NotImplementedError(
+                "Transition.low_rank (RWKV-7's diagonal-plus-low-rank transition) is reserved and not implemented yet"
+            )
+        if self.householder_steps != 1:
+            raise NotImplementedError(
+                f"Transition.householder_steps={self.householder_steps!r} (DeltaProduct) is reserved: only 1 is "
+                "implemented"
+            )
+
+    def at(self, t: int) -> Transition:
+        """Token t's record: log_decay (B, H) or (B, H, d_k), beta (B, H)."""
+        self.refuse_reserved()
+        return Transition(
+            None if self.log_decay is None else self.log_decay[:, :, t],
+            None if self.beta is None else self.beta[:, :, t],
+        )
+
+    def padded(self, n: int) -> Transition:
+        """The record with L padded by ``n`` tokens of log α = 0 and β = 0 (they leave the state as it was when
+        their k is 0)."""
+        self.refuse_reserved()
+        log_decay = self.log_decay
+        if log_decay is not None:
+            log_decay = F.pad(log_decay, (0, 0, 0, n) if self.per_channel else (0, n))
+        return Transition(log_decay, None if self.beta is None else F.pad(self.beta, (0, n)))
+
+    def check(self, q: Tensor, k: Tensor) -> None:
+        """One-line ``ValueError`` unless the record fits q, k: (B, H, L, d_k) for a sequence, with log_decay
+        (B, H, L) or (B, H, L, d_k) and beta (B, H, L); or (B, H, d_k) for one token, with log_decay (B, H) or
+        (B, H, d_k) and beta (B, H). ``NotImplementedError`` when a reserved field is set."""
+        self.refuse_reserved()
+        if q.dim() not in (3, 4):
+            raise ValueError(f"q must be (B, H, L, d_k) or one token's (B, H, d_k), got shape {tuple(q.shape)}")
+        names = "(B, H, L" if q.dim() == 4 else "(B, H"
+        if tuple(k.shape) != tuple(q.shape):
+            raise ValueError(f"k must have q's shape {names}, d_k) = {tuple(q.shape)}, got {tuple(k.shape)}")
+        lead = tuple(q.shape[:-1])
+        for name, value, allowed in (
+            ("log_decay", self.log_decay, (lead, tuple(q.shape))),
+            ("beta", self.beta, (lead,)),
+        ):
+            if value is None:
+                continue
+            if not isinstance(value, Tensor):
+                raise ValueError(f"transition.{name} must be a Tensor or None, got {type(value).__name__}")
+            if tuple(value.shape) not in allowed:
+                expected = f"{names}) = {lead}"
+                if name == "log_decay":
+                    expected += f" per head or {names}, d_k) = {tuple(q.shape)} per key channel"
+                raise ValueError(f"transition.{name} must have shape {expected}, got {tuple(value.shape)}")
+
+
+def _resolve(transition: Transition | None) -> Transition:
+    if transition is None:
+        return Transition()
+    if not isinstance(transition, Transition):
+        raise ValueError(f"transition must be a Transition or None, got {type(transition).__name__}")
+    return transition
+
+
+def _check_v(q: Tensor, v: Tensor) -> None:
+    if v.dim() != q.dim() or tuple(v.shape[:-1]) != tuple(q.shape[:-1]):
+        names = "(B, H, L, d_v)" if q.dim() == 4 else "(B, H, d_v)"
+        raise ValueError(f"v must be {names} with q's {tuple(q.shape[:-1])} before d_v, got {tuple(v.shape)}")
+
+
+def _check_sequence(q: Tensor, k: Tensor, v: Tensor | None, transition: Transition) -> None:
+    if q.dim() != 4:
+        raise ValueError(f"q must be (B, H, L, d_k), got shape {tuple(q.shape)}")
+    transition.check(q, k)
+    if v is not None:
+        _check_v(q, v)
+
+
+# ---------------------------------------------------------------------------------------------- one token
+
+
+def _step(
+    state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None, beta: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    if state is None:
+        state = q.new_zeros(*q.shape, v.shape[-1])
+    if log_decay is not None:
+        if log_decay.dim() == q.dim():  # per key channel (B, H, d_k): the rows of M
+            state = state * log_decay.exp()[..., None]
+        else:
+            state = state * log_decay.exp()[..., None, None]
+    if beta is None:
+        u = v
+    else:
+        u = beta.unsqueeze(-1) * (v - torch.einsum("bhk,bhkv->bhv", k, state))  # (B, H, d_v)
+    state = state + k.unsqueeze(-1) * u.unsqueeze(-2)
+    return torch.einsum("bhk,bhkv->bhv", q, state), state
+
+
+def step(
+    state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, transition_t: Transition | None = None
+) -> tuple[Tensor, Tensor]:
+    """One token (the form that decodes): state M (B, H, d_k, d_v) or None (the start, zeros), the token's q, k
+    (B, H, d_k), v (B, H, d_v) and record (:meth:`Transition.at`: log_decay (B, H) or (B, H, d_k), beta (B, H))
+    → (o (B, H, d_v), the new M):
+
+        M ← diag(α) M;  then M ← M + k vᵀ, or with β: M ← M + k (β (v − Mᵀ k))ᵀ;  o = Mᵀ q
+
+    (Katharopoulos et al. 2020; Sun et al. 2023; Yang et al. 2024, GLA; Schlag et al. 2021 and Yang et al. 2024,
+    DeltaNet; Yang et al. 2025, Gated DeltaNet; Kimi Team 2025, KDA)."""
+    record = _resolve(transition_t)
+    if q.dim() != 3:
+        raise ValueError(f"q must be one token's (B, H, d_k), got shape {tuple(q.shape)}")
+    record.check(q, k)
+    _check_v(q, v)
+    if state is not None and tuple(state.shape) != (*q.shape, v.shape[-1]):
+        raise ValueError(
+            f"state must be (B, H, d_k, d_v) = {(*q.shape, v.shape[-1])} or None, got {tuple(state.shape)}"
+        )
+    return _step(state, q, k, v, record.log_decay, record.beta)
+
+
+def recurrent(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = None) -> Tensor:
+    """The form one token at a time (:func:`step` over the sequence), the reference of the others: q, k
+    (B, H, L, d_k), v (B, H, L, d_v), transition (log_decay (B, H, L) or (B, H, L, d_k), beta (B, H, L)) →
+    o (B, H, L, d_v)."""
+    transition = _resolve(transition)
+    _check_sequence(q, k, v, transition)
+    B, H, L, _ = q.shape
+    state, outs = None, []
+    for t in range(L):
+        record = transition.at(t)
+        o, state = _step(state, q[:, :, t], k[:, :, t], v[:, :, t], record.log_decay, record.beta)
+        outs.append(o)
+    return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1])
+
+
+# ---------------------------------------------------------------------------------------------- the matrices
+
+
+def _tril(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril(diagonal)
+
+
+def _decay_matrix(b: Tensor, diagonal: int = 0) -> Tensor:
+    """b (…, n) cumulative log-decays → Γ (…, n, n), exp(b_i − b_j) on and below the ``diagonal``, 0 elsewhere
+    (the exponent is masked before exp, so nothing above it overflows)."""
+    n = b.shape[-1]
+    diff = b.unsqueeze(-1) - b.unsqueeze(-2)  # (…, n, n): b_i − b_j
+    return diff.masked_fill(~_tril(n, b.device, diagonal), float("-inf")).exp()
+
+
+def _lower(t: Tensor, b: Tensor | None, diagonal: int = 0) -> Tensor:
+    """t (…, n, n) on and below the ``diagonal``, 0 above it; times Γ = exp(b_i − b_j) when the cumulative
+    log-decays b (…, n) are given (:func:`_decay_matrix`)."""
+    if b is None:
+        return t.masked_fill(~_tril(t.shape[-1], t.device, diagonal), 0.0)
+    return t * _decay_matrix(b, diagonal)
+
+
+def _channel_decay_matrix(b: Tensor, diagonal: int = 0) -> Tensor:
+    """b (…, n, d_k) cumulative log-decays per key channel → Γ (…, n, n, d_k), exp(b_ic − b_jc) for j on and below
+    the ``diagonal``, 0 elsewhere (masked before exp: every exponent taken is ≤ 0 when log α ≤ 0)."""
+    n = b.shape[-2]
+    diff = b.unsqueeze(-2) - b.unsqueeze(-3)  # (…, n, n, d_k): b_ic − b_jc
+    return diff.masked_fill(~_tril(n, b.device, diagonal).unsqueeze(-1), float("-inf")).exp()
+
+
+def _lower_channels(x: Tensor, y: Tensor, b: Tensor, diagonal: int = 0) -> Tensor:
+    """x, y (…, n, d_k), b (…, n, d_k) → (…, n, n): Σ_c x_ic y_jc exp(b_ic − b_jc) on and below the ``diagonal``,
+    0 above it (:func:`_channel_decay_matrix`, no e^{−b} factor)."""
+    return torch.einsum("...ic,...ijc,...jc->...ij", x, _channel_decay_matrix(b, diagonal), y)
+
+
+def _solve_unit_lower(a: Tensor, rhs: Tensor) -> Tensor:
+    """(I + a)⁻¹ rhs for a strictly lower-triangular a (…, n, n), rhs (…, n, m); half precision is solved in
+    float32 (no half-precision triangular solve on the CPU) and returned in its own dtype."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return _solve_unit_lower(a.float(), rhs.float()).to(a.dtype)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    return torch.linalg.solve_triangular(a + eye, rhs, upper=False, unitriangular=True)
+
+
+def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None) -> Tensor:
+    """The lower-triangular map from v to the output: q, k (B, H, L, d_k), transition (log_decay (B, H, L) or
+    (B, H, L, d_k), beta (B, H, L)) → A (B, H, L, L), o = A v: P = (Q Kᵀ ⊙ Γ) per head (Sun et al. 2023; Yang et
+    al. 2024, GLA), P_ij = Σ_c q_ic k_jc exp(b_ic − b_jc) per channel (GLA; Kimi Team 2025, KDA), times T diag(β)
+    under the delta rule (Yang et al. 2024, DeltaNet's WY/UT form; Yang et al. 2025, Gated DeltaNet), signed.
+    Γ is exp of differences of the global cumulative log-decay b, exact in float64."""
+    transition = _resolve(transition)
+    _check_sequence(q, k, None, transition)
+    log_decay, beta = transition.log_decay, transition.beta
+    if transition.per_channel:
+        b = log_decay.cumsum(-2)  # (B, H, L, d_k)
+        P = _lower_channels(q, k, b)
+    else:
+        b = None if log_decay is None else log_decay.cumsum(-1)
+        P = _lower(torch.matmul(q, k.transpose(-1, -2)), b)  # (B, H, L, L)
+    if beta is None:
+        return P
+    if transition.per_channel:
+        kk = _lower_channels(k, k, b, -1)  # strictly below the diagonal
+    else:
+        kk = _lower(torch.matmul(k, k.transpose(-1, -2)), b, -1)  # strictly below the diagonal
+    T = _solve_unit_lower(beta.unsqueeze(-1) * kk, torch.diag_embed(beta))  # T diag(β), (B, H, L, L)
+    return torch.matmul(P, T)
+
+
+# ---------------------------------------------------------------------------------------------- linear attention
+
+
+def _exclusive_cumsum(t: Tensor, dim: int) -> Tensor:
+    """Σ over the entries before each one along ``dim`` (0 for the first)."""
+    total = t.cumsum(dim).narrow(dim, 0, t.shape[dim] - 1)
+    return torch.cat([torch.zeros_like(t.narrow(dim, 0, 1)), total], dim)
+
+
+def _causal_chunks(q: Tensor, k: Tensor, v: Tensor, C: int) -> Tensor:
+    """The un-normalised causal form o_i = Σ_{j≤i} (q_i·k_j) v_j in chunks of C tokens (L a multiple of C):
+    q, k (B, H, L, F), v (B, H, L, D) → (B, H, L, D). Within a chunk the masked quadratic form, across chunks the
+    running state Σ k_j v_jᵀ (an exclusive prefix sum over chunks)."""
+    B, H, L, Fd = q.shape
+    D, N = v.shape[-1], L // C
+    if N == 1:  # one chunk: the masked quadratic form alone (no state before it)
+        return torch.matmul(torch.matmul(q, k.transpose(-1, -2)).tril_(), v)
+    qc, kc, vc = q.view(B, H, N, C, Fd), k.view(B, H, N, C, Fd), v.view(B, H, N, C, D)
+    states = _exclusive_cumsum(torch.matmul(kc.transpose(-1, -2), vc), dim=2)  # (B, H, N, F, D): before chunk n
+    scores = torch.matmul(qc, kc.transpose(-1, -2)).tril_()  # (B, H, N, C, C): within the chunk, j ≤ i
+    return torch.baddbmm(torch.matmul(qc, states).view(-1, C, D), scores.view(-1, C, C), vc.reshape(-1, C, D)).view(
+        B, H, L, D
+    )
+
+
+class _CausalLinear(torch.autograd.Function):
+    """o = causal_linear(q, k, v), o_i = Σ_{j≤i} (q_i·k_j) v_j, keeping only q, k and v for the backward pass,
+    which is three more passes of the same chunked form (nothing of size (C, C) or (F, D) per chunk is kept):
+
+        ∂q_i = Σ_{j≤i} (g_i·v_j) k_j      = causal_linear(g, v, k)
+        ∂k_j = Σ_{i≥j} (g_i·v_j) q_i      = reversed causal_linear(v, g, q)
+        ∂v_j = Σ_{i≥j} (q_i·k_j) g_i      = reversed causal_linear(k, q, g)
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, chunk: int) -> Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.chunk = chunk
+        return _causal_chunks(q, k, v, chunk)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        C = ctx.chunk
+        g = g.contiguous()
+
+        def reverse(t: Tensor) -> Tensor:
+            return t.flip(2)
+
+        dq = _causal_chunks(g, v, k, C)
+        dk = reverse(_causal_chunks(reverse(v), reverse(g), reverse(q), C))
+        dv = reverse(_causal_chunks(reverse(k), reverse(q), reverse(g), C))
+        return dq, dk, dv, None
+
+
+# ---------------------------------------------------------------------------------------------- the chunked form
+
+
+def chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = None, chunk_size: int = 64) -> Tensor:
+    """The form in chunks of C = min(``chunk_size``, L) tokens (the last chunk padded with k = 0, which writes
+    nothing): q, k (B, H, L, d_k), v (B, H, L, d_v), transition (log_decay (B, H, L) or (B, H, L, d_k), beta
+    (B, H, L)) → o (B, H, L, d_v); L = 0 gives (B, H, 0, d_v).
+
+    Linear attention (no decay, no β; Katharopoulos et al. 2020) is :class:`_CausalLinear` (the un-normalised
+    causal form, a hand-written backward, no second derivative). Otherwise, within chunk n, with the chunk-local
+    cumulative log-decays b̃ (b̃_t ≤ 0; per head, or per channel (C, d_k)) and the state M₀ before the chunk:
+
+        U = W_v − W_k M₀,  W_v = T diag(β) V,  W_k = T diag(β) (K ⊙ e^{b̃})      (U = V without the delta rule)
+        O = (Q ⊙ e^{b̃}) M₀ + P U,   M ← diag(e^{b̃_C}) M₀ + (K ⊙ e^{b̃_C − b̃})ᵀ U
+
+    with P, T as in the module docstring on b̃ (RetNet, Sun et al. 2023; GLA, Yang et al. 2024; DeltaNet's WY/UT
+    form, Yang et al. 2024; Gated DeltaNet, Yang et al. 2025; KDA, Kimi Team 2025). Everything but the state's
+    passage from chunk to chunk is batched over the chunks; every exponent is ≤ 0."""
+    transition = _resolve(transition)
+    _check_sequence(q, k, v, transition)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    if L == 0:
+        return v.new_zeros(B, H, 0, Dv)
+    C = max(1, min(chunk_size, L))
+    pad = -L % C
+    if transition.log_decay is None and transition.beta is None:  # linear attention
+        if pad:
+            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        return _CausalLinear.apply(q.contiguous(), k.contiguous(), v.contiguous(), C)[:, :, :L]
+    channels = transition.per_channel
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        transition = transition.padded(pad)
+    log_decay, beta = transition.log_decay, transition.beta
+    N = (L + pad) // C
+    qc, kc, vc = q.reshape(B, H, N, C, Dk), k.reshape(B, H, N, C, Dk), v.reshape(B, H, N, C, Dv)
+    if log_decay is None:
+        b = None
+    elif channels:
+        b = log_decay.reshape(B, H, N, C, Dk).cumsum(-2)  # chunk-local b̃ (B, H, N, C, d_k)
+    else:
+        b = log_decay.reshape(B, H, N, C).cumsum(-1)  # chunk-local b̃ (B, H, N, C)
+    if channels:
+        P = _lower_channels(qc, kc, b)  # (B, H, N, C, C)
+    else:
+        P = _lower(torch.matmul(qc, kc.transpose(-1, -2)), b)  # (B, H, N, C, C)
+    if b is None:
+        q_in, k_out, carry = qc, kc, None
+    elif channels:
+        q_in = qc * b.exp()  # q ⊙ e^b̃
+        k_out = kc * (b[..., -1:, :] - b).exp()  # k ⊙ e^(b̃_C − b̃)
+        carry = b[..., -1, :].exp()  # (B, H, N, d_k): e^(b̃_C)
+    else:
+        q_in = qc * b.exp().unsqueeze(-1)  # e^b̃ q
+        k_out = kc * (b[..., -1:] - b).exp().unsqueeze(-1)  # e^(b̃_C − b̃) k
+        carry = b[..., -1].exp()  # (B, H, N): e^(b̃_C)
+
+    def rows(c: Tensor) -> Tensor:  # the carry as a factor of M's rows: (…, d_k, 1) per channel, (…, 1, 1) per head
+        return c[..., None] if channels else c[..., None, None]
+
+    if beta is None:
+        U = vc
+        # states before each chunk: M_n = carry_{n−1} M_{n−1} + k_outᵀ V of chunk n−1
+        # (chunks are taken with unbind, whose backward stacks the chunks' gradients once: indexing one chunk per
+        # step would make each step's backward write a zero tensor of all N chunks, O(N²) in all)
+        writes = torch.matmul(k_out.transpose(-1, -2), vc).unbind(2)  # N × (B, H, d_k, d_v)
+        carries = None if carry is None else rows(carry).unbind(2)  # N × (B, H, 1 or d_k, 1)
+        states = [q.new_zeros(B, H, Dk, Dv)]
+        for n in range(N - 1):
+            M = states[-1] if carries is None else carries[n] * states[-1]
+            states.append(M + writes[n])
+        M_before = torch.stack(states, dim=2)  # (B, H, N, d_k, d_v)
+    else:
+        bc = beta.reshape(B, H, N, C)
+        if channels:
+            kk = _lower_channels(kc, kc, b, -1)
+            decayed_k = kc * b.exp()
+        else:
+            kk = _lower(torch.matmul(kc, kc.transpose(-1, -2)), b, -1)
+            decayed_k = kc if b is None else kc * b.exp().unsqueeze(-1)
+        rhs = torch.cat([vc, decayed_k], dim=-1) * bc.unsqueeze(-1)  # (B, H, N, C, d_v + d_k)
+        W = _solve_unit_lower(bc.unsqueeze(-1) * kk, rhs)
+        W_v, W_k = W[..., :Dv].unbind(2), W[..., Dv:].unbind(2)  # N × (B, H, C, ·) (unbind: see above)
+        k_outs = k_out.transpose(-1, -2).unbind(2)  # N × (B, H, d_k, C)
+        carries = None if carry is None else rows(carry).unbind(2)
+        M = None
+        us, states = [], []
+        for n in range(N):
+            if M is None:
+                u = W_v[n]
+                states.append(q.new_zeros(B, H, Dk, Dv))
+            else:
+                u = W_v[n] - torch.matmul(W_k[n], M)
+                states.append(M)
+            us.append(u)
+            if n < N - 1:
+                write = torch.matmul(k_outs[n], u)
+                M = write if M is None else (M if carries is None else carries[n] * M) + write
+        U = torch.stack(us, dim=2)  # (B, H, N, C, d_v)
+        M_before = torch.stack(states, dim=2)
+    out = torch.matmul(q_in, M_before) + torch.matmul(P, U)  # (B, H, N, C, d_v)
+    return out.reshape(B, H, N * C, Dv)[:, :, :L]
