@@ -14,7 +14,7 @@ unit variance, the same order as the sinusoid.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ __all__ = [
     "EncoderLayer",
     "LearnedPositionalEncoding",
     "SinusoidalPositionalEncoding",
+    "as_attention_config",
 ]
 
 
@@ -41,6 +42,10 @@ POSITIONAL_ENCODINGS: dict[str, type[nn.Module] | None] = {
     "rope": None,  # rotary: in the attention of every layer
     "none": None,
 }
+
+
+AttentionLike = AttentionConfig | Mapping[str, Any]
+"""One layer's attention as the encoder takes it: an :class:`~attnlab.config.AttentionConfig` or its fields."""
 
 
 def _renamed(new: bool, old: bool | None, old_name: str) -> bool:
@@ -56,11 +61,23 @@ def _dropout(x: Tensor, p: float) -> Tensor:
     return F.dropout(x, p) if p > 0.0 else x
 
 
+def as_attention_config(attention: AttentionConfig | Mapping[str, Any]) -> AttentionConfig:
+    """``attention`` as an :class:`~attnlab.config.AttentionConfig`: a config as it is, or one built from its fields
+    given as a mapping (a user's script, or the hyperparameters of a saved module, which hold plain data)."""
+    if isinstance(attention, AttentionConfig):
+        return attention
+    if isinstance(attention, Mapping):
+        return AttentionConfig(**{str(k): v for k, v in attention.items()})
+    raise TypeError(f"attention must be an AttentionConfig or a mapping of its fields, got {type(attention).__name__}")
+
+
 class EncoderLayer(nn.Module):
     """One encoder block: self-attention and a position-wise FFN (d_model → d_ff → d_model, GELU), each with
     dropout and a residual, pre-LN (``norm_first=True``, default) or post-LN. The attention is
-    ``attention`` (an :class:`~attnlab.config.AttentionConfig`), or built from ``score``, ``score_params`` and
-    ``attention_options`` as :class:`~attnlab.attention.MultiHeadAttention`'s keyword arguments."""
+    ``attention`` (an :class:`~attnlab.config.AttentionConfig`, or its fields as a mapping), or built from
+    ``score``, ``score_params`` and ``attention_options`` as :class:`~attnlab.attention.MultiHeadAttention`'s
+    keyword arguments. :meth:`block` is the layer's wiring around any token mixer (:meth:`forward` gives it the
+    attention; decoding, one token's step)."""
 
     def __init__(
         self,
@@ -75,7 +92,7 @@ class EncoderLayer(nn.Module):
         score_params: dict[str, Any] | None = None,
         bias: bool = True,
         *,
-        attention: AttentionConfig | None = None,
+        attention: AttentionConfig | Mapping[str, Any] | None = None,
         layer: int = 1,
         **attention_options: Any,
     ) -> None:
@@ -90,6 +107,7 @@ class EncoderLayer(nn.Module):
         else:
             if score is not None or score_params or attention_options:
                 raise ValueError("give attention= (an AttentionConfig) or the attention options, not both")
+            attention = as_attention_config(attention)
             d_k = attention.d_k or d_k  # a layer's own d_k first
             self.self_attn = MultiHeadAttention(
                 d_model, num_heads, d_k, d_v, bias=bias, dropout=dropout, config=attention, layer=layer
@@ -116,16 +134,26 @@ class EncoderLayer(nn.Module):
         """x (B, L, d_model) → (x (B, L, d_model), the layer's AttentionOutput when ``need_weights``).
         ``need_attention`` is the deprecated former name of ``need_weights``."""
         need_weights = _renamed(need_weights, need_attention, "need_attention")
+        records: list[AttentionOutput | None] = []
+
+        def attend(h: Tensor) -> Tensor:
+            a, record = self._attn(h, mask, need_weights)
+            records.append(record)
+            return a
+
+        return self.block(x, attend), records[0]
+
+    def block(self, x: Tensor, mix: Callable[[Tensor], Tensor]) -> Tensor:
+        """x (B, L, d_model) → the layer's output with ``mix`` as its token mixer: the residual wiring, norms and
+        feed-forward of :meth:`forward` around ``mix`` (B, L, d_model) → (B, L, d_model), which is called once, on
+        ``norm1(x)`` pre-LN and on ``x`` itself post-LN. Dropout (on the mixer's output and the feed-forward's) only
+        in training mode, as in :meth:`forward`."""
         drop = self.dropout if self.training else 0.0
         if self.norm_first:
-            a, record = self._attn(self.norm1(x), mask, need_weights)
-            x = x + _dropout(a, drop)
-            x = x + _dropout(self.ff(self.norm2(x)), drop)
-        else:
-            a, record = self._attn(x, mask, need_weights)
-            x = self.norm1(x + _dropout(a, drop))
-            x = self.norm2(x + _dropout(self.ff(x), drop))
-        return x, record
+            x = x + _dropout(mix(self.norm1(x)), drop)
+            return x + _dropout(self.ff(self.norm2(x)), drop)
+        x = self.norm1(x + _dropout(mix(x), drop))
+        return self.norm2(x + _dropout(self.ff(x), drop))
 
 
 def _causal_and_padding(mask: Mask) -> tuple[Mask, list[Mask]] | None:
@@ -157,7 +185,8 @@ class Encoder(nn.Module):
         d_k: per-head key size (default the config's, else d_model // num_heads); d_v: per-head value size
             (default d_k).
         d_ff: FFN width (default 4·d_model).
-        attention: an AttentionConfig, or one per layer.
+        attention: an AttentionConfig, or one per layer; each may also be given as its fields in a mapping
+            (:func:`as_attention_config`).
         score, score_params: the attention score (a registered score or preset) and its parameters.
         mask: a structural mask (registered name, spec dict, or :class:`Mask`), applied in every layer.
         pad_id: when set, keys equal to ``pad_id`` are hidden in every layer (AND-ed with each layer's mask).
@@ -190,7 +219,7 @@ class Encoder(nn.Module):
         norm_first: bool = True,
         bias: bool = True,
         *,
-        attention: AttentionConfig | Sequence[AttentionConfig] | None = None,
+        attention: AttentionLike | Sequence[AttentionLike] | None = None,
         rope: Mapping[str, Any] | None = None,
         **attention_options: Any,
     ) -> None:
@@ -234,7 +263,7 @@ class Encoder(nn.Module):
     @staticmethod
     def _layer_configs(
         num_layers: int,
-        attention: AttentionConfig | Sequence[AttentionConfig] | None,
+        attention: AttentionLike | Sequence[AttentionLike] | None,
         score: str | None,
         score_params: dict[str, Any] | None,
         mask: Any,
@@ -255,7 +284,10 @@ class Encoder(nn.Module):
             return [base] * num_layers
         if score is not None or score_params or mask is not None or options or rope is not None:
             raise ValueError("give attention= (AttentionConfig, or one per layer) or the attention options, not both")
-        configs = [attention] * num_layers if isinstance(attention, AttentionConfig) else list(attention)
+        if isinstance(attention, AttentionConfig | Mapping):
+            configs = [as_attention_config(attention)] * num_layers
+        else:
+            configs = [as_attention_config(c) for c in attention]
         if len(configs) != num_layers:
             raise ValueError(f"attention lists {len(configs)} layer configs, but num_layers is {num_layers}")
         if d_v is not None:

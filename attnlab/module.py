@@ -33,7 +33,7 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from attnlab.config import AttentionConfig, pattern_name
-from attnlab.encoder import Encoder
+from attnlab.encoder import Encoder, as_attention_config
 from attnlab.tasks.base import IGNORE_INDEX
 
 __all__ = [
@@ -98,15 +98,16 @@ def set_deterministic_flags(flags: tuple[bool, bool, bool]) -> None:
 
 
 def given_configs(attention: Any) -> list[AttentionConfig] | AttentionConfig | None:
-    """``attention`` as :class:`AttentionConfig` (one for every layer, or a list of them), from configs or their
-    fields as dicts; None when it is the 0.2 form (a dict of the stages beside ``score``), which the encoder's
-    keyword arguments take as they are."""
+    """``attention`` as :class:`AttentionConfig` (one for every layer, or a list of them): configs as they are,
+    their fields as dicts (a user's script, a saved module's hyperparameters) built once here
+    (:func:`~attnlab.encoder.as_attention_config`); None when it is the 0.2 form (a dict of the stages beside
+    ``score``), which the encoder's keyword arguments take as they are."""
     if isinstance(attention, list | tuple):
-        return [c if isinstance(c, AttentionConfig) else AttentionConfig(**dict(c)) for c in attention]
+        return [as_attention_config(c) for c in attention]
     if isinstance(attention, AttentionConfig):
         return attention
     if isinstance(attention, dict) and ("score" in attention or "mask" in attention):  # a config's fields
-        return AttentionConfig(**attention)
+        return as_attention_config(attention)
     return None
 
 
@@ -117,8 +118,9 @@ class EncoderModule(L.LightningModule):
         vocab_size, num_classes, per_token, pad_id, max_len: from the task.
         d_model, num_heads, num_layers, d_k, d_v, d_ff: sizes (d_k default d_model // num_heads).
         attention: each layer's attention: an :class:`~attnlab.config.AttentionConfig` (or its fields as a dict)
-            for every layer, or a list of ``num_layers`` of them (per-layer attention). Saved in the hyperparameters
-            as plain dicts, one per layer.
+            for every layer, or a list of ``num_layers`` of them (per-layer attention). The configs go to the
+            encoder as they are; the hyperparameters hold them as plain dicts, one per layer (made once, where they
+            are saved), from which a checkpoint builds the module again.
         pattern: the name of the per-layer pattern (``model.pattern``, e.g. ``LG``), recorded for the run.
         score, score_params, mask: the attention of every layer as before (an older run's hyperparameters): with
             ``attention`` as a dict of the other AttentionConfig fields, they make one AttentionConfig.
@@ -180,6 +182,8 @@ class EncoderModule(L.LightningModule):
             attention=configs,
             **old,
         )
+        # the one place the configs become plain data: the hyperparameters (hparams.yaml, checkpoints) hold each
+        # layer's fields, which given_configs reads back when a checkpoint builds the module again
         self.hparams["attention"] = [c.to_dict() for c in self.encoder.attention_configs]
         self.pattern = pattern_name(self.encoder.attention_configs, pattern)
         self.head = nn.Linear(d_model, num_classes)
