@@ -12,6 +12,8 @@ in the stage.
 **Presets** (``alibi``, ``t5_bias``, ``relative_position``) are names a score field may take that stand for a score
 plus a position bias (:func:`register_preset`); :meth:`AttentionConfig.resolved` expands them, so that the layer
 that is built, and what a run records, say what the preset is (``alibi`` = ``scaled_dot`` + ``position_bias=alibi``).
+Their registry lives with the scores (:mod:`attnlab.scores`, below this module: ``build_score`` takes a preset too);
+the verbs are importable from here as before, and :func:`build_preset` checks a preset's changes against the fields.
 
 **Per-layer attention.** :func:`layer_configs` gives each of ``num_layers`` layers its own config: from a
 ``pattern`` of layer kinds that repeats (``"LG"``: a local layer then a global one; ``"LLLLLG"``: Gemma 3's 5:1), each
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnlab.registry import Registry, check_params
+from attnlab.normalizers import _NORMALIZERS
+from attnlab.position_bias import _POSITION_BIASES
+from attnlab.scores import _PRESETS, _SCORES, is_preset, list_presets, register_preset
 
 __all__ = [
     "DEFAULT_LAYER_KINDS",
@@ -35,6 +39,7 @@ __all__ = [
     "SETTING_FIELDS",
     "AttentionConfig",
     "build_preset",
+    "is_preset",
     "layer_configs",
     "list_presets",
     "pattern_name",
@@ -165,7 +170,7 @@ class AttentionConfig:
     def resolved(self) -> AttentionConfig:
         """The config with a preset score expanded into what it stands for (``alibi`` → ``scaled_dot`` plus
         ``position_bias=alibi``); a config without a preset is returned as it is."""
-        if self.score not in _PRESETS:
+        if not is_preset(self.score):
             return self
         changes = build_preset(self.score, **self.score_params)
         bias = changes.get("position_bias")
@@ -238,15 +243,9 @@ def _builder(stage: str, name: Any) -> Any:
     """The registered class or function behind a stage's name (None when unknown)."""
     try:
         if stage == "score":
-            from attnlab.scores import _SCORES
-
             return _PRESETS.get(name) if name in _PRESETS else _SCORES.get(name)
         if stage == "position_bias":
-            from attnlab.position_bias import _POSITION_BIASES
-
             return _POSITION_BIASES.get(name)
-        from attnlab.normalizers import _NORMALIZERS
-
         return _NORMALIZERS.get(name)
     except Exception:
         return None
@@ -280,67 +279,14 @@ def _mask_text(spec: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- presets
 
 
-def _wrap_preset(name: str, fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    check_params("variant", name, fn, kwargs, ())
-    changes = fn(**kwargs)
+def build_preset(name: str, **params: Any) -> dict[str, Any]:
+    """The field changes the preset ``name`` (:func:`register_preset`) stands for, with its ``params``; a change of
+    a field :class:`AttentionConfig` does not have is refused in one line."""
+    changes = _PRESETS.build(name, **params)
     unknown = sorted(set(changes) - set(FIELDS))
     if unknown:
         raise ValueError(f"preset '{name}' returned unknown attention field '{unknown[0]}'")
     return changes
-
-
-_PRESETS: Registry[dict[str, Any]] = Registry("preset", _wrap_preset)
-
-
-def register_preset(name: str) -> Callable[[Any], Any]:
-    """Decorator registering a preset: a function of the preset's parameters returning the
-    :class:`AttentionConfig` fields it stands for (``{"score": "scaled_dot", "position_bias": "alibi"}``). The
-    name is then accepted wherever a score is (``variant=name``, ``MultiHeadAttention(score=name)``)."""
-    return _PRESETS.register(name)
-
-
-def build_preset(name: str, **params: Any) -> dict[str, Any]:
-    """The field changes the preset ``name`` stands for, with its ``params``."""
-    return _PRESETS.build(name, **params)
-
-
-def list_presets() -> list[str]:
-    """Names of the registered presets."""
-    return _PRESETS.names()
-
-
-def is_preset(name: object) -> bool:
-    """Whether ``name`` is a registered preset."""
-    return name in _PRESETS
-
-
-@register_preset("alibi")
-def alibi() -> dict[str, Any]:
-    """Press et al. 2022 (ALiBi): q·k/√d_k − m_h·|j − i|: ``scaled_dot`` + ``position_bias=alibi``."""
-    return {"score": "scaled_dot", "position_bias": "alibi"}
-
-
-@register_preset("t5_bias")
-def t5_bias(
-    num_buckets: int = 32, max_distance: int = 128, bidirectional: bool | None = None, scale: bool = False
-) -> dict[str, Any]:
-    """Raffel et al. 2020 (T5): q·k (unscaled: T5 folds the scale into W_q's initialisation; ``scale=True``
-    divides by √d_k) + b_h[bucket(j − i)]: ``dot`` (or ``scaled_dot``) + ``position_bias=t5``."""
-    if not isinstance(scale, bool):
-        raise ValueError(f"scale must be true or false, got {scale!r}")
-    params = {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
-    return {"score": "scaled_dot" if scale else "dot", "position_bias": "t5", "position_bias_params": params}
-
-
-@register_preset("relative_position")
-def relative_position(clip: int = 16, value_term: bool = False) -> dict[str, Any]:
-    """Shaw et al. 2018: q_i·(k_j + a^K_{ij})/√d_k with a^K_{ij} = w^K_{clip(j − i, k)} (and a^V with
-    ``value_term``): ``scaled_dot`` + ``position_bias=shaw``."""
-    return {
-        "score": "scaled_dot",
-        "position_bias": "shaw",
-        "position_bias_params": {"clip": clip, "value_term": value_term},
-    }
 
 
 # ---------------------------------------------------------------------------------------------------- per layer

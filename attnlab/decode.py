@@ -3,15 +3,16 @@
 A causal :class:`~attnlab.encoder.Encoder` (every layer's mask causal, or a causal sliding window) can be run token by
 token: :func:`init_cache` makes an empty cache for a batch, :func:`encoder_step` feeds one token per sequence and
 returns its hidden state, and :func:`decode` runs a whole sequence so (the check that the token-by-token form gives
-what the parallel forward gives). Each layer keeps what its form needs:
+what the parallel forward gives). Each layer keeps what its form needs (:meth:`~attnlab.forms.Form.step`; the
+layer's projection is the same as in its forward pass, :meth:`~attnlab.attention.MultiHeadAttention.step`):
 
 =========================================  =====================================================  ============
 layer                                      cache                                                  memory
 =========================================  =====================================================  ============
 decay and delta-rule forms (retnet, gla,   the state M (B, H, d_k, d_v), updated per token         constant
-deltanet, gated_deltanet)                  (:func:`~attnlab.recurrences.state_step`)
+deltanet, gated_deltanet)                  (:func:`~attnlab.transition.step`)
 linear attention (``linear``, rowsum or    S (B, H, d_φ, d_v) and z (B, H, d_φ)                   constant
-none)                                      (:func:`~attnlab.backends.linear.recurrent_step`)
+none)                                      (:class:`~attnlab.forms.linear.LinearForm`)
 softmax (any normalizer) on any score      k (B, Gk, t, d_k) and v (B, G, t, d_v) of every token  grows with t
 without a position bias                    so far (preallocated, doubled when full); a causal
                                            window reads the keys of its window
@@ -33,117 +34,40 @@ import torch
 from torch import Tensor
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.backends.linear import recurrent_step
-from attnlab.masks import PreparedMask, build_mask, hides_later_keys
-from attnlab.recurrences import state_step
 
 __all__ = ["LayerCache", "decode", "decode_reason", "encoder_step", "init_cache", "layer_step"]
 
 
 @dataclass
 class LayerCache:
-    """One layer's decoding cache (:func:`layer_step`)."""
+    """One layer's decoding cache (:meth:`~attnlab.attention.MultiHeadAttention.step`)."""
 
-    state: Any = None  # M, or (S, z) for linear attention
-    k: Tensor | None = None  # (B, Gk, capacity, d_k)
-    v: Tensor | None = None  # (B, G, capacity, d_v)
+    state: Any = None  # the form's state: M, [S z], or a KVCache (attnlab.forms.softmax)
     length: int = 0  # tokens seen
     conv: list[Tensor] = field(default_factory=list)  # the last k − 1 projections of q, k, v (B, k − 1, channels)
     batch_size: int | None = None  # the sequences it holds (B), from its first token on
 
     def nbytes(self) -> int:
         """Bytes this cache holds now (a key/value cache counts the tokens seen, not its spare capacity)."""
-        total = 0
-        tensors = list(self.state) if isinstance(self.state, tuple) else [self.state]
+        state = self.state
+        total = state.nbytes() if hasattr(state, "nbytes") and not isinstance(state, Tensor) else 0
+        tensors = list(state) if isinstance(state, tuple) else [state] if isinstance(state, Tensor) else []
         for t in [*tensors, *self.conv]:
             if t is not None:
                 total += t.numel() * t.element_size()
-        for t in (self.k, self.v):
-            if t is not None:
-                total += t[:, :, : self.length].numel() * t.element_size()
         return total
 
 
 def decode_reason(attn: MultiHeadAttention) -> str | None:
-    """None when :func:`layer_step` can decode ``attn`` one token at a time, else why not (one line)."""
-    if attn.is_recurrent:
-        return None
-    if attn.differential:
-        return "differential attention has no token-by-token form here"
-    if attn.position_bias is not None or getattr(attn.score, "has_value_term", False):
-        return f"a position bias ({attn.config.position_bias or attn.config.score}) has no token-by-token form here"
-    if attn.is_linear and getattr(attn.score.feature_map, "positional", False):
-        return f"the {attn.score.feature_map_name} feature map reads the sequence length"
-    mask = None if attn.config.mask is None else build_mask(attn.config.mask)
-    if mask is None or not mask.position_only or not hides_later_keys(mask):
-        return "only a causal layer (mask=causal, or a causal window) decodes one token at a time"
-    return None
-
-
-def _conv_step(conv: Any, buffer: Tensor | None, x: Tensor) -> tuple[Tensor, Tensor]:
-    """A short convolution on one new projection x (B, 1, C), given the last k − 1 (B, k − 1, C) → (y, buffer)."""
-    if buffer is None:
-        buffer = x.new_zeros(x.shape[0], conv.width - 1, x.shape[-1])
-    window = torch.cat([buffer, x], dim=1)  # (B, k, C)
-    y = torch.einsum("bkc,ck->bc", window, conv.conv.weight[:, 0]).unsqueeze(1)
-    return y, window[:, 1:]
+    """None when :meth:`~attnlab.attention.MultiHeadAttention.step` can decode ``attn`` one token at a time, else
+    why not (one line): the form's :meth:`~attnlab.forms.Form.decode_reason`."""
+    return attn.form.decode_reason()
 
 
 def layer_step(attn: MultiHeadAttention, x: Tensor, cache: LayerCache) -> Tensor:
-    """One token through one attention layer: x (B, 1, d_model) → out (B, 1, d_model); ``cache`` is updated."""
-    B = x.shape[0]
-    t = cache.length
-    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)  # (B, 1, channels)
-    if attn.short_conv is not None:
-        buffers = cache.conv or [None, None, None]
-        (q, bq), (k, bk), (v, bv) = (
-            _conv_step(c, b, p)
-            for c, b, p in zip((attn.q_conv, attn.k_conv, attn.v_conv), buffers, (q, k, v), strict=True)
-        )
-        cache.conv = [bq, bk, bv]
-    q = q.view(B, 1, attn.query_heads, attn.d_k).transpose(1, 2)  # (B, Hq, 1, d_k)
-    k = k.view(B, 1, attn.key_heads, attn.d_k).transpose(1, 2)
-    v = v.view(B, 1, attn.num_kv_heads, attn.d_v).transpose(1, 2)
-    q, k = attn.transform_qk(q, k, offset=t)
-    if attn.is_recurrent:
-        q, k, log_alpha, beta = attn.score.inputs(q, attn.expand_heads(k, attn.num_heads), x)
-        la = None if log_alpha is None else log_alpha[:, :, 0]
-        b = None if beta is None else beta[:, :, 0]
-        v = attn.expand_heads(v, attn.num_heads)
-        z, cache.state = state_step(cache.state, q[:, :, 0], k[:, :, 0], v[:, :, 0], la, b)
-        z = z.unsqueeze(2)  # (B, H, 1, d_v)
-    elif attn.is_linear:
-        phi_q, phi_k = attn.score.features(q, attn.expand_heads(k, attn.query_heads))
-        v = attn.expand_heads(v, attn.num_heads)
-        z, cache.state = recurrent_step(
-            cache.state,
-            phi_q[:, :, 0],
-            phi_k[:, :, 0],
-            v[:, :, 0],
-            attn.normalizer.normalize_rows,
-            float(attn.normalizer.eps),
-        )
-        z = z.unsqueeze(2)
-    else:
-        if cache.k is None or t == cache.k.shape[2]:  # grow the preallocated cache (doubling)
-            capacity = max(16, 2 * t)
-            grown_k = k.new_zeros(B, attn.key_heads, capacity, attn.d_k)
-            grown_v = v.new_zeros(B, attn.num_kv_heads, capacity, attn.d_v)
-            if cache.k is not None:
-                grown_k[:, :, :t], grown_v[:, :, :t] = cache.k[:, :, :t], cache.v[:, :, :t]
-            cache.k, cache.v = grown_k, grown_v
-        cache.k[:, :, t : t + 1] = k
-        cache.v[:, :, t : t + 1] = v
-        keys, values = cache.k[:, :, : t + 1], cache.v[:, :, : t + 1]
-        mask = build_mask(attn.config.mask)
-        row = torch.as_tensor(
-            mask.mask_mod(torch.tensor([[t]], device=x.device), torch.arange(t + 1, device=x.device)[None], None, None)
-        )  # (1, t + 1): the keys this query sees
-        logits = attn.logits(q, keys)  # (B, Hq, 1, t + 1)
-        weights = attn.normalize(logits, PreparedMask.from_tensor(row.view(1, 1, 1, t + 1)), values.dtype)
-        z = attn.mix_values(weights, values)  # (B, H, 1, d_v)
-    cache.length = t + 1
-    return attn.merge(z)
+    """One token through one attention layer: x (B, 1, d_model) → out (B, 1, d_model); ``cache`` is updated
+    (:meth:`~attnlab.attention.MultiHeadAttention.step`)."""
+    return attn.step(x, cache)
 
 
 def init_cache(encoder: Any) -> list[LayerCache]:
@@ -200,12 +124,7 @@ def encoder_step(encoder: Any, tokens: Tensor, cache: list[LayerCache]) -> Tenso
     if encoder.pos is not None:
         h = h + encoder.pos(position + 1)[position:]
     for layer, layer_cache in zip(encoder.layers, cache, strict=True):
-        if layer.norm_first:
-            h = h + layer_step(layer.self_attn, layer.norm1(h), layer_cache)
-            h = h + layer.ff(layer.norm2(h))
-        else:
-            h = layer.norm1(h + layer_step(layer.self_attn, h, layer_cache))
-            h = layer.norm2(h + layer.ff(h))
+        h = layer.block(h, lambda u, attn=layer.self_attn, c=layer_cache: attn.step(u, c))
     return encoder.norm(h)[:, 0]
 
 

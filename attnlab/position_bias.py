@@ -7,7 +7,7 @@ logits (the additive score's too), and an optional value-side term (Shaw's a^V).
 one (batch, head, query, key) from a few small tensors offers it as a FlexAttention ``score_mod``
 (:meth:`PositionBias.score_mod`: Shaw, T5, ALiBi), which the ``flex`` backend (:mod:`attnlab.backends.flex`) fuses
 into one kernel. The variants ``alibi``, ``t5_bias``
-and ``relative_position`` are presets (:mod:`attnlab.config`): a score plus one of these biases.
+and ``relative_position`` are presets (:func:`attnlab.scores.register_preset`): a score plus one of these biases.
 
 Positions are 0-based; for self-attention query i and key j are the same sequence positions.
 """
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from attnlab.checks import check_int
 from attnlab.kernels import relative as relative_kernel
-from attnlab.registry import BoundedCache, Registry, build_with_sizes
+from attnlab.registry import BoundedCache, Registry, build_with_sizes, registry_of
 
 __all__ = [
     "AlibiBias",
@@ -395,10 +395,10 @@ def resolve_direction(
     (``kind``: ``"score"`` or ``"position bias"``) takes that parameter and it is unset or None: T5's buckets under
     a causal mask are T5's decoder buckets."""
     params = dict(params or {})
-    from attnlab.scores import _SCORES
-
-    registry = _SCORES if kind == "score" else _POSITION_BIASES
-    if not isinstance(name, str) or name not in registry or params.get("bidirectional") is not None:
+    # the scores' registry is read through attnlab.registry: attnlab.scores imports this module (its re-exports and
+    # presets), so this one never imports it back
+    registry = _POSITION_BIASES if kind == "position bias" else registry_of(kind)
+    if registry is None or not isinstance(name, str) or name not in registry or params.get("bidirectional") is not None:
         return params
     if "bidirectional" in inspect.signature(registry.get(name)).parameters:
         params["bidirectional"] = not causal

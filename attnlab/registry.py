@@ -2,6 +2,10 @@
 
 Three verbs, as in timm: ``register``, ``build``, ``names``. An unknown name raises :class:`UnknownNameError`,
 a one-line message that lists what is registered and suggests the closest name.
+
+Every registry is also found by its kind (:func:`registry_of`): a helper that asks about registered names of another
+kind (does the score ``t5_like`` take ``bidirectional``?) reads that registry here, at the bottom, instead of
+importing the module that fills it (which may sit above it: :mod:`attnlab.position_bias` and the scores).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+_BY_KIND: dict[str, Registry[Any]] = {}
 
 
 class UnknownNameError(ValueError):
@@ -36,6 +42,7 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Any] = {}
         self._wrap = wrap
+        _BY_KIND[kind] = self  # (the latest of a kind: a reloaded module's registry replaces the old one)
 
     def register(self, name: str) -> Callable[[Any], Any]:
         """Decorator: ``@registry.register("name")`` on a class or function. Returns it unchanged."""
@@ -67,6 +74,12 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def registry_of(kind: str) -> Registry[Any] | None:
+    """The registry of ``kind`` (``"score"``, ``"position bias"``, ``"preset"`` ...), or None while no module has
+    made one (then nothing of that kind is registered either)."""
+    return _BY_KIND.get(kind)
 
 
 def check_params(

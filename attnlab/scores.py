@@ -5,8 +5,10 @@ Every **score** (the content term of the logits) is an ``nn.Module`` registered 
 functions ``fn(q, k, **params) -> logits`` can be registered too; they are wrapped in a parameter-free module.
 
 Position biases (Shaw, T5, ALiBi), which attention adds to any score, live in :mod:`attnlab.position_bias`; the
-variants ``relative_position``, ``t5_bias`` and ``alibi`` are presets of :mod:`attnlab.config`: a dot product plus
-one of them.
+variants ``relative_position``, ``t5_bias`` and ``alibi`` are **presets**: names a score field may take that stand
+for a score plus a position bias (:func:`register_preset`). Their registry lives here, beside the scores, so that
+:func:`build_score` and :func:`list_scores` take them without importing :mod:`attnlab.config` (which sits above this
+module, re-exports the preset verbs and expands a preset in :meth:`~attnlab.config.AttentionConfig.resolved`).
 
 Two optional hooks extend the plain ``forward``:
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -36,21 +38,46 @@ from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_choice, check_int, check_number
 from attnlab.kernels import additive as fused_additive
+
+# Position biases moved to attnlab.position_bias (0.3); these names stay importable from here.
+from attnlab.position_bias import (
+    AlibiBias,
+    PositionBias,
+    ShawBias,
+    T5Bias,
+    alibi_slopes,
+    build_position_bias,
+    list_position_biases,
+    register_position_bias,
+    t5_relative_bucket,
+)
 from attnlab.registry import Registry, UnknownNameError, build_with_sizes, check_params, unknown_name_message
 
 __all__ = [
     "AdditiveScore",
+    "AlibiBias",
     "CosineScore",
     "DotProductScore",
     "DotScore",
     "GeneralScore",
     "LinearScore",
+    "PositionBias",
     "ScaledDotScore",
     "Score",
     "ScoreWithBias",
+    "ShawBias",
+    "T5Bias",
+    "alibi_slopes",
+    "build_position_bias",
     "build_score",
+    "is_preset",
+    "list_position_biases",
+    "list_presets",
     "list_scores",
+    "register_position_bias",
+    "register_preset",
     "register_score",
+    "t5_relative_bucket",
 ]
 
 
@@ -165,17 +192,13 @@ def build_score(name: str, **kwargs: Any) -> nn.Module:
     """Build the score ``name``: ``build_score("additive", d_k=16, num_heads=4)``. A preset (``alibi``,
     ``t5_bias``, ``relative_position``: :mod:`attnlab.config`) builds a :class:`ScoreWithBias`, its score plus its
     position bias, as one logits module."""
-    from attnlab.config import build_preset, is_preset
-
     if not is_preset(name):
         if name not in _SCORES:  # the message names the presets too: build_score takes them
             raise UnknownNameError(unknown_name_message("score", name, list_scores()))
         return _SCORES.build(name, **kwargs)
     sizes = {k: kwargs.pop(k) for k in ("d_k", "num_heads", "d_v") if k in kwargs}
     kwargs.pop("d_model", None)  # (a preset's score and bias are built from the sizes alone)
-    changes = build_preset(name, **kwargs)
-    from attnlab.position_bias import build_position_bias
-
+    changes = _PRESETS.build(name, **kwargs)
     score = _SCORES.build(changes.get("score", "scaled_dot"), **sizes, **changes.get("score_params", {}))
     bias = build_position_bias(changes.get("position_bias"), **sizes, **changes.get("position_bias_params", {}))
     return score if bias is None else ScoreWithBias(score, bias)
@@ -200,9 +223,68 @@ class ScoreWithBias(Score):
 
 def list_scores() -> list[str]:
     """Names of the registered scores and presets (what ``variant=`` and ``MultiHeadAttention(score=)`` take)."""
-    from attnlab.config import list_presets
-
     return sorted([*_SCORES.names(), *list_presets()])
+
+
+# --------------------------------------------------------------------------------------------- presets
+
+
+def _wrap_preset(name: str, fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    check_params("variant", name, fn, kwargs, ())
+    changes = fn(**kwargs)
+    if not isinstance(changes, Mapping) or not all(isinstance(key, str) for key in changes):
+        raise ValueError(f"preset '{name}' must return a mapping of attention fields, got {changes!r}")
+    return dict(changes)
+
+
+_PRESETS: Registry[dict[str, Any]] = Registry("preset", _wrap_preset)
+
+
+def register_preset(name: str) -> Callable[[Any], Any]:
+    """Decorator registering a preset: a function of the preset's parameters returning the
+    :class:`~attnlab.config.AttentionConfig` fields it stands for (``{"score": "scaled_dot", "position_bias":
+    "alibi"}``). The name is then accepted wherever a score is (``variant=name``, ``MultiHeadAttention(score=name)``,
+    :func:`build_score`). :func:`attnlab.config.build_preset` gives its changes, checked against the fields."""
+    return _PRESETS.register(name)
+
+
+def list_presets() -> list[str]:
+    """Names of the registered presets."""
+    return _PRESETS.names()
+
+
+def is_preset(name: object) -> bool:
+    """Whether ``name`` is a registered preset."""
+    return name in _PRESETS
+
+
+@register_preset("alibi")
+def alibi() -> dict[str, Any]:
+    """Press et al. 2022 (ALiBi): q·k/√d_k − m_h·|j − i|: ``scaled_dot`` + ``position_bias=alibi``."""
+    return {"score": "scaled_dot", "position_bias": "alibi"}
+
+
+@register_preset("t5_bias")
+def t5_bias(
+    num_buckets: int = 32, max_distance: int = 128, bidirectional: bool | None = None, scale: bool = False
+) -> dict[str, Any]:
+    """Raffel et al. 2020 (T5): q·k (unscaled: T5 folds the scale into W_q's initialisation; ``scale=True``
+    divides by √d_k) + b_h[bucket(j − i)]: ``dot`` (or ``scaled_dot``) + ``position_bias=t5``."""
+    if not isinstance(scale, bool):
+        raise ValueError(f"scale must be true or false, got {scale!r}")
+    params = {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
+    return {"score": "scaled_dot" if scale else "dot", "position_bias": "t5", "position_bias_params": params}
+
+
+@register_preset("relative_position")
+def relative_position(clip: int = 16, value_term: bool = False) -> dict[str, Any]:
+    """Shaw et al. 2018: q_i·(k_j + a^K_{ij})/√d_k with a^K_{ij} = w^K_{clip(j − i, k)} (and a^V with
+    ``value_term``): ``scaled_dot`` + ``position_bias=shaw``."""
+    return {
+        "score": "scaled_dot",
+        "position_bias": "shaw",
+        "position_bias_params": {"clip": clip, "value_term": value_term},
+    }
 
 
 @register_score("dot")
@@ -457,32 +539,3 @@ class LinearScore(Score):
 
     def extra_repr(self) -> str:
         return f"d_k={self.d_k}, num_heads={self.num_heads}, feature_map={self.feature_map_name}"
-
-
-# Position biases moved to attnlab.position_bias (0.3); these names stay importable from here.
-from attnlab.position_bias import (  # noqa: E402
-    AlibiBias,
-    PositionBias,
-    ShawBias,
-    T5Bias,
-    alibi_slopes,
-    build_position_bias,
-    list_position_biases,
-    register_position_bias,
-    t5_relative_bucket,
-)
-
-__all__ += [
-    "AlibiBias",
-    "PositionBias",
-    "ShawBias",
-    "T5Bias",
-    "alibi_slopes",
-    "build_position_bias",
-    "list_position_biases",
-    "register_position_bias",
-    "t5_relative_bucket",
-]
-
-# The decay and delta-rule forms (retnet, gla, deltanet, gated_deltanet) register themselves.
-from attnlab import recurrences  # noqa: E402, F401

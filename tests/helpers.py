@@ -36,13 +36,12 @@ SUBPROCESS_TIMEOUT = 300
 
 # ---------------------------------------------------------------------------------------------- the built-ins
 
-# The decay and delta-rule forms (attnlab.recurrences: retnet, gla, deltanet, gated_deltanet) are registered scores
-# too, but not logits of (q, k): they read the layer's input, are causal only and take no normalizer.
-# tests/test_recurrences.py tests every one of them; SCORES are the others, which the generic score tests take.
+# The decay and delta-rule forms (attnlab.forms: retnet, gla, deltanet, gated_deltanet, and any registered later) are
+# forms, chosen by variant=<name>: tests/test_recurrences.py tests every one of them, from the registry's tags.
+import attnlab.forms  # noqa: E402
+
 RECURRENT_FORMS: tuple[str, ...] = tuple(
-    n
-    for n in attnlab.list_scores()
-    if isinstance(attnlab.build_score(n, d_k=4, num_heads=1), attnlab.recurrences.RecurrentScore)
+    n for n in attnlab.forms.list_forms() if {"decay", "delta"} & attnlab.forms.form_class(n).tags
 )
 SCORES: tuple[str, ...] = tuple(n for n in attnlab.list_scores() if n not in RECURRENT_FORMS)
 POSITION_BIASES: tuple[str, ...] = tuple(attnlab.list_position_biases())

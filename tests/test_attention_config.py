@@ -98,7 +98,7 @@ def test_a_preset_layer_equals_its_explicit_score_and_bias_and_records_what_it_i
     ).double()
     assert preset.config == explicit.config
     assert preset.config.score == "scaled_dot" and preset.config.position_bias == "shaw"
-    assert "position_bias.rel_k" in dict(preset.named_parameters())
+    assert "form.position_bias.rel_k" in dict(preset.named_parameters())
     x = randn(2, 6, 16, seed=3)
     torch.testing.assert_close(preset(x)[0], explicit(x)[0], rtol=0, atol=0)
 
@@ -113,9 +113,9 @@ def test_a_checkpoint_of_a_preset_from_0_1_and_0_2_loads_into_the_position_bias_
     ``position_bias.rel_k`` (strict), with the saved values."""
     mha = attnlab.MultiHeadAttention(16, 4, 4, score="relative_position", clip=2)
     state = mha.state_dict()
-    table = torch.randn_like(state["position_bias.rel_k"])
+    table = torch.randn_like(state["form.position_bias.rel_k"])
     for old_key in ("score.rel_k", "score.position_bias.rel_k"):
-        old = {k: v for k, v in state.items() if k != "position_bias.rel_k"} | {old_key: table}
+        old = {k: v for k, v in state.items() if k != "form.position_bias.rel_k"} | {old_key: table}
         fresh = attnlab.MultiHeadAttention(16, 4, 4, score="relative_position", clip=2)
         fresh.load_state_dict(old, strict=True)
         torch.testing.assert_close(fresh.position_bias.rel_k, table, rtol=0, atol=0)

@@ -221,18 +221,17 @@ def test_a_registered_backend_joins_the_automatic_order_before_eager():
 
     @register_backend("test_backend_counting")
     class Counting(Backend):
-        def config_reason(self, attn):
-            return None if attn.config.score == "additive" else "additive only"
+        computes = frozenset({"form:softmax", "score:AdditiveScore"})
 
-        def attend(self, attn, x, key_value, mask):
-            calls.append(x.shape)
-            return attn.attend(x, key_value, mask).out, None
+        def compute(self, spec, inputs, dropout):
+            calls.append(inputs.q.shape[2])
+            return spec.form.parallel(inputs, dropout)
 
     try:
         assert ORDER[-2:] == ["test_backend_counting", "eager"]
         mha = attnlab.MultiHeadAttention(16, 4, 4, score="additive")
         mha(torch.randn(1, 3, 16))
-        assert calls == [(1, 3, 16)] and mha.backend_for() == "test_backend_counting"
+        assert calls == [3] and mha.backend_for() == "test_backend_counting"
         assert attnlab.MultiHeadAttention(16, 4, 4).backend_for() == "sdpa"
     finally:
         ORDER.remove("test_backend_counting")

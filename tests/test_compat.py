@@ -97,7 +97,7 @@ def test_a_run_folder_of_0_2_extends_refuses_a_change_and_shows_beside_new_runs(
     assert summary["attention"] == "relative_position · score(clip=3) · normalizer=softmax1"
     # the extension started from the saved weights: the bias table moved back under position_bias, trained on
     extended = torch.load(old / "checkpoints" / "last.ckpt")["state_dict"]
-    table = "encoder.layers.0.self_attn.position_bias.rel_k"
+    table = "encoder.layers.0.self_attn.form.position_bias.rel_k"
     assert table in extended and not torch.equal(extended[table], before[table])
     runs = load_runs(tmp_path / "runs")
     assert len(runs) == 2 and Sweep(runs).dims == []  # same settings: nothing varies between 0.2 and today

@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import attnlab
+import attnlab.forms
 import attnlab.train as T  # registers the ``attnlab_uid`` resolver
 from attnlab.tasks import SequenceTask
 
@@ -230,7 +231,8 @@ def test_every_variant_config_names_a_registered_score(hydra_ctx: None) -> None:
         if option in PIPELINE_PRESETS:  # a score plus a model setting
             assert compose_cfg(f"variant={option}").variant.name in attnlab.list_scores()
             continue
-        assert option in attnlab.list_scores(), f"conf/variant/{option}.yaml has no registered score"
+        known = [*attnlab.list_scores(), *attnlab.forms.list_forms()]
+        assert option in known, f"conf/variant/{option}.yaml has no registered score or form"
 
 
 @pytest.mark.parametrize(

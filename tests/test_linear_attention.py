@@ -29,6 +29,7 @@ from attnlab.backends.linear import (
 )
 from attnlab.config import AttentionConfig
 from attnlab.feature_maps import build_feature_map, list_feature_maps
+from attnlab.forms.linear import LinearForm
 from attnlab.masks import build_mask, prepare_mask
 from attnlab.registry import UnknownNameError
 
@@ -515,7 +516,7 @@ def test_global_equals_the_quadratic_form_without_a_mask_and_with_key_padding():
     prepared = build_mask("padding", pad_id=0).prepare(6, 6, tokens=tokens)
     assert prepared.form == "padding"
     for mask in (None, keys, prepared):
-        with mock.patch.object(linear_backends, "linear_attention_global", wraps=linear_attention_global) as spy:
+        with mock.patch.object(LinearForm, "bidirectional", autospec=True, side_effect=LinearForm.bidirectional) as spy:
             got, _ = mha(x, mask=mask)
         assert spy.call_count == 1
         assert_same(got, mha.attend(x, mask=mask).out, inputs, atol=ATOL)
@@ -531,7 +532,7 @@ def test_global_cross_attention_with_key_padding_equals_the_quadratic_form():
     kv = randn(2, 6, D_MODEL, seed=35).requires_grad_()
     keys = pad_mask([6, 3], 6)
     inputs = [x, kv, *mha.parameters()]
-    with mock.patch.object(linear_backends, "linear_attention_global", wraps=linear_attention_global) as spy:
+    with mock.patch.object(LinearForm, "bidirectional", autospec=True, side_effect=LinearForm.bidirectional) as spy:
         got, _ = mha(x, key_value=kv, mask=keys)
     assert spy.call_count == 1
     assert_same(got, mha.attend(x, key_value=kv, mask=keys).out, inputs, atol=ATOL)
@@ -561,7 +562,7 @@ def test_the_encoder_computes_causal_linear_attention_with_padding_in_chunks_as_
     masks = enc.build_masks(tokens)
     assert [m.form for m in masks] == ["causal+padding"] * 2
     assert enc.layers[0].self_attn.backend_for(mask="causal+padding") == "chunked"
-    with mock.patch.object(linear_backends, "linear_attention_chunked", wraps=linear_attention_chunked) as spy:
+    with mock.patch.object(LinearForm, "chunked", autospec=True, side_effect=LinearForm.chunked) as spy:
         out = enc(tokens)
     assert spy.call_count == 2  # both layers
     eager, _ = enc(tokens, need_weights=True)  # the weights: every layer on the eager path
@@ -698,7 +699,7 @@ def test_an_unknown_feature_map_is_refused_in_one_line_with_a_suggestion():
 
 def test_the_automatic_choice_takes_the_o_of_l_backend_the_mask_allows():
     causal = linear_mha(seed=12)
-    assert causal.is_linear and causal.mask_form == "causal"
+    assert "linear" in causal.form.tags and causal.mask_form == "causal"
     assert causal.backend_for() == "chunked"
     assert causal.backend_for(mask="causal+padding") == "chunked"
     assert causal.backend_for(mask="padding") == "global"
@@ -712,7 +713,7 @@ def test_the_automatic_choice_takes_the_o_of_l_backend_the_mask_allows():
     dropped = linear_mha(seed=12, dropout=0.1)
     assert dropped.backend_for() == "eager" and dropped.backend_for(training=False) == "chunked"
     softmax = linear_mha(seed=12, normalizer="softmax")
-    assert not softmax.is_linear and softmax.backend_for() == "eager"
+    assert "linear" not in softmax.form.tags and softmax.backend_for() == "eager"
 
 
 def test_a_causal_call_on_a_layer_configured_without_a_mask_runs_chunked_or_eager_correctly():
@@ -720,12 +721,12 @@ def test_a_causal_call_on_a_layer_configured_without_a_mask_runs_chunked_or_eage
     x = randn(2, 7, D_MODEL, seed=40).requires_grad_()
     inputs = [x, *mha.parameters()]
     expected = mha.attend(x, mask=CAUSAL).out
-    with mock.patch.object(linear_backends, "linear_attention_chunked", wraps=linear_attention_chunked) as spy:
+    with mock.patch.object(LinearForm, "chunked", autospec=True, side_effect=LinearForm.chunked) as spy:
         got, _ = mha(x, mask=CAUSAL)  # a causal Mask: chunked
     assert spy.call_count == 1
     assert_same(got, expected, inputs, atol=ATOL)
     dense = torch.tensor([[j <= i for j in range(7)] for i in range(7)])  # a bool tensor: form "other", eager
-    with mock.patch.object(linear_backends, "linear_attention_chunked", wraps=linear_attention_chunked) as spy:
+    with mock.patch.object(LinearForm, "chunked", autospec=True, side_effect=LinearForm.chunked) as spy:
         got, _ = mha(x, mask=dense)
     assert spy.call_count == 0
     assert_same(got, expected, inputs, atol=ATOL)

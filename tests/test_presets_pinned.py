@@ -58,16 +58,17 @@ def test_a_checkpoint_saved_before_the_bias_was_its_own_module_still_loads(score
     torch.manual_seed(3)
     enc = attnlab.Encoder(vocab_size=11, d_model=16, num_heads=4, num_layers=2, score=score, score_params=params)
     assert any(
-        k.endswith(("self_attn.position_bias.rel_k", "self_attn.position_bias.rel_bias")) for k in enc.state_dict()
+        k.endswith(("self_attn.form.position_bias.rel_k", "self_attn.form.position_bias.rel_bias"))
+        for k in enc.state_dict()
     )
     then = "self_attn.score." if version == "0.1" else "self_attn.score.position_bias."
 
     def old_key(key):
-        return key.replace("self_attn.position_bias.", then)
+        return key.replace("self_attn.form.position_bias.", then)
 
     old = {old_key(k): v.clone() + 1 for k, v in enc.state_dict().items()}
     assert any(k.endswith((then + "rel_k", then + "rel_bias")) for k in old)
-    assert not any("self_attn.position_bias." in k for k in old)
+    assert not any("self_attn.form.position_bias." in k for k in old)
     fresh = attnlab.Encoder(vocab_size=11, d_model=16, num_heads=4, num_layers=2, score=score, score_params=params)
     fresh.load_state_dict(old)
     for key, value in fresh.state_dict().items():

@@ -18,12 +18,9 @@ from helpers import RECURRENT_FORMS, conv_loop, randomize_
 
 import attnlab
 from attnlab.config import AttentionConfig
+from attnlab.forms import LayerSizes, build_form
 from attnlab.masks import build_mask
 from attnlab.recurrences import (
-    DeltaNetScore,
-    GatedDeltaNetScore,
-    GLAScore,
-    RetNetScore,
     chunked_form,
     effective_matrix,
     recurrent_form,
@@ -32,6 +29,18 @@ from attnlab.recurrences import (
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def build(name, d_k, heads, d_v=None, d_model=6):
+    """The form ``name`` (retnet, gla, deltanet, gated_deltanet) for a layer of these sizes, causal."""
+    sizes = LayerSizes(d_model, heads, heads, d_k, d_v or d_k)
+    return build_form(name, sizes, AttentionConfig(score=name, normalizer="none", mask="causal"))
+
+
+def weights_of(form, q, k, x):
+    """The form's effective matrix for q, k (B, H, L, d_k) and x (B, L, d_model)."""
+    q2, k2, record = form.inputs(q, k, x)
+    return effective_matrix(q2, k2, record.log_decay, record.beta)
 
 
 # --------------------------------------------------------------------------------------------- the plain reference
@@ -205,7 +214,7 @@ def test_the_decay_form_is_decayed_unnormalised_linear_attention(decay):
 
 def test_a_gla_score_whose_gate_is_shut_open_is_scaled_linear_attention():
     """GLA's gate at σ(50)^(1/16) is 1 in float64: its effective matrix is (q_i·k_j)/√d_k for j ≤ i, 0 above."""
-    score = GLAScore(D_K, H, d_model=6).double()
+    score = build("gla", D_K, H, d_model=6).double()
     with torch.no_grad():
         score.alpha_gate.proj.weight.zero_()
         score.alpha_gate.proj.bias.fill_(50.0)
@@ -215,7 +224,7 @@ def test_a_gla_score_whose_gate_is_shut_open_is_scaled_linear_attention():
     for i in range(L):
         for j in range(i + 1):
             expected[:, :, i, j] = (q[:, :, i] * k[:, :, j]).sum(-1) / math.sqrt(D_K)
-    assert_same(score(q, k, x), expected, [q, k], atol=ATOL)
+    assert_same(weights_of(score, q, k, x), expected, [q, k], atol=ATOL)
 
 
 @pytest.mark.parametrize("decay", [False, True], ids=["no_decay", "decay"])
@@ -263,10 +272,10 @@ def test_retnet_decays_are_one_minus_two_to_the_minus_five_minus_h():
 
 
 def test_retnet_effective_matrix_is_the_retention_matrix():
-    """RetNetScore.forward(q, k, x) (x only for its shape) = γ_h^(i−j) (q_i·k_j)/√d_k for j ≤ i, 0 above, with
-    γ_h = 1 − 2^(−5−h), written out with loops, in float64 (a float64 score decays by the float64 γ_h)."""
+    """RetNet's effective matrix for (q, k, x) (x only for its shape) = γ_h^(i−j) (q_i·k_j)/√d_k for j ≤ i, 0
+    above, with γ_h = 1 − 2^(−5−h), written out with loops, in float64 (a float64 form decays by the float64 γ_h)."""
     heads, length = 3, 20
-    score = RetNetScore(D_K, heads, d_model=5).double()
+    score = build("retnet", D_K, heads, d_model=5).double()
     q = randn(B, heads, length, D_K, seed=55).requires_grad_()
     k = randn(B, heads, length, D_K, seed=56).requires_grad_()
     x = torch.zeros(B, length, 5, dtype=torch.float64)
@@ -285,7 +294,7 @@ def test_retnet_effective_matrix_is_the_retention_matrix():
         atol=0,
         msg=lambda m: f"a float64 RetNet's log γ_h is not log(1 − 2^(−5−h)) to float64 precision:\n{m}",
     )
-    assert_same(score(q, k, x), expected, [q, k], atol=ATOL)
+    assert_same(weights_of(score, q, k, x), expected, [q, k], atol=ATOL)
 
 
 # --------------------------------------------------------------------------------------------- each score's inputs
@@ -297,11 +306,12 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs():
     d_model = 6
     q, k, *_ = form_inputs(60, decay=False, delta=False)
     x = randn(B, L, d_model, seed=61)
-    for cls in (RetNetScore, GLAScore, DeltaNetScore, GatedDeltaNetScore):
-        score = randomize_(cls(D_K, H, d_v=D_V, d_model=d_model).double(), seed=62, scale=0.5)
-        assert score.state_size() == H * D_K * D_V
-        q2, k2, la, beta = score.inputs(q, k, x)
-        if cls in (RetNetScore, GLAScore):
+    for cls in ("retnet", "gla", "deltanet", "gated_deltanet"):
+        score = randomize_(build(cls, D_K, H, d_v=D_V, d_model=d_model).double(), seed=62, scale=0.5)
+        assert score.state_size(L) == H * D_K * D_V
+        q2, k2, record = score.inputs(q, k, x)
+        la, beta = record.log_decay, record.beta
+        if cls in ("retnet", "gla"):
             torch.testing.assert_close(q2, q, rtol=0, atol=0)
             torch.testing.assert_close(k2, k / math.sqrt(D_K), rtol=1e-14, atol=0)
             assert beta is None
@@ -311,15 +321,15 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs():
             gate = score.beta_gate.proj
             expected_beta = plain_sigmoid(x @ gate.weight.T + gate.bias).transpose(1, 2)
             torch.testing.assert_close(beta, expected_beta, rtol=1e-14, atol=1e-15)
-        if cls is DeltaNetScore:
+        if cls == "deltanet":
             assert la is None
-        elif cls is RetNetScore:
+        elif cls == "retnet":
             assert la.shape == (B, H, L)
         else:
             gate = score.alpha_gate.proj
             expected_la = (plain_logsigmoid(x @ gate.weight.T + gate.bias) / 16).transpose(1, 2)
             torch.testing.assert_close(la, expected_la, rtol=1e-13, atol=1e-15)
-        torch.testing.assert_close(score(q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
+        torch.testing.assert_close(weights_of(score, q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------------------------- long sequences
@@ -436,13 +446,13 @@ def layer_inputs_reference(mha, x, keys=None):
         k = k * keys[:, None, :, None].to(k.dtype)  # a padded key writes nothing
     log_alpha = beta = None
     if name == "retnet":  # its fixed log γ_h as the score gives them (their values: test_retnet_effective_matrix_…)
-        log_alpha = mha.score.gates(x)[0].detach()
+        log_alpha = mha.form.gates(x)[0].detach()
     if name in ("gla", "gated_deltanet"):
-        gate = mha.score.alpha_gate.proj
-        tau = mha.score.gate_normalizer  # 16 unless score_params set it
+        gate = mha.form.alpha_gate.proj
+        tau = mha.form.gate_normalizer  # 16 unless score_params set it
         log_alpha = (plain_logsigmoid(x @ gate.weight.T + gate.bias) / tau).transpose(1, 2)
     if name in ("deltanet", "gated_deltanet"):
-        gate = mha.score.beta_gate.proj
+        gate = mha.form.beta_gate.proj
         beta = plain_sigmoid(x @ gate.weight.T + gate.bias).transpose(1, 2)
     return q, k, v, log_alpha, beta
 
@@ -453,12 +463,12 @@ def layer_reference(mha, x, keys=None):
     RMSNorm, ε = 1e-6; or none), the output projection."""
     q, k, v, log_alpha, beta = layer_inputs_reference(mha, x, keys)
     z, _ = reference_form(q, k, v, log_alpha, beta)  # (B, H, L, d_v)
-    norm = mha.score.output_norm
-    if mha.score.output_norm_name == "groupnorm":
+    norm = mha.form.output_norm
+    if mha.form.output_norm_name == "groupnorm":
         mean = z.mean(-1, keepdim=True)
         var = ((z - mean) ** 2).mean(-1, keepdim=True)
         z = (z - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias
-    elif mha.score.output_norm_name == "rmsnorm":
+    elif mha.form.output_norm_name == "rmsnorm":
         z = z / torch.sqrt((z * z).mean(-1, keepdim=True) + 1e-6) * norm.weight
     else:
         assert norm is None
@@ -506,7 +516,7 @@ def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, short_c
             )
     if keys is not None:  # rows 0 and 1 of sequence 1 see no key: z = 0, normed (a LayerNorm gives its bias)
         out = layers["auto"](x, mask=mask)[0]
-        norm = auto.score.output_norm
+        norm = auto.form.output_norm
         zero = norm.bias if score == "retnet" else torch.zeros(HEAD_V, dtype=torch.float64)
         empty_row = zero.repeat(HEADS) @ auto.out_proj.weight.T + auto.out_proj.bias
         torch.testing.assert_close(out[1, :2], empty_row.expand(2, D_MODEL), rtol=0, atol=1e-12)
@@ -693,7 +703,7 @@ def test_a_call_with_a_mask_that_is_not_causal_is_refused_in_one_line(score):
 def test_the_state_size_is_one_matrix_per_head_whatever_the_length(score):
     mha = recurrent_mha(score, seed=7)
     for length in (0, 1, LAYER_L, 100_000):
-        assert mha.state_size(length) == HEADS * HEAD_K * HEAD_V == mha.score.state_size()
+        assert mha.state_size(length) == HEADS * HEAD_K * HEAD_V == mha.form.state_size(0)
     conv = recurrent_mha(score, seed=7, short_conv=4)
     channels = 2 * HEADS * HEAD_K + HEADS * HEAD_V  # q and k (H·d_k each), v (H·d_v)
     for length in (1, LAYER_L, 100_000):

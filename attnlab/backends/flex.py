@@ -12,7 +12,7 @@ What it expresses, exactly as the eager path computes it:
   the (B, H, Lq, 2k + 1) table q·w^K read at the clipped distance, T5 through a per-head table over the offsets
   k − q (H, Lq + Lk − 1), ALiBi from its slopes (H,); a user bias (or a score's own bias) that offers ``score_mod``;
 * **soft-capping**: c·tanh(s / c) in the ``score_mod``, after the bias (as
-  :meth:`~attnlab.attention.MultiHeadAttention.logits`);
+  :meth:`~attnlab.forms.softmax.SoftmaxForm.logits`);
 * **every mask** as a ``mask_mod`` with its ``BlockMask`` (:func:`block_mask_for`): causal in closed form, causal AND
   key padding from the (B, Lk) key flags, any other (sliding window, causal window, compositions, user masks,
   padding, a bool tensor) read by index from the prepared mask's bool tensor, which the kernel touches only in the
@@ -63,8 +63,9 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from attnlab.backends import Backend, Conditions, register_backend
-from attnlab.backends.sdpa import dot_score_reason
+from attnlab.backends.base import Conditions, LayerSpec, register_backend, spec_of
+from attnlab.backends.sdpa import FusedSoftmax
+from attnlab.forms import FormInputs, FormOutput
 from attnlab.masks import PreparedMask
 from attnlab.position_bias import PositionBias, ScoreMod
 from attnlab.scores import DotProductScore
@@ -95,13 +96,13 @@ def compiled_flex_attention() -> Callable[..., Tensor]:
 # --------------------------------------------------------------------------------------------- what it computes
 
 
-def _bias_terms(attn: Any) -> list[tuple[str, Any]]:
+def _bias_terms(form: Any) -> list[tuple[str, Any]]:
     """The additive logit terms beside q·k: (name, module) of the score's own bias and the position-bias stage."""
     terms = []
-    if isinstance(attn.score, DotProductScore) and attn.score.position_term() is not None:
-        terms.append((f"score={attn.config.score}'s own bias", attn.score))
-    if attn.position_bias is not None:
-        terms.append((f"position_bias={attn.config.position_bias}", attn.position_bias))
+    if isinstance(form.score, DotProductScore) and form.score.position_term() is not None:
+        terms.append((f"score={form.config.score}'s own bias", form.score))
+    if form.position_bias is not None:
+        terms.append((f"position_bias={form.config.position_bias}", form.position_bias))
     return terms
 
 
@@ -111,34 +112,33 @@ def _offers_score_mod(term: Any) -> bool:
     return callable(getattr(term, "score_mod", None))
 
 
-def flex_reason(attn: Any) -> str | None:
-    """None when FlexAttention computes every stage of ``attn`` exactly, else the first stage it cannot (one line)."""
-    reason = dot_score_reason(attn)
-    if reason is not None:
-        return reason
-    if attn.extra_logit() is not None:
-        return f"it has no sink logit (normalizer={attn.config.normalizer}); softmax only"
-    if not getattr(attn.normalizer, "is_softmax", False):
-        return f"it computes the softmax only, not normalizer={attn.config.normalizer}"
-    for name, term in _bias_terms(attn):
+def flex_reason(form: Any) -> str | None:
+    """None when FlexAttention computes every stage of the softmax form beyond its features exactly, else the first
+    stage it cannot (one line)."""
+    form = getattr(form, "form", form)
+    if form.extra_logit() is not None:
+        return f"it has no sink logit (normalizer={form.config.normalizer}); softmax only"
+    if not getattr(form.normalizer, "is_softmax", False):
+        return f"it computes the softmax only, not normalizer={form.config.normalizer}"
+    for name, term in _bias_terms(form):
         if not _offers_score_mod(term):
             return f"{name} offers no FlexAttention score_mod (PositionBias.score_mod); shaw, t5 and alibi do"
     return None
 
 
-def score_mod_for(attn: Any, q: Tensor, num_keys: int) -> ScoreMod | None:
+def score_mod_for(form: Any, q: Tensor, num_keys: int) -> ScoreMod | None:
     """The layer's ``score_mod`` for q (B, Hq, Lq, d_k) (transformed, before the score's query_map) and Lk keys:
     the score's own bias, then the position bias, then the soft-cap; None when there is none of them."""
     terms = []
-    for _, term in _bias_terms(attn):
+    for _, term in _bias_terms(form):
         mod = term.score_mod(q, num_keys)
         if mod is None:  # a bias that declines at this shape: its tensor, read by index
             bias = term.bias(q, num_keys) if isinstance(term, DotProductScore) else term(q, num_keys)
             mod = _dense_bias_mod(bias.expand(q.shape[0], q.shape[1], q.shape[2], num_keys))
         terms.append(mod)
-    if attn.softcap is None:
+    if form.softcap is None:
         return None if not terms else terms[0] if len(terms) == 1 else _sum_mod(tuple(terms))
-    return _capped_mod(tuple(terms), float(attn.softcap))
+    return _capped_mod(tuple(terms), float(form.softcap))
 
 
 def _dense_bias_mod(bias: Tensor) -> ScoreMod:
@@ -254,17 +254,18 @@ _SDPA_MASKS = ("none", "causal", "padding", "causal+padding")
 """The mask forms that SDPA's fused kernels compute without a materialised bias (``auto`` leaves these to sdpa)."""
 
 
-def _plain(attn: Any) -> bool:
-    """Whether ``attn`` has neither an additive logit term (a score's own, a position bias) nor a soft-cap."""
-    own = isinstance(attn.score, DotProductScore) and attn.score.position_term() is not None
-    return not own and attn.position_bias is None and attn.softcap is None
+def _plain(form: Any) -> bool:
+    """Whether ``form`` has neither an additive logit term (a score's own, a position bias) nor a soft-cap."""
+    own = isinstance(form.score, DotProductScore) and form.score.position_term() is not None
+    return not own and form.position_bias is None and form.softcap is None
 
 
 @register_backend("flex")
-class Flex(Backend):
+class Flex(FusedSoftmax):
     """The layer through one (compiled) FlexAttention call; see the module's docstring for what it expresses."""
 
     params: ClassVar[dict[str, Any]] = {"compile": True}
+    computes = FusedSoftmax.computes | {"softcap"}
 
     def check_params(self, params: dict[str, Any]) -> None:
         if "compile" in params and not isinstance(params["compile"], bool):
@@ -273,14 +274,16 @@ class Flex(Backend):
                 f"got {params['compile']!r}"
             )
 
-    def config_reason(self, attn: Any) -> str | None:
-        return flex_reason(attn)
+    def config_reason(self, layer: Any) -> str | None:
+        spec = spec_of(layer)
+        return super().config_reason(spec) or flex_reason(spec.form)
 
-    def call_reason(self, attn: Any, when: Conditions) -> str | None:
+    def call_reason(self, layer: Any, when: Conditions) -> str | None:
+        spec = spec_of(layer)
         if not torch.compiler.is_compiling() and _get_current_dispatch_mode() is not None:  # (no graph break)
             return "FlexAttention cannot run under a dispatch mode (the FLOP counter) in this torch"
         if when.device == "cpu":
-            if attn.config.backend != "flex":
+            if spec.config.backend != "flex":
                 return "it is for CUDA (on the CPU FlexAttention is forward-only here): force it with backend=flex"
             if when.grad:
                 return (
@@ -289,34 +292,34 @@ class Flex(Backend):
                 )
         elif when.device != "cuda":
             return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {when.device}"
-        elif attn.config.backend != "flex" and _plain(attn) and when.mask in _SDPA_MASKS:
+        elif spec.config.backend != "flex" and _plain(spec.form) and when.mask in _SDPA_MASKS:
             # auto on CUDA: SDPA's fused kernels (flash, memory-efficient) already compute this layer without a
             # (B, H, Lq, Lk) tensor; flex is for what SDPA would materialise (a bias, a soft-cap, other masks)
             return "SDPA's fused kernels compute this layer (no bias, no soft-cap, a causal or padding mask)"
         if when.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             return f"FlexAttention computes float32, float16 and bfloat16, not {str(when.dtype).removeprefix('torch.')}"
-        if when.device == "cuda" and min(attn.d_k, attn.d_v) < 16:
-            return f"FlexAttention on CUDA needs d_k and d_v ≥ 16, got d_k={attn.d_k}, d_v={attn.d_v}"
-        if when.training and attn.dropout > 0:
+        if when.device == "cuda" and min(spec.d_k, spec.d_v) < 16:
+            return f"FlexAttention on CUDA needs d_k and d_v ≥ 16, got d_k={spec.d_k}, d_v={spec.d_v}"
+        if when.training and spec.dropout > 0:
             return "it applies no dropout to the weights"
         return None
 
-    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
-        """x (B, Lq, d_model) → (out (B, Lq, d_model), None): q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k),
-        v (B, G, Lk, d_v) through one FlexAttention call → z (B, Hq, Lq, d_v), maps combined, heads merged."""
-        q, k, v = attn.project(x, key_value)
+    def compute(self, spec: LayerSpec, inputs: FormInputs, dropout: float) -> FormOutput:
+        """q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v) through one FlexAttention call → z
+        (B, Hq, Lq, d_v) (both maps of differential attention)."""
+        form = spec.form
+        q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
         B, Hq, Lq, _ = q.shape
         Lk = k.shape[2]
-        pm = attn.mask_for_heads(mask, Lq, Lk, x.device)
-        if attn.differential:
+        if form.differential:
             v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
-        score_mod = score_mod_for(attn, q, Lk)  # from q before the score's query_map, as the eager path
-        block_mask = block_mask_for(pm, B, Hq, Lq, Lk, x.device)
-        score: DotProductScore = attn.score
+        score_mod = score_mod_for(form, q, Lk)  # from q before the score's query_map, as the eager path
+        block_mask = block_mask_for(pm, B, Hq, Lq, Lk, q.device)
+        score: DotProductScore = form.score
         q, k = score.query_map(q), score.key_map(k)
         if score.scale != 1.0:
             q = q * score.scale  # as DotProductScore.forward: on (B, Hq, Lq, d_k), then FlexAttention's scale is 1
-        compile_ = bool(attn.config.backend_params.get("compile", self.params["compile"]))
+        compile_ = bool(spec.config.backend_params.get("compile", self.params["compile"]))
         fn = compiled_flex_attention() if compile_ else flex_attention
         z = fn(
             q,
@@ -325,6 +328,6 @@ class Flex(Backend):
             score_mod=score_mod,
             block_mask=block_mask,
             scale=1.0,
-            enable_gqa=attn.key_heads != attn.query_heads,
+            enable_gqa=spec.key_heads != spec.query_heads,
         )  # (B, Hq, Lq, d_v); a row that sees no key is 0
-        return attn.merge(attn.combine_maps(z)), None
+        return FormOutput(z)

@@ -37,8 +37,17 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attnlab.backends import Backend, Conditions, build_backend, compute_dtype, dtype_reason, register_backend
-from attnlab.backends.sdpa import dot_score_reason, finish
+from attnlab.backends.base import (
+    Conditions,
+    LayerSpec,
+    build_backend,
+    compute_dtype,
+    dtype_reason,
+    register_backend,
+    spec_of,
+)
+from attnlab.backends.sdpa import SOFTMAX_STAGES, FusedSoftmax, visible_rows
+from attnlab.forms import FormInputs, FormOutput, expand_heads
 from attnlab.kernels import softmax as softmax_kernel
 from attnlab.kernels.rows import RowOp
 from attnlab.scores import DotProductScore
@@ -46,16 +55,17 @@ from attnlab.scores import DotProductScore
 __all__ = ["POOL", "BufferPool", "NormalizedAttention", "row_op_of"]
 
 
-def row_op_of(attn: Any) -> tuple[RowOp | None, float | None]:
-    """The row operation that computes ``attn``'s normalizer (with its soft-cap, for the softmax) and the cap that
-    is left to apply before it (None when the row operation applies it or there is none); (None, None) when the
-    normalizer offers none here."""
-    normalizer = attn.normalizer
+def row_op_of(form: Any) -> tuple[RowOp | None, float | None]:
+    """The row operation that computes the softmax form's normalizer (with its soft-cap, for the softmax) and the cap
+    that is left to apply before it (None when the row operation applies it or there is none); (None, None) when
+    the normalizer offers none here."""
+    form = getattr(form, "form", form)
+    normalizer = form.normalizer
     if getattr(normalizer, "is_softmax", False):
-        return softmax_kernel.SoftcapSoftmax(attn.softcap), None
+        return softmax_kernel.SoftcapSoftmax(form.softcap), None
     make = getattr(normalizer, "row_op", None)
     op = make() if callable(make) else None
-    return (op, attn.softcap) if op is not None else (None, None)
+    return (op, form.softcap) if op is not None else (None, None)
 
 
 class BufferPool:
@@ -181,56 +191,61 @@ class NormalizedAttention(torch.autograd.Function):
 
 
 @register_backend("normalized")
-class Normalized(Backend):
+class Normalized(FusedSoftmax):
     """Soft-capped softmax (attnlab's C row kernel) or a normalizer with a row operation, in one autograd function
     (see the module's docstring)."""
 
-    def config_reason(self, attn: Any) -> str | None:
-        reason = dot_score_reason(attn)
+    computes = SOFTMAX_STAGES | {"softcap"}
+
+    def config_reason(self, layer: Any) -> str | None:
+        spec = spec_of(layer)
+        reason = super().config_reason(spec)
         if reason is not None:
             return reason
-        if getattr(attn.normalizer, "is_softmax", False):
-            if attn.softcap is None:
+        form = spec.form
+        if getattr(form.normalizer, "is_softmax", False):
+            if form.softcap is None:
                 return "it is for soft-capping or a normalizer other than softmax (sdpa computes plain softmax)"
             return None
-        if row_op_of(attn)[0] is None:
-            return f"normalizer={attn.config.normalizer} has no row operation here (row_op)"
+        if row_op_of(form)[0] is None:
+            return f"normalizer={spec.config.normalizer} has no row operation here (row_op)"
         return None
 
-    def call_reason(self, attn: Any, when: Conditions) -> str | None:
+    def call_reason(self, layer: Any, when: Conditions) -> str | None:
+        spec = spec_of(layer)
         if when.device != "cpu":
             return f"it runs on the CPU only, not {when.device}"
         reason = dtype_reason(when)  # (under CPU autocast the logits are bfloat16: auto takes eager)
         if reason is not None:
             return reason
-        if when.training and attn.dropout > 0:
+        if when.training and spec.dropout > 0:
             return "it applies no dropout to the weights"
-        if getattr(attn.normalizer, "is_softmax", False) and not softmax_kernel.available():
+        if getattr(spec.form.normalizer, "is_softmax", False) and not softmax_kernel.available():
             return f"the softmax kernel could not be built here: {softmax_kernel.unavailable_reason()}"
         return None
 
-    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
-        row_op, cap = row_op_of(attn)
+    def compute(self, spec: LayerSpec, inputs: FormInputs, dropout: float) -> FormOutput:
+        form = spec.form
+        q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
+        row_op, cap = row_op_of(form)
         compiling = torch.compiler.is_compiling()
         # (called directly, not through choose_backend: a compute dtype the kernels lack goes to eager too)
-        fallback = row_op is None or compute_dtype(x.dtype, x.device) not in (torch.float32, torch.float64)
+        fallback = row_op is None or compute_dtype(q.dtype, q.device) not in (torch.float32, torch.float64)
         if fallback or (compiling and not isinstance(row_op, softmax_kernel.SoftcapSoftmax)):
-            return build_backend("eager").attend(attn, x, key_value, mask)
-        q, k, v = attn.project(x, key_value)
-        pm = attn.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
-        if attn.differential:
+            return build_backend("eager").compute(spec, inputs, dropout)
+        if form.differential:
             v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
-        score: DotProductScore = attn.score
-        bias, _ = attn.position_logits(q, k.shape[2])
+        score: DotProductScore = form.score
+        bias, _ = form.position_logits(q, k.shape[2])
         q, k = score.query_map(q), score.key_map(k)
         heads = q.shape[1]
-        k, v = attn.expand_heads(k, heads), attn.expand_heads(v, heads)
+        k, v = expand_heads(k, heads), expand_heads(v, heads)
         allowed = None if pm is None else pm.allowed
         if compiling:  # torch's matrix products around the softmax operator, which the graph holds as one node
             logits = torch.matmul(q * score.scale, k.transpose(-1, -2))
             logits = logits if bias is None else logits + bias
-            z = torch.matmul(softmax_kernel.softcap_softmax(logits, allowed, attn.softcap), v)
+            z = torch.matmul(softmax_kernel.softcap_softmax(logits, allowed, form.softcap), v)
         else:
             with torch.profiler.record_function("attnlab::normalized_attention"):
                 z = NormalizedAttention.apply(q, k, v, bias, allowed, score.scale, row_op, cap)
-        return finish(attn, z, pm), None
+        return FormOutput(visible_rows(z, pm))

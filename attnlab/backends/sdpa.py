@@ -21,49 +21,55 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from attnlab.backends import Backend, Conditions, register_backend
+from attnlab.backends.base import Backend, Conditions, LayerSpec, register_backend, spec_of
+from attnlab.forms import FormInputs, FormOutput, expand_heads
 from attnlab.masks import PreparedMask
 from attnlab.scores import DotProductScore
 
-__all__ = ["BiasedSoftmaxAttention", "dot_product_reason", "dot_score_reason", "finish", "scaled_dot_product_attention"]
+__all__ = [
+    "SOFTMAX_STAGES",
+    "BiasedSoftmaxAttention",
+    "FusedSoftmax",
+    "scaled_dot_product_attention",
+    "softmax_reason",
+    "visible_rows",
+]
 
 
-def dot_score_reason(attn: Any) -> str | None:
-    """None when ``attn``'s logits are a dot-product score plus additive terms (no value-side term), what every
-    fused backend over q kᵀ requires (sdpa, biased_softmax, relative, flex, normalized); else why not (one line)."""
-    if not isinstance(attn.score, DotProductScore):
-        return f"it computes dot-product scores only, not {attn.config.score}"
-    if attn.score.has_value_term or (attn.position_bias is not None and attn.position_bias.has_value_term):
-        return "it has no value-side term (Shaw's value_term)"
+SOFTMAX_STAGES = frozenset({"form:softmax", "score:dot", "position_bias", "differential"})
+"""What the fused dot-product backends compute: a dot-product score, an additive position bias, differential maps."""
+
+
+class FusedSoftmax(Backend):
+    """Shared by the fused backends of the softmax form: what they refuse of another form."""
+
+    computes = SOFTMAX_STAGES
+
+    def form_reason(self, spec: LayerSpec) -> str:
+        return f"it computes dot-product scores only, not {spec.config.score}"
+
+
+def softmax_reason(spec: LayerSpec) -> str | None:
+    """None when the softmax form's normalizer is the softmax (or a softmax with a sink logit), else why not."""
+    form = spec.form
+    if not getattr(form.normalizer, "is_softmax", False) and form.extra_logit() is None:
+        return f"it computes the softmax only, not normalizer={spec.config.normalizer}"
     return None
 
 
-def dot_product_reason(attn: Any) -> str | None:
-    """None when every stage of ``attn`` is one SDPA computes exactly, else the first that is not."""
-    reason = dot_score_reason(attn)
-    if reason is not None:
-        return reason
-    if attn.softcap is not None:
-        return "it has no soft-capping"
-    if not getattr(attn.normalizer, "is_softmax", False) and attn.extra_logit() is None:
-        return f"it computes the softmax only, not normalizer={attn.config.normalizer}"
-    return None
-
-
-def _learned_bias(attn: Any) -> bool:
+def _learned_bias(form: Any) -> bool:
     """Whether the additive logit terms are learned (they need their gradient): any term but a static one (ALiBi)."""
-    terms = [(attn.score, attn.score.static_bias)] if attn.score.position_term() is not None else []
-    if attn.position_bias is not None:
-        terms.append((attn.position_bias, attn.position_bias.static_bias))
+    terms = [(form.score, form.score.static_bias)] if form.score.position_term() is not None else []
+    if form.position_bias is not None:
+        terms.append((form.position_bias, form.position_bias.static_bias))
     return any(not static for _, static in terms)
 
 
-def finish(attn: Any, z: Tensor, pm: PreparedMask | None) -> Tensor:
-    """z (B, Hq, Lq, d_v) of a fused call → the layer's output (B, Lq, d_model): rows that see no key zeroed, the
-    two maps of differential attention combined, heads merged."""
+def visible_rows(z: Tensor, pm: PreparedMask | None) -> Tensor:
+    """z (B, Hq, Lq, d_v) of a fused call with the rows that see no key zeroed (the eager path's 0, never NaN)."""
     if pm is not None and not pm.all_visible:
         z = z * pm.visible  # rows with no visible key: zero output
-    return attn.merge(attn.combine_maps(z))
+    return z
 
 
 def _halves(t: Tensor | None, heads: int) -> tuple[Tensor | None, Tensor | None]:
@@ -74,32 +80,31 @@ def _halves(t: Tensor | None, heads: int) -> tuple[Tensor | None, Tensor | None]
     return t[..., :heads, :, :], t[..., heads:, :, :]
 
 
-def _fused(attn: Any, x: Tensor, key_value: Tensor | None, mask: Any, biased: bool) -> Tensor:
-    """The layer through one SDPA call (``biased``: :class:`BiasedSoftmaxAttention` for the learned bias);
+def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) -> FormOutput:
+    """The form through one SDPA call (``biased``: :class:`BiasedSoftmaxAttention` for the learned bias);
     differential attention through one call per map, both reading the same values (no copy of v for the second
-    map), then :meth:`~attnlab.attention.MultiHeadAttention.merge_maps`."""
-    q, k, v = attn.project(x, key_value)
-    pm = attn.mask_for_heads(mask, q.shape[2], k.shape[2], x.device)
-    score: DotProductScore = attn.score
-    bias, static = attn.position_logits(q, k.shape[2])
+    map), its two outputs left apart for :meth:`~attnlab.forms.softmax.SoftmaxForm.output`."""
+    form = spec.form
+    q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
+    score: DotProductScore = form.score
+    bias, static = form.position_logits(q, k.shape[2])
     causal = bias is None and pm is not None and pm.is_causal
     if bias is None:
         attn_mask = None if pm is None or causal else pm.safe
     else:
         attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
     q, k = score.query_map(q), score.key_map(k)
-    extra = attn.extra_logit()
+    extra = form.extra_logit()
     if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
         if causal:
             attn_mask, causal = pm.safe, False
         q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
-    dropout = attn.dropout if attn.training else 0.0
 
     def call(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> Tensor:
         if biased:
             heads = q.shape[1]
             return BiasedSoftmaxAttention.apply(
-                q, attn.expand_heads(k, heads), attn.expand_heads(v, heads), attn_mask, score.scale
+                q, expand_heads(k, heads), expand_heads(v, heads), attn_mask, score.scale
             )
         return scaled_dot_product_attention(
             q,
@@ -112,47 +117,49 @@ def _fused(attn: Any, x: Tensor, key_value: Tensor | None, mask: Any, biased: bo
             enable_gqa=k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1],
         )
 
-    if not attn.differential:
-        return finish(attn, call(q, k, attn_mask)[..., : attn.d_v], pm)  # (the sink key's padding cut off)
-    H = attn.num_heads
-    (q1, q2), (k1, k2), (m1, m2) = _halves(q, H), _halves(k, attn.num_kv_heads), _halves(attn_mask, H)
-    z1, z2 = call(q1, k1, m1)[..., : attn.d_v], call(q2, k2, m2)[..., : attn.d_v]
+    if not spec.config.differential:
+        return FormOutput(visible_rows(call(q, k, attn_mask)[..., : spec.d_v], pm))  # (the sink key's padding cut)
+    H = spec.num_heads
+    (q1, q2), (k1, k2), (m1, m2) = _halves(q, H), _halves(k, spec.num_kv_heads), _halves(attn_mask, H)
+    z1, z2 = call(q1, k1, m1)[..., : spec.d_v], call(q2, k2, m2)[..., : spec.d_v]
     if pm is not None and not pm.all_visible:
         visible = _halves(pm.visible, H)[0]  # both maps of a head see the same keys
         z1, z2 = z1 * visible, z2 * visible
-    return attn.merge_maps(z1, z2)
+    return FormOutput(z1, z2=z2)
 
 
 @register_backend("biased_softmax")
-class BiasedSoftmax(Backend):
-    def config_reason(self, attn: Any) -> str | None:
-        reason = dot_product_reason(attn)
+class BiasedSoftmax(FusedSoftmax):
+    def config_reason(self, layer: Any) -> str | None:
+        spec = spec_of(layer)
+        reason = super().config_reason(spec) or softmax_reason(spec)
         if reason is not None:
             return reason
-        if not _learned_bias(attn):
+        if not _learned_bias(spec.form):
             return "it is for a learned position bias (position_bias=shaw or t5, or their presets); there is none"
         return None
 
-    def call_reason(self, attn: Any, when: Conditions) -> str | None:
+    def call_reason(self, layer: Any, when: Conditions) -> str | None:
         if when.device != "cpu":
             return f"it is for the CPU (on {when.device} SDPA computes a bias gradient itself)"
         if not when.grad:
             return "it is for training (gradients on)"
-        if when.training and attn.dropout > 0:
+        if when.training and spec_of(layer).dropout > 0:
             return "it applies no dropout to the weights"
         return None
 
-    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
-        return _fused(attn, x, key_value, mask, biased=True), None
+    def compute(self, spec: LayerSpec, inputs: FormInputs, dropout: float) -> FormOutput:
+        return _fused(spec, inputs, dropout, biased=True)
 
 
 @register_backend("sdpa")
-class Sdpa(Backend):
-    def config_reason(self, attn: Any) -> str | None:
-        return dot_product_reason(attn)
+class Sdpa(FusedSoftmax):
+    def config_reason(self, layer: Any) -> str | None:
+        spec = spec_of(layer)
+        return super().config_reason(spec) or softmax_reason(spec)
 
-    def attend(self, attn: Any, x: Tensor, key_value: Tensor | None, mask: Any) -> tuple[Tensor, Tensor | None]:
-        return _fused(attn, x, key_value, mask, biased=False), None
+    def compute(self, spec: LayerSpec, inputs: FormInputs, dropout: float) -> FormOutput:
+        return _fused(spec, inputs, dropout, biased=False)
 
 
 def scaled_dot_product_attention(

@@ -602,19 +602,7 @@ def _prefilled(encoder: nn.Module, context: int, device: torch.device, dtype: to
     cache = init_cache(encoder)
     g = torch.Generator().manual_seed(0)
     for layer, c in zip(encoder.layers, cache, strict=True):
-        attn = layer.self_attn
-        if attn.is_recurrent or attn.is_linear:
-            F = attn.d_k if attn.is_recurrent else attn.score.feature_dim
-            S = torch.randn(batch, attn.num_heads, F, attn.d_v, generator=g) / F
-            c.state = (
-                S.to(device, dtype)
-                if attn.is_recurrent
-                else (S.to(device, dtype), torch.ones(batch, attn.num_heads, F, device=device, dtype=dtype))
-            )
-        else:
-            room = context + 64
-            c.k = torch.randn(batch, attn.key_heads, room, attn.d_k, generator=g).to(device, dtype)
-            c.v = torch.randn(batch, attn.num_kv_heads, room, attn.d_v, generator=g).to(device, dtype)
+        c.state = layer.self_attn.form.prefill(batch, context, g, device, dtype)
         c.length = context
     return cache
 

@@ -1,0 +1,250 @@
+"""The base of the forms: :class:`Form`, its inputs and outputs, and the registry (see :mod:`attnlab.forms`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.registry import Registry, UnknownNameError, unknown_name_message
+
+if TYPE_CHECKING:
+    from attnlab.config import AttentionConfig
+    from attnlab.masks import PreparedMask
+    from attnlab.transition import Transition
+
+__all__ = [
+    "Form",
+    "FormInputs",
+    "FormOutput",
+    "LayerSizes",
+    "build_form",
+    "expand_heads",
+    "form_class",
+    "form_for",
+    "form_names_with",
+    "list_forms",
+    "register_form",
+]
+
+
+def expand_heads(t: Tensor, heads: int) -> Tensor:
+    """(B, G', L, d) → (B, heads, L, d): each key/value head repeated for the query heads of its group."""
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """The sizes a form is built for: H query heads, G key/value heads, per-head d_k and d_v, the layer's d_model,
+    its depth (1, 2, …) and attention dropout."""
+
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    d_k: int
+    d_v: int
+    layer: int = 1
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class FormInputs:
+    """What a backend computes z from: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v) as the form
+    prepared them (a transition form's: H heads each, its maps applied, padded keys zeroed), the prepared mask,
+    and a transition form's :class:`~attnlab.transition.Transition` (decay, β)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    mask: PreparedMask | None = None
+    transition: Transition | None = None
+
+
+@dataclass(frozen=True)
+class FormOutput:
+    """z (B, H, Lq, d_v), or (B, Hq, Lq, d_v) with both maps of differential attention; ``z2``: the second map's
+    output when a backend computed the maps apart (z then holds the first's); ``weights`` (B, H, Lq, Lk) and
+    ``logits`` (B, Hq, Lq, Lk) from :meth:`Form.parallel`, else None."""
+
+    z: Tensor
+    weights: Tensor | None = None
+    logits: Tensor | None = None
+    z2: Tensor | None = None
+
+
+class Form(nn.Module):
+    """A token mixer's computation from the layer's projected q, k, v (module docstring).
+
+    Subclasses set ``tags`` and implement :meth:`prepare`, :meth:`parallel`, :meth:`features`, and where they have
+    them :meth:`chunked`, :meth:`recurrent` and :meth:`step`. Built by :func:`build_form` with the layer's
+    :class:`LayerSizes` and its resolved :class:`~attnlab.config.AttentionConfig`."""
+
+    name: str = ""
+    tags: ClassVar[frozenset[str]] = frozenset()
+    """what the family is: ``softmax``, ``linear``, ``decay``, ``delta``; ``recurrent`` when it has an O(L) form
+    and a fixed-size state. Tests, bench, card and docs take their families from these."""
+    causal_only: ClassVar[bool] = False
+    """whether it computes causal self-attention only (a state that runs over the sequence in order)."""
+    config_fields: ClassVar[frozenset[str]] = frozenset()
+    """the :class:`~attnlab.config.AttentionConfig` fields this form turns into its stages (and :meth:`features`);
+    any other field set away from its default that the layer does not own is a feature no backend computes unless
+    it is taught it."""
+
+    def __init__(self, sizes: LayerSizes, config: AttentionConfig) -> None:
+        super().__init__()
+        self.sizes = sizes
+        self.config = config
+        self.num_heads, self.d_k, self.d_v = sizes.num_heads, sizes.d_k, sizes.d_v
+
+    @classmethod
+    def claims(cls, config: AttentionConfig) -> bool:
+        """Whether this form computes ``config`` (default: ``config.score`` is the form's name)."""
+        return config.score == cls.name
+
+    # ---------------------------------------------------------------------------------------------- projection
+
+    @classmethod
+    def query_maps(cls, config: AttentionConfig) -> int:
+        """How many query and key heads the layer projects per head (differential attention's 2; default 1)."""
+        return 1
+
+    @property
+    def query_heads(self) -> int:
+        """Hq, the query heads the layer projects (2H for differential attention)."""
+        return self.num_heads
+
+    @property
+    def key_heads(self) -> int:
+        """Gk, the key heads the layer projects."""
+        return self.sizes.num_kv_heads
+
+    def check_mask(self, form: str, shown: str) -> None:
+        """Raise ValueError (one line) when the layer's configured mask (``form``: none, causal, padding,
+        causal+padding, other; ``shown`` as the user wrote it) is one this form cannot compute."""
+        if self.causal_only and form not in ("causal", "causal+padding"):
+            raise ValueError(
+                f"variant {self.name} is causal only (its state runs over the sequence in order): set mask=causal "
+                f"(AND key padding at most), not mask={shown}"
+            )
+
+    def prepare(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, mask: PreparedMask | None) -> FormInputs:
+        """The layer's q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v), its input x (B, Lq, d_model)
+        and the prepared mask → this form's inputs. Default: as they are."""
+        return FormInputs(q, k, v, mask)
+
+    def features(self) -> frozenset[str]:
+        """What a backend must compute for this layer (:data:`attnlab.backends.FEATURES`)."""
+        return frozenset({f"form:{self.name}"})
+
+    # ---------------------------------------------------------------------------------------------- the forms
+
+    def parallel(self, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
+        """The quadratic form, materialising (B, H, Lq, Lk): z, the weights the diagnostics read and the logits.
+        ``dropout``: the probability of dropping a weight (training)."""
+        raise NotImplementedError
+
+    def chunked(self, inputs: FormInputs, chunk_size: int) -> Tensor:
+        """The O(L) form in chunks of ``chunk_size`` tokens → z (B, H, L, d_v); forms without one do not offer it
+        (:attr:`tags` lacks ``recurrent``)."""
+        raise NotImplementedError(f"form {self.name} has no chunked form")
+
+    def recurrent(self, inputs: FormInputs) -> Tensor:
+        """The form one token at a time → z (B, H, L, d_v): the reference of :meth:`chunked`."""
+        raise NotImplementedError(f"form {self.name} has no recurrent form")
+
+    def weights_signed(self) -> bool:
+        """Whether the weights :meth:`parallel` gives may be negative (differential attention, the delta rule)."""
+        return False
+
+    # ---------------------------------------------------------------------------------------------- after
+
+    def output(self, out: FormOutput) -> Tensor:
+        """z → each head's output before the head gate and ``out_proj`` (B, H, Lq, d_v). Default: z."""
+        return out.z
+
+    # ---------------------------------------------------------------------------------------------- decoding
+
+    def decode_reason(self) -> str | None:
+        """None when :meth:`step` decodes this layer one token at a time, else why not (one line)."""
+        return None
+
+    def step(self, state: Any, q: Tensor, k: Tensor, v: Tensor, x: Tensor, position: int) -> tuple[Tensor, Any]:
+        """One token: the state (None at the start), q (B, Hq, 1, d_k), k (B, Gk, 1, d_k), v (B, G, 1, d_v) after
+        the layer's projection and transforms, x (B, 1, d_model), the token's position → (z (B, H, 1, d_v), the
+        new state)."""
+        raise NotImplementedError(f"form {self.name} has no token-by-token form")
+
+    def state_size(self, length: int) -> int:
+        """Floats per sequence that decoding carries after ``length`` tokens (without the short convolution's)."""
+        raise NotImplementedError
+
+    def prefill(
+        self, batch: int, length: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype
+    ) -> Any:
+        """A decoding state as if ``length`` tokens had been decoded, random but scaled like a real one (the
+        bench's decode section times the tokens after it)."""
+        raise NotImplementedError(f"form {self.name} has no token-by-token form")
+
+
+# ---------------------------------------------------------------------------------------------- the registry
+
+
+def _wrap(name: str, obj: Any, kwargs: dict[str, Any]) -> Form:
+    sizes, config = kwargs.pop("sizes"), kwargs.pop("config")
+    return obj(sizes, config, **kwargs)
+
+
+_FORMS: Registry[Form] = Registry("form", _wrap)
+_ORDER: list[str] = []
+
+
+def register_form(name: str) -> Callable[[type[Form]], type[Form]]:
+    """Decorator registering a :class:`Form` subclass as ``name`` (its ``name`` attribute is set)."""
+    register = _FORMS.register(name)
+
+    def decorator(cls: type[Form]) -> type[Form]:
+        if not (isinstance(cls, type) and issubclass(cls, Form)):
+            raise TypeError(f"register_form('{name}') takes a Form subclass, got {cls!r}")
+        cls.name = name
+        register(cls)
+        if name not in _ORDER:
+            _ORDER.append(name)
+        return cls
+
+    return decorator
+
+
+def list_forms() -> list[str]:
+    """The registered forms, in registration order."""
+    return list(_ORDER)
+
+
+def form_class(name: str) -> type[Form]:
+    """The class registered as ``name`` (:class:`~attnlab.registry.UnknownNameError` naming the choices)."""
+    if name not in _FORMS:
+        raise UnknownNameError(unknown_name_message("form", name, list_forms()))
+    return _FORMS.get(name)
+
+
+def form_names_with(tag: str) -> list[str]:
+    """The registered forms whose :attr:`Form.tags` hold ``tag`` (``recurrent``, ``decay``, ``softmax`` …)."""
+    return [n for n in list_forms() if tag in form_class(n).tags]
+
+
+def form_for(config: AttentionConfig) -> str:
+    """The form that computes ``config``: the newest registered form that :meth:`Form.claims` it, else
+    ``softmax``."""
+    for name in reversed(list_forms()):
+        if name != "softmax" and form_class(name).claims(config):
+            return name
+    return "softmax"
+
+
+def build_form(name: str, sizes: LayerSizes, config: AttentionConfig, **built: nn.Module) -> Form:
+    """The form ``name`` built for a layer of ``sizes`` computing ``config``; ``built``: stage modules given ready
+    (the softmax form's ``score``, ``position_bias``, ``normalizer``, from the keyword form of the layer)."""
+    form_class(name)
+    return _FORMS.build(name, sizes=sizes, config=config, **built)
