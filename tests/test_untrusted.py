@@ -383,6 +383,7 @@ def test_the_sweep_report_prints_names_as_text_and_a_failed_sweep_exits_1(hostil
 def test_a_failing_sweep_report_still_counts_the_failed_jobs(tmp_path: Path, monkeypatch, capsys) -> None:
     """Whatever breaks in the end-of-sweep table, the failed count (and so exit code 1) comes from the journal."""
     from attnlab.runs import SweepJournal
+    from attnlab.training import multirun
 
     journal = SweepJournal(tmp_path)
     journal.start(2)
@@ -392,7 +393,7 @@ def test_a_failing_sweep_report_still_counts_the_failed_jobs(tmp_path: Path, mon
     def broken(*args, **kwargs):
         raise RuntimeError("the table broke")
 
-    monkeypatch.setattr(sweep, "_jobs_table", broken)
+    monkeypatch.setattr(multirun, "_jobs_table", broken)  # (where _report looks it up)
     sweep._report(tmp_path)
     out, err = capsys.readouterr()
     assert sweep.failed_jobs() == 1

@@ -45,6 +45,10 @@ from attnlab.bench.sections import (
 
 __all__ = ["DTYPES", "SECTIONS", "Options", "main", "parse_args", "run_bench"]
 
+DESCRIPTION = (  # (the first line of attnlab.bench's docstring: that package imports this module, not back)
+    "Benchmark harness: attnlab against PyTorch's own attention, measured side by side in one process."
+)
+
 SECTIONS = (
     "fused",
     "encoder",
@@ -158,9 +162,7 @@ def run_bench(opts: Options, log: Callable[[str], None] = print, partial: Path |
 
 def parse_args(argv: Sequence[str] | None = None) -> Options | dict[str, Any]:
     """Parse the command line → :class:`Options` (or a child-process spec with ``--child``)."""
-    from attnlab import bench
-
-    p = argparse.ArgumentParser(prog="attnlab-bench", description=bench.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="attnlab-bench", description=DESCRIPTION)
     p.add_argument("--quick", action="store_true", help="tiny shapes, a smoke run of every section (seconds)")
     p.add_argument(
         "--out",

@@ -24,6 +24,9 @@ from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sourc
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
 
 DEFAULT_OUTPUT = "dashboard.html"
+DESCRIPTION = (  # (the first line of attnlab.dashboard's docstring: that package imports this module, not back)
+    "A self-contained results page (and a terminal table and a CSV) for a run folder, a sweep or a folder of sweeps."
+)
 CSV_SETTINGS = (*SETTING_FIELDS, "pattern", "backends")  # each layer's attention, from AttentionConfig's fields
 
 
@@ -201,9 +204,7 @@ def _setting(run: Run, key: str) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """``attnlab-dashboard PATH [-o FILE] [--x KEY] [--facet KEY] [--metric NAME] [--csv FILE]``: write the page
     and print the runs table; 2 on a bad PATH or option."""
-    from attnlab import dashboard
-
-    parser = argparse.ArgumentParser(prog="attnlab-dashboard", description=dashboard.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="attnlab-dashboard", description=DESCRIPTION)
     parser.add_argument("path", type=Path, help="a run folder, a multirun folder, or a folder of sweeps")
     parser.add_argument("-o", "--output", type=Path, default=None, help=f"output file (default PATH/{DEFAULT_OUTPUT})")
     parser.add_argument("--csv", type=Path, default=None, help="also write one CSV row per run to this file")

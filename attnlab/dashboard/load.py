@@ -32,6 +32,7 @@ from attnlab.runs import (
     iter_metrics,
 )
 from attnlab.runs import load_run as read_run_folder
+from attnlab.stats import finite  # (moved to attnlab.stats; importable from here as before)
 
 __all__ = [
     "COMPUTE_FIELDS",
@@ -82,17 +83,6 @@ CURVE_POINTS = 2000
 """The most (step, value) points a run keeps of one metric's curve (16 bytes each: at most 32 KB per metric, whatever
 the length of ``metrics.jsonl``). A longer curve is thinned evenly as it is read, its first and last points kept;
 the page draws at most :data:`attnlab.dashboard.stats.MAX_CURVE_POINTS` (200) steps per curve anyway."""
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a float, or None for null / NaN / inf / booleans / non-numbers."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond a float (``1e400`` written out)
-        return None
-    return x if math.isfinite(x) else None
 
 
 def _int(value: Any) -> int | None:

@@ -21,7 +21,9 @@ false "beats" at 5 % or less whatever the dependence between the tests (Holm 197
 rejective multiple test procedure*, Scand. J. Statist. 6: 65-70). An untestable comparison (fewer than two
 pairs, or fewer than two seeds on a side for Welch) counts in ``m`` with p = 1.
 
-Quantiles and p-values come from ``scipy.stats.t`` (:func:`t_critical`, :func:`t_two_sided_p`).
+Quantiles and p-values come from ``scipy.stats.t`` (:func:`t_critical`, :func:`t_two_sided_p`). These functions
+(and :func:`mean_ci`, :func:`interval_text`) live in :mod:`attnlab.stats`, below training and the dashboard both;
+this module applies them to runs and re-exports them.
 
 Every interval is printed by :func:`interval_text` (the page's cells and verdicts, and any terminal report):
 ``87.5 % ± 1.2 (n=3)``, or ``± > 100`` where the half-width is at least the metric's whole range, never both.
@@ -29,18 +31,30 @@ Every interval is printed by :func:`interval_text` (the page's cells and verdict
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from attnlab.dashboard.dims import Dimension, Sweep, format_value, numeric_x
-from attnlab.dashboard.load import Run, finite, natural_key
+from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import MetricSpec, spec_for
+
+# The statistics themselves moved to attnlab.stats (training prints intervals too, and never imports the dashboard);
+# importable from here as before.
+from attnlab.stats import (
+    Difference,
+    half_width_text,
+    holm,
+    interval_text,
+    mean_ci,
+    paired_difference,
+    t_critical,
+    t_two_sided_p,
+    welch_difference,
+)
 
 __all__ = [
     "ALPHA",
@@ -70,149 +84,6 @@ __all__ = [
 
 MAX_CURVE_POINTS = 200  # a curve with more steps is thinned evenly (first and last step kept)
 ALPHA = 0.05  # the headline's winner beats a rival when its Holm-adjusted p is below this
-
-
-@functools.lru_cache(maxsize=256)
-def t_critical(df: int) -> float:
-    """The two-sided 95 % Student-t quantile ``t_{0.975, df}`` (``scipy.stats.t.ppf``)."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    return float(student_t.ppf(0.975, df))
-
-
-def mean_ci(values: Iterable[float | None]) -> tuple[float, float | None, int]:
-    """(mean, 95 % CI half-width, n) of the finite ``values``: half-width = t_{0.975, n-1} * s / sqrt(n) with the
-    sample standard deviation s; None when n < 2. The mean is NaN when there is no finite value."""
-    xs = np.asarray([v for v in (finite(v) for v in values) if v is not None], dtype=float)
-    n = int(xs.size)
-    if n == 0:
-        return math.nan, None, 0
-    mean = float(xs.mean())
-    if n < 2:
-        return mean, None, n
-    return mean, t_critical(n - 1) * float(xs.std(ddof=1)) / math.sqrt(n), n
-
-
-def _t_quantile(df: float) -> float:
-    """``t_{0.975, df}`` for a real ``df`` (Welch's)."""
-    return float(student_t.ppf(0.975, df))
-
-
-def t_two_sided_p(t: float, df: float) -> float:
-    """The two-sided p-value ``P(|T_df| >= |t|)`` of Student's t with ``df`` degrees of freedom (``df`` may be
-    real: Welch's): ``2 · scipy.stats.t.sf(|t|, df)``. 0 for an infinite ``t`` (a difference with no spread), NaN
-    for NaN."""
-    if df <= 0:
-        raise ValueError(f"degrees of freedom must be > 0, got {df}")
-    if math.isnan(t):
-        return math.nan
-    if math.isinf(t):
-        return 0.0
-    return float(min(1.0, 2.0 * student_t.sf(abs(t), df)))
-
-
-def half_width_text(half_width: float, spec: MetricSpec) -> str:
-    """``± 1.2``: the 95 % half-width in the metric's display unit (points for a percentage), or ``± > 100`` where
-    it is at least the metric's whole range (the interval says nothing; :meth:`MetricSpec.format_half`)."""
-    return f"± {spec.format_half(half_width)}"
-
-
-def interval_text(mean: float, half_width: float | None, spec: MetricSpec | str, n: int | None = None) -> str:
-    """One interval as every report prints it, page and terminal alike: ``87.5 % ± 1.2 (n=3)``; ``50.0 % ± > 100
-    (n=2)`` where the half-width is at least the metric's range (never the number as well); ``87.5 % (n=1)`` without
-    an interval. ``spec``: the metric's :class:`MetricSpec` or its name; ``n`` left out when None."""
-    spec = spec_for(spec) if isinstance(spec, str) else spec
-    text = spec.format(mean)
-    if half_width is not None:
-        text += f" {half_width_text(half_width, spec)}"
-    return text if n is None else f"{text} (n={n})"
-
-
-@dataclass(frozen=True)
-class Difference:
-    """The difference ``a − b`` of two configurations' values over seeds, with its 95 % t interval and test.
-
-    Attributes:
-        mean: the mean difference: over the common seeds of ``d_i = a_i − b_i`` (paired), else ``ā − b̄``.
-        half_width: the interval's half-width (None when untestable: fewer than 2 pairs, or fewer than 2 values on
-            a side for Welch).
-        n: the pairs (paired), or ``n_a + n_b`` (Welch).
-        df: the t test's degrees of freedom (``n − 1``, or Welch-Satterthwaite's); None when untestable.
-        t: the t statistic ``mean / se`` (±inf for a nonzero difference with no spread); None when untestable.
-        p: the two-sided p-value of the t test; None when untestable.
-        paired: whether the values were paired by seed.
-    """
-
-    mean: float
-    half_width: float | None
-    n: int
-    df: float | None = None
-    t: float | None = None
-    p: float | None = None
-    paired: bool = True
-
-    @property
-    def tested(self) -> bool:
-        """Whether there was enough data for an interval and a test."""
-        return self.p is not None
-
-
-def _ratio(mean: float, se: float) -> float:
-    if se > 0:
-        return mean / se
-    return math.copysign(math.inf, mean) if mean != 0 else 0.0
-
-
-def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float]) -> Difference:
-    """The paired difference of two configurations' values by seed (``{seed: value}``), over the seeds in both:
-    mean ``d̄`` of ``d_i = a_i − b_i``, half-width ``t_{0.975, n−1} · s_d / sqrt(n)``, ``t = d̄ / (s_d / sqrt(n))``,
-    two-sided ``p`` with ``n − 1`` df. Without a common seed it is :func:`welch_difference` of all the values."""
-    common = [seed for seed in a if seed in b]
-    if not common:
-        return welch_difference(list(a.values()), list(b.values()))
-    d = np.asarray([a[seed] - b[seed] for seed in common], dtype=float)
-    n = int(d.size)
-    mean = float(d.mean())
-    if n < 2:
-        return Difference(mean, None, n, paired=True)
-    se = float(d.std(ddof=1)) / math.sqrt(n)
-    t = _ratio(mean, se)
-    p = t_two_sided_p(t, n - 1)
-    return Difference(mean, t_critical(n - 1) * se, n, n - 1, t, p, paired=True)
-
-
-def welch_difference(a: Sequence[float], b: Sequence[float]) -> Difference:
-    """The unpaired difference ``ā − b̄`` with Welch's interval and test: ``se² = s_a²/n_a + s_b²/n_b``,
-    Welch-Satterthwaite ``df = se⁴ / ((s_a²/n_a)²/(n_a−1) + (s_b²/n_b)²/(n_b−1))`` (``n_a + n_b − 2`` when neither
-    side has any spread), half-width ``t_{0.975, df} · se``. Untested (no interval) when a side has fewer than 2
-    values; the mean is NaN when a side has none."""
-    xa, xb = np.asarray(list(a), dtype=float), np.asarray(list(b), dtype=float)
-    na, nb = int(xa.size), int(xb.size)
-    if na == 0 or nb == 0:
-        return Difference(math.nan, None, na + nb, paired=False)
-    mean = float(xa.mean() - xb.mean())
-    if na < 2 or nb < 2:
-        return Difference(mean, None, na + nb, paired=False)
-    va, vb = float(xa.var(ddof=1)) / na, float(xb.var(ddof=1)) / nb
-    se = math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (na - 1) + vb**2 / (nb - 1)) if va + vb > 0 else float(na + nb - 2)
-    t = _ratio(mean, se)
-    p = t_two_sided_p(t, df)
-    return Difference(mean, _t_quantile(df) * se, na + nb, df, t, p, paired=False)
-
-
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjustment of ``m`` p-values, in their order: with the p-values sorted ascending
-    ``p_(1) <= ... <= p_(m)``, ``p̃_(i) = max_{j<=i} min(1, (m − j + 1) · p_(j))``. Rejecting where ``p̃ < α``
-    keeps the family-wise error rate at most ``α``."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i])
-    adjusted = [1.0] * m
-    running = 0.0
-    for rank, i in enumerate(order):  # rank = j - 1
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        adjusted[i] = running
-    return adjusted
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 from attnlab.dashboard.dims import Sweep, format_value
 from attnlab.dashboard.load import Run, finite
 from attnlab.runs import RunFileError, read_json
+from attnlab.stats import grid_edges  # (moved to attnlab.stats: the tuned sweeper uses it too; importable from here)
 
 __all__ = [
     "SeedJob",
@@ -325,23 +326,6 @@ def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
             seed_jobs.append(SeedJob(seed, job, reused, by_path.get(os.path.join(base, *job.split("/")))))
         configurations.append(TunedConfiguration(label, tune, best, seed_jobs))
     return TunedSweep(Path(folder), name, metric, direction, grid, tune_seed, list(seeds), stage, configurations)
-
-
-def grid_edges(grid: dict[str, list[Any]], best: dict[str, Any] | None) -> list[str]:
-    """The keys of ``grid`` at whose smallest or largest value the point ``best`` lies: numeric keys (numbers, not
-    booleans) with at least two distinct values in the grid, ``best``'s value equal to their minimum or maximum (the
-    best may lie beyond: widen the grid there). Empty for no point. The tuned sweeper writes it into tuned.json with
-    this function; older files lack it, so the page computes it."""
-    if not best:
-        return []
-    out = []
-    for key, values in grid.items():
-        numbers = {float(v) for v in values if _number(v)}
-        chosen = best.get(key)
-        if len(numbers) >= 2 and all(_number(v) for v in values) and _number(chosen):
-            if float(chosen) in (min(numbers), max(numbers)):
-                out.append(key)
-    return out
 
 
 def _point(value: Any, grid: dict[str, list[Any]], where: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ One concern per module:
 * :mod:`~attnlab.training.progress`: the step progress bar and a line per validation.
 * :mod:`~attnlab.training.lifecycle`: :func:`run`, the steps of one run, with resume and its guarantees.
 * :mod:`~attnlab.training.sweep`: Hydra callbacks: run-folder guard, multirun progress and final table.
+* :mod:`~attnlab.training.multirun`: a multirun's state (job folders, signals, estimates) and its final report.
 * :mod:`~attnlab.training.cli`: ``python train.py``.
 
 Nothing here imports Lightning at import time: a bad command line fails in about a second.

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ``--dry-run`` anywhere on the line: print the plan and its estimated minutes instead (nothing is run or written;
     :mod:`attnlab.training.plan`). Ctrl-C or
     SIGTERM during a multirun ends it with its report (the jobs so far) and exit code 130, as a single run ends."""
-    from attnlab.training.sweep import failed_jobs, report_interrupted, signalled
+    from attnlab.training.multirun import failed_jobs, report_interrupted, signalled
 
     args = list(sys.argv[1:] if argv is None else argv)
     dry = "--dry-run" in args
@@ -218,10 +218,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    """Ctrl-C or SIGTERM: noted (a multirun starts no further job, :func:`attnlab.training.sweep.signalled`), then
+    """Ctrl-C or SIGTERM: noted (a multirun starts no further job, :func:`attnlab.training.multirun.signalled`), then
     raised as KeyboardInterrupt, which ends the run as interrupted (Lightning keeps its own SIGTERM handler during
     training and calls this one after it)."""
-    from attnlab.training.sweep import mark_signalled
+    from attnlab.training.multirun import mark_signalled
 
     mark_signalled()
     raise KeyboardInterrupt

@@ -129,7 +129,7 @@ class Run:
     """One run's state across its steps. Use :func:`run`."""
 
     def __init__(self, cfg: DictConfig, output_dir: str | Path | None) -> None:
-        from attnlab.training import sweep
+        from attnlab.training.multirun import created_dirs, missing_dirs
 
         hc = _hydra()
         path = Path(output_dir) if output_dir is not None else Path(hc.runtime.output_dir)
@@ -138,7 +138,7 @@ class Run:
         self.in_process = output_dir is not None
         self.multirun = _is_multirun()
         self.writer = _rank() == 0  # with several processes only rank 0 writes the folder
-        self.created = sweep.created_dirs(path) if output_dir is None else sweep.missing_dirs(path)
+        self.created = created_dirs(path) if output_dir is None else missing_dirs(path)
         # (as written: an override's value is data here, never resolved, ${...} included)
         self.overrides = [str(o) for o in OmegaConf.to_container(hc.overrides.task)] if hc is not None else []
         self.started_at = time.perf_counter()
@@ -164,7 +164,7 @@ class Run:
     # ============================================================================ the steps
 
     def execute(self) -> float:
-        from attnlab.training.sweep import signalled
+        from attnlab.training.multirun import signalled
 
         try:
             if self.multirun and signalled():  # Ctrl-C came while Python could not raise it: no further job
@@ -451,7 +451,7 @@ class Run:
         used (:mod:`attnlab.heads`): per-head ``attn/L{l}H{h}/importance`` and ``prune/auc_*`` logged,
         ``pruning.json`` written. Rank 0 only, with ``diagnostics.enabled`` and ``diagnostics.importance``."""
         d = self.cfg.diagnostics
-        from attnlab.training.plan import head_step_on
+        from attnlab.training.multirun import head_step_on
 
         if not (self.writer and d.enabled):
             return
@@ -869,7 +869,7 @@ class Run:
     def _record_job(self, status: str, reason: str | None) -> None:
         if not self.writer:
             return
-        from attnlab.training.sweep import job_done
+        from attnlab.training.multirun import job_done
 
         sweep = Path(_hydra().sweep.dir)
         try:

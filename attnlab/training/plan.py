@@ -32,7 +32,7 @@ step-time cache (below).
 
 Measured against the truth on this project's 2-core machine (docs/getting-started.md gives the numbers): the
 README's 6-run sweep and a tuned MQAR sweep; a sweep's closing report prints estimated against actual minutes
-(:func:`attnlab.training.sweep`), so every sweep checks it again.
+(:mod:`attnlab.training.multirun`), so every sweep checks it again.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from attnlab.training.multirun import head_step_on
 
 __all__ = [
     "EVAL_FRACTION",
@@ -166,7 +168,7 @@ def _split_jobs(arguments: Sequence[str]) -> list[list[str]]:
 
 def _varying_labels(jobs: list[Job]) -> None:
     """Each job's label: the ``key=value`` pairs that are not the same in every job (all of them when one job)."""
-    from attnlab.training.sweep import varying_keys
+    from attnlab.training.multirun import varying_keys
 
     pairs = [dict(o.split("=", 1) for o in job.overrides if "=" in o) for job in jobs]
     varying = varying_keys(pairs)
@@ -474,19 +476,6 @@ def estimate_job(cfg: DictConfig, datamodule: Any, step_s: float, multirun: bool
         orders = 1 + int(cfg.diagnostics.get("random_orders", 1) or 0)
         seconds += val * step_s + (1 + heads) * orders * test * eval_s
     return seconds
-
-
-def head_step_on(cfg: DictConfig, multirun: bool) -> bool:
-    """Whether the run ends with the head step (head importance and the pruning curves): ``diagnostics.importance``
-    true, or ``auto`` (the default) in a single run that is not a smoke run (``debug=fast``). In a sweep the step
-    took up to 40 % of a job (issue 40: 220 s of a 523 s additive run), so ``auto`` leaves it to the runs that ask."""
-    d = cfg.diagnostics
-    if not d.get("enabled", True):
-        return False
-    value = d.get("importance", "auto")
-    if value == "auto":
-        return not (multirun or bool(cfg.get("smoke")))
-    return bool(value)
 
 
 # ------------------------------------------------------------------------------------------------------ cache

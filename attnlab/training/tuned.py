@@ -585,9 +585,9 @@ class TunedSweeper(Sweeper):
             _unlock_sweep(sweep_dir)
 
     def _sweep(self, sweep_dir: Path, arguments: list[str]) -> Any:
-        from attnlab.dashboard.tuned import grid_edges  # (one rule for the terminal, tuned.json and the page)
         from attnlab.runs import write_json_atomic
-        from attnlab.training.sweep import signalled
+        from attnlab.stats import grid_edges  # (one rule for the terminal, tuned.json and the page)
+        from attnlab.training.multirun import signalled
 
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -682,7 +682,7 @@ class TunedSweeper(Sweeper):
         job's number is its place in the plan."""
         from attnlab.console import plain_console
         from attnlab.runs import RunFolder
-        from attnlab.training.sweep import signalled
+        from attnlab.training.multirun import signalled
 
         console = plain_console()
         todo: list[tuple[int, list[str]]] = []
@@ -749,7 +749,7 @@ def _print_plan(plan: dict[str, Any], sweep_dir: Path) -> None:
     from rich.table import Table
 
     from attnlab.console import plain_console
-    from attnlab.dashboard.stats import interval_text, mean_ci
+    from attnlab.stats import interval_text, mean_ci  # (as the dashboard prints them: training never imports it)
 
     table = Table(
         title=f"tuned sweep {sweep_dir}: best {plan['metric']} on seed {plan['tune_seed']}", title_justify="left"
