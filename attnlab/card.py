@@ -45,17 +45,43 @@ from typing import Any
 __all__ = [
     "CARD_TASKS",
     "DEFAULT_VARIANTS",
+    "FAMILIES",
     "TASK_OVERRIDES",
     "CardCell",
     "card_command",
     "collect",
+    "default_variants",
     "main",
     "write_card",
 ]
 
 CARD_TASKS = ("associative_recall", "fuzzy_recall", "noisy_recall", "selective_copy", "compression", "memorization")
-# the built-in families: softmax, linear attention, a decay form, a delta rule
-DEFAULT_VARIANTS = ("scaled_dot", "linear", "gla", "gated_deltanet")
+FAMILIES = ("softmax", "linear", "decay", "delta")
+"""The families the card compares, as form tags (:attr:`attnlab.forms.Form.tags`), from the most general to the most
+specific: a form's family is the last of these among its tags (Gated DeltaNet, ``decay`` and ``delta``, is a delta
+rule), or its own name when it has none of them."""
+
+
+def default_variants() -> tuple[str, ...]:
+    """The card's default variants, read from the form registry now: one per family (:data:`FAMILIES`), the newest
+    registered form of each, families in the order their first form was registered; the softmax form is shown as
+    the default config's score (``scaled_dot``). The built-ins give softmax, linear attention, a decay form and a
+    delta rule: ``scaled_dot, linear, gla, gated_deltanet``; a form registered later (a user's module) stands for
+    its family, or for a family of its own."""
+    from attnlab.config import AttentionConfig
+    from attnlab.forms import form_class, form_for, list_forms
+
+    newest: dict[str, str] = {}
+    for name in list_forms():
+        tags = form_class(name).tags
+        family = next((f for f in reversed(FAMILIES) if f in tags), name)
+        newest[family] = name  # (a family keeps the place of its first form)
+    default = AttentionConfig()
+    return tuple(default.score if form_for(default) == name else name for name in newest.values())
+
+
+DEFAULT_VARIANTS = default_variants()
+"""The default variants of the built-in forms (:func:`default_variants`, read when this module was imported)."""
 DEFAULT_GRID = (3e-3, 1e-2)
 DEFAULT_SEEDS = (1, 2, 3)
 # each task's card sizes (the tasks' own defaults where they are absent); MQAR at MAD's small end
@@ -435,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from attnlab.console import printable
 
     parser = argparse.ArgumentParser(prog="python -m attnlab.card", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated variant names")
+    parser.add_argument("--variants", default=",".join(default_variants()), help="comma-separated variant names")
     parser.add_argument("--tasks", default=",".join(CARD_TASKS), help="comma-separated card tasks")
     parser.add_argument("--out", default="card", help="the card's folder (default: card/)")
     parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comparison seeds (default 1,2,3)")

@@ -9,9 +9,9 @@ layer's projection is the same as in its forward pass, :meth:`~attnlab.attention
 =========================================  =====================================================  ============
 layer                                      cache                                                  memory
 =========================================  =====================================================  ============
-decay and delta-rule forms (retnet, gla,   the state M (B, H, d_k, d_v), updated per token         constant
-deltanet, gated_deltanet)                  (:func:`~attnlab.transition.step`)
-linear attention (``linear``, rowsum or    S (B, H, d_φ, d_v) and z (B, H, d_φ)                   constant
+decay and delta-rule forms (every form     the state M (B, H, d_k, d_v), updated per token         constant
+tagged decay or delta)                     (:func:`~attnlab.transition.step`)
+linear attention (``linear``, rowsum or    [S z] (B, H, d_φ, d_v + 1)                             constant
 none)                                      (:class:`~attnlab.forms.linear.LinearForm`)
 softmax (any normalizer) on any score      k (B, Gk, t, d_k) and v (B, G, t, d_v) of every token  grows with t
 without a position bias                    so far (preallocated, doubled when full); a causal

@@ -1,15 +1,27 @@
-"""MkDocs hook (mkdocs.yml: hooks): the studies' README.md files and their figures (experiments/<study>/) become
-pages of the docs site at the same paths, so that they stay where they are in the repository (their tables are
-tested there, tests/test_experiments.py) and the site's links to them are checked like any other."""
+"""MkDocs hooks (mkdocs.yml: hooks).
+
+* The studies' README.md files and their figures (experiments/<study>/) become pages of the docs site at the same
+  paths, so that they stay where they are in the repository (their tables are tested there,
+  tests/test_experiments.py) and the site's links to them are checked like any other.
+* A page's ``<!-- forms-table -->`` becomes a table of the registered forms (:func:`attnlab.forms.list_forms`, the
+  built-ins: every module of attnlab/forms), generated at build time: name, tags, what it is (the summary of its
+  class docstring), its O(L) path and its decoding state (the summary of its ``state_size`` docstring). So a new
+  form is in the docs the moment it is registered, and no table is kept by hand. ``<!-- forms-table decay delta
+  -->`` lists only the forms with one of those tags; a marker that lists no form fails the build.
+"""
 
 from __future__ import annotations
 
+import inspect
+import re
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 REPO = Path(__file__).resolve().parents[1]
 SHOWN = {".md", ".png"}
+FORMS_MARKER = re.compile(r"<!--\s*forms-table((?:\s+[\w-]+)*)\s*-->")
 
 
 def on_files(files: Files, config) -> Files:
@@ -24,3 +36,64 @@ def on_files(files: Files, config) -> Files:
                 )
             )
     return files
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    if "forms-table" not in markdown:
+        return markdown
+
+    def table(match: re.Match) -> str:
+        tags = match.group(1).split()
+        try:
+            return forms_table(tags)
+        except ValueError as exc:
+            raise PluginError(f"{page.file.src_uri}: {match.group(0)}: {exc}") from None
+
+    return FORMS_MARKER.sub(table, markdown)
+
+
+# ---------------------------------------------------------------------------------------------- the forms table
+
+
+def summary(doc: str | None) -> str:
+    """The first sentence of a docstring's first paragraph, its lines joined, as Markdown ('' for none)."""
+    paragraph = re.split(r"\n\s*\n", inspect.cleandoc(doc or ""), maxsplit=1)[0]
+    text = " ".join(paragraph.split()).replace(" (module docstring)", "")  # (a pointer for readers of the code)
+    # a sentence ends at ". " before a capital letter or a parenthesis ("et al. 2023" does not end one)
+    text = re.split(r"(?<=\.)\s+(?=[A-Z(])", text, maxsplit=1)[0]
+    return markdown_of(text)
+
+
+def markdown_of(text: str) -> str:
+    """reST inline markup → Markdown, safe in a table cell: ``x`` and :role:`~a.b.x` → `x`; outside code, the
+    characters Markdown reads as emphasis or a cell's end are escaped."""
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([\w.]+?)`", r"``\1``", text)
+    parts = re.split(r"(``.+?``)", text)
+    out = []
+    for part in parts:
+        if part.startswith("``") and part.endswith("``") and len(part) > 4:
+            out.append("`" + part[2:-2].replace("|", "\\|") + "`")
+        else:
+            out.append(re.sub(r"([\\|*_\[\]])", r"\\\1", part).replace("<", "&lt;"))
+    return "".join(out)
+
+
+def forms_table(tags: list[str] | None = None) -> str:
+    """The Markdown table of the registered forms (those with one of ``tags``, when given)."""
+    from attnlab.forms import Form, form_class, list_forms
+
+    names = [n for n in list_forms() if not tags or set(tags) & form_class(n).tags]
+    if not names:
+        raise ValueError(f"no registered form has a tag of {tags} (forms: {', '.join(list_forms())})")
+    rows = [
+        "| form | tags | what it is | O(L) path | decoding state (floats per sequence) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name in names:
+        cls = form_class(name)
+        recurrent = "recurrent" in cls.tags
+        o_l = "`chunked`, `recurrent` backends" if recurrent else "— (quadratic: `eager` and the fused backends)"
+        state = "—" if cls.state_size is Form.state_size else summary(cls.state_size.__doc__)
+        cells = [f"`{name}`", ", ".join(sorted(cls.tags)) or "—", summary(cls.__doc__) or "—", o_l, state]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.bench.cases import quick_plan
+from attnlab.bench.cases import quick_plan, recurrent_forms
 from attnlab.bench.report import evaluate_targets, format_decode
 from attnlab.bench.sections import bench_decode
 from attnlab.config import AttentionConfig
 from attnlab.decode import decode, encoder_step, init_cache
 from attnlab.encoder import Encoder
 
-FORMS = ["retnet", "gla", "deltanet", "gated_deltanet"]
+# every recurrent form beside linear attention, from the registry's tags (retnet, gla, deltanet, gated_deltanet and
+# any form registered before collection): the forms the decode section benches
+FORMS = list(recurrent_forms())
 WINDOW = {"name": "and", "masks": ["causal", {"name": "sliding_window", "window": 3}]}
 CASES = {
     "softmax": ({"mask": "causal"}, "sinusoidal"),
@@ -90,9 +92,9 @@ def test_the_decode_section_reports_every_model_against_softmax():
     assert all(r["tokens_per_s"] > 0 and r["bytes_per_seq"] > 0 for r in rows)
     plan.quick = False  # judged: the memory of every recurrent form is the same at both contexts
     targets = evaluate_targets(plan, {"decode": rows})
-    memory = [t for t in targets if t["id"] == "28b"]
-    assert len(memory) == 5 and all(t["value"] == 1.0 and t["met"] for t in memory)
-    assert len([t for t in targets if t["id"] == "28a"]) == 5
+    memory = [t for t in targets if t["id"] == "28b"]  # linear_elu and each recurrent form
+    assert len(memory) == 1 + len(FORMS) and all(t["value"] == 1.0 and t["met"] for t in memory)
+    assert len([t for t in targets if t["id"] == "28a"]) == 1 + len(FORMS)
     assert "| gated_deltanet | 64 |" in "\n".join(format_decode(rows))
 
 

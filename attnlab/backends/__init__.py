@@ -19,7 +19,8 @@ backend             computes                                                    
 ``sdpa``            ``torch.nn.functional.scaled_dot_product_attention``: dot-product       no weights asked for
                     scores, position bias and mask as one float mask, softmax (a sink as
                     one more key), grouped heads through ``enable_gqa``
-``chunked``         linear attention (``linear`` score, ``rowsum``/``none``) in chunks, O(L)  causal (+ padding)
+``chunked``         a form's O(L) chunked form (linear attention, the decay and delta-rule    causal (+ padding)
+                    forms: any form tagged ``recurrent``), O(L·C) memory
                     (:mod:`attnlab.backends.linear`)
 ``global``          linear attention without a mask: φ(Q) (φ(K)ᵀ V), O(L)                  none, padding
 ``normalized``      soft-capped softmax (attnlab's C row kernel) or a normalizer's row     CPU, f32/64, no
@@ -27,7 +28,7 @@ backend             computes                                                    
                     (:mod:`attnlab.backends.normalized`)
 ``eager``           every stage in turn, materialising (B, H, Lq, Lk): the reference, and   always
                     what the diagnostics read (it returns the weights)
-``recurrent``       linear attention one token at a time (forced only)                     causal (+ padding)
+``recurrent``       a form tagged ``recurrent`` one token at a time (forced only)           causal (+ padding)
 ==================  =====================================================================  ======================
 
 The additive score's fused C kernel is the score's own choice inside any backend (``variant.params.kernel``).

@@ -125,10 +125,10 @@ class _Linear(Backend):
     """Shared by the three: the mask check, the float32 sums and the form's O(L) path."""
 
     forms: tuple[str, ...] = ()
-    computes = frozenset({"form:linear", "form:transition"})
+    computes = frozenset({"form:linear", "form:recurrent"})
 
     def form_reason(self, spec: LayerSpec) -> str:
-        if "form:transition" not in self.computes and "form:transition" in spec.features:
+        if "form:recurrent" not in self.computes and "form:recurrent" in spec.features:
             return f"it has no form for variant {spec.config.score} (causal only)"
         return linear_reason(spec) or super().form_reason(spec)
 

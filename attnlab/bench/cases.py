@@ -4,6 +4,7 @@ linear head) and the plans (:func:`full_plan`, :func:`quick_plan`) that group th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 from attnlab.attention import MultiHeadAttention
 from attnlab.config import AttentionConfig
 from attnlab.encoder import Encoder, EncoderLayer, SinusoidalPositionalEncoding
+from attnlab.forms import form_names_with
 from attnlab.scores import AdditiveScore
 
 __all__ = [
@@ -41,6 +43,8 @@ __all__ = [
     "build_model",
     "full_plan",
     "quick_plan",
+    "recurrent_config",
+    "recurrent_forms",
 ]
 
 VARIANTS: tuple[str, ...] = ("scaled_dot", "dot", "general", "relative_position", "t5_bias", "alibi", "additive")
@@ -320,17 +324,82 @@ def quick_plan() -> Plan:
 # ============================================================================================ linear attention
 
 # The ``linear`` section's models: name → the causal attention of every layer. scaled_dot runs SDPA's causal kernel
-# (flash on the CPU), the linear ones and the decay and delta-rule forms the ``chunked`` backend.
-RECURRENT_FORMS = ("retnet", "gla", "deltanet", "gated_deltanet")
+# (flash on the CPU), the linear ones and the recurrent forms the ``chunked`` backend.
 
-LINEAR_MODELS: dict[str, AttentionConfig] = {
-    "scaled_dot": AttentionConfig(mask="causal"),
-    "linear_elu": AttentionConfig(score="linear", normalizer="rowsum", mask="causal"),
-    "linear_taylor": AttentionConfig(
-        score="linear", score_params={"feature_map": "taylor"}, normalizer="rowsum", mask="causal"
-    ),
-    **{name: AttentionConfig(score=name, normalizer="none", mask="causal") for name in RECURRENT_FORMS},
-}
+
+def recurrent_forms() -> tuple[str, ...]:
+    """The recurrent forms benched beside linear attention, read from the form registry now: every form tagged
+    ``recurrent`` and not ``linear`` (:func:`attnlab.forms.form_names_with`), in registration order (the built-ins:
+    retnet, gla, deltanet, gated_deltanet). Linear attention is benched through its feature maps (``linear_elu``,
+    ``linear_taylor``). A form registered later (a user's module) is benched too."""
+    linear = set(form_names_with("linear"))
+    return tuple(name for name in form_names_with("recurrent") if name not in linear)
+
+
+def recurrent_config(name: str) -> AttentionConfig:
+    """The causal attention a recurrent form is benched with: ``score=<name>`` (which the form claims), no
+    normalizer (a decay or delta-rule form computes its own weights), causal."""
+    return AttentionConfig(score=name, normalizer="none", mask="causal")
+
+
+class _RegistryNames(Sequence[str]):
+    """A tuple of form names read from the registry at each use (:func:`recurrent_forms`), so that a module that
+    imported it before a form was registered still sees that form."""
+
+    def __init__(self, names: Callable[[], tuple[str, ...]]) -> None:
+        self._names = names
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other: object) -> bool:
+        return self._names() == (tuple(other) if isinstance(other, _RegistryNames) else other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
+class _Models(Mapping[str, AttentionConfig]):
+    """name → AttentionConfig: the ``fixed`` models, then one per recurrent form registered now
+    (:func:`recurrent_config`), read from the registry at each use."""
+
+    def __init__(self, fixed: dict[str, AttentionConfig]) -> None:
+        self._fixed = fixed
+
+    def _models(self) -> dict[str, AttentionConfig]:
+        return {**self._fixed, **{name: recurrent_config(name) for name in recurrent_forms()}}
+
+    def __getitem__(self, name: str) -> AttentionConfig:
+        return self._models()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._models())
+
+    def __len__(self) -> int:
+        return len(self._models())
+
+    def __repr__(self) -> str:
+        return repr(self._models())
+
+
+RECURRENT_FORMS: Sequence[str] = _RegistryNames(recurrent_forms)
+
+_SOFTMAX_CAUSAL = AttentionConfig(mask="causal")
+_LINEAR_ELU = AttentionConfig(score="linear", normalizer="rowsum", mask="causal")
+LINEAR_MODELS: Mapping[str, AttentionConfig] = _Models(
+    {
+        "scaled_dot": _SOFTMAX_CAUSAL,
+        "linear_elu": _LINEAR_ELU,
+        "linear_taylor": AttentionConfig(
+            score="linear", score_params={"feature_map": "taylor"}, normalizer="rowsum", mask="causal"
+        ),
+    }
+)
 # Issue 27's goals: linear (elu) ÷ scaled_dot step time at the two target lengths, and peak memory at the longer.
 LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
     ("27a", "time", 0, 1.0),
@@ -342,10 +411,9 @@ LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
 RECURRENT_GOAL: tuple[str, int, float] = ("31f", 1, 1.0)
 
 
-# The ``decode`` section's models: softmax with a key/value cache against the recurrent forms' state update.
-DECODE_MODELS: dict[str, AttentionConfig] = {
-    name: LINEAR_MODELS[name] for name in ("scaled_dot", "linear_elu", *RECURRENT_FORMS)
-}
+# The ``decode`` section's models: softmax with a key/value cache against linear attention's and the recurrent forms'
+# state update (every recurrent form registered when the section runs).
+DECODE_MODELS: Mapping[str, AttentionConfig] = _Models({"scaled_dot": _SOFTMAX_CAUSAL, "linear_elu": _LINEAR_ELU})
 # Issue 28's goal: at the longest context, every recurrent form's time per decoded token ≤ 1/3 of softmax's.
 DECODE_GOAL = 1 / 3
 

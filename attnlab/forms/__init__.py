@@ -31,7 +31,8 @@ form                   computes                                    O(L) / decodi
 A layer's form is chosen by its :class:`~attnlab.config.AttentionConfig` (:func:`form_for`): the form that
 :meth:`Form.claims` the config, newest registration first (a decay or delta-rule form claims ``score=<its name>``,
 which is what ``variant=<name>`` sets), else ``softmax``. Register your own with ``@register_form("name")`` on a
-:class:`Form` subclass, in a module named by ``imports=[...]``: it is then a ``variant=name``, tested by the suite's
+:class:`Form` subclass, in a module named by ``imports=[...]``: it is then ``variant=custom variant.name=<name>``
+(a built-in form in this package adds its ``conf/variant/<name>.yaml`` and is ``variant=<name>``), tested by the suite's
 registry-driven tests, benched and listed (its ``tags``).
 """
 

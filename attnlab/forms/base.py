@@ -136,8 +136,10 @@ class Form(nn.Module):
         return FormInputs(q, k, v, mask)
 
     def features(self) -> frozenset[str]:
-        """What a backend must compute for this layer (:data:`attnlab.backends.FEATURES`)."""
-        return frozenset({f"form:{self.name}"})
+        """What a backend must compute for this layer (:func:`attnlab.backends.missing_feature`): ``form:recurrent``
+        for a form with an O(L) form (tag ``recurrent``: the ``chunked`` and ``recurrent`` backends call its
+        :meth:`chunked` and :meth:`recurrent`), else ``form:<name>`` (``eager`` only, until a backend declares it)."""
+        return frozenset({"form:recurrent" if "recurrent" in self.tags else f"form:{self.name}"})
 
     # ---------------------------------------------------------------------------------------------- the forms
 
@@ -179,7 +181,7 @@ class Form(nn.Module):
 
     def state_size(self, length: int) -> int:
         """Floats per sequence that decoding carries after ``length`` tokens (without the short convolution's)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"form {self.name} does not say its state size (Form.state_size)")
 
     def prefill(
         self, batch: int, length: int, generator: torch.Generator, device: torch.device, dtype: torch.dtype

@@ -28,6 +28,7 @@ A new member of the family is one subclass: its :meth:`TransitionForm.gates` (x 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -40,7 +41,6 @@ from attnlab.config import AttentionConfig
 from attnlab.forms.base import Form, FormInputs, FormOutput, LayerSizes, expand_heads, register_form
 from attnlab.masks import PreparedMask
 from attnlab.normalizers import build_normalizer
-from attnlab.registry import check_params
 from attnlab.transition import Transition
 
 __all__ = [
@@ -112,7 +112,12 @@ class TransitionForm(Form):
         else:
             self.output_norm = None
         self.normalizer = build_normalizer("none", num_heads=sizes.num_heads)
-        check_params("variant", self.name, self.build, params, ())
+        allowed = ["output_norm", *(p for p in inspect.signature(self.build).parameters if p != "self")]
+        for key in params:
+            if key not in allowed:
+                raise ValueError(
+                    f"variant '{self.name}' does not take parameter '{key}'; allowed: {', '.join(allowed)}"
+                )
         self.build(**params)
 
     def build(self) -> None:
@@ -120,7 +125,7 @@ class TransitionForm(Form):
         also takes ``output_norm``)."""
 
     def features(self) -> frozenset[str]:
-        return frozenset({"form:transition"})
+        return frozenset({"form:recurrent"})
 
     def weights_signed(self) -> bool:
         return True
