@@ -98,24 +98,8 @@ def linear_attention_chunked(
 
 def linear_reason(layer: Any) -> str | None:
     """None when the layer is linear attention that the O(L) backends compute, else the first stage that is not
-    (one line)."""
-    config = spec_of(layer).config
-    from attnlab.normalizers import _NORMALIZERS
-    from attnlab.scores import _SCORES, LinearScore
-
-    score = _SCORES.get(config.score) if config.score in _SCORES else None
-    if not (isinstance(score, type) and issubclass(score, LinearScore)):
-        return f"it computes linear attention only (variant=linear), not {config.score}"
-    normalizer = _NORMALIZERS.get(config.normalizer) if config.normalizer in _NORMALIZERS else None
-    if not getattr(normalizer, "is_linear", False):
-        return f"it normalizes by the row sum or not at all (normalizer=rowsum|none), not {config.normalizer}"
-    if config.position_bias is not None:
-        return "it has no position bias"
-    if config.softcap is not None:
-        return "it has no soft-capping"
-    if config.differential:
-        return "it has no differential attention"
-    return None
+    (one line: :meth:`LinearForm.reason`)."""
+    return LinearForm.reason(spec_of(layer).config)
 
 
 # ---------------------------------------------------------------------------------------------- the backends

@@ -44,20 +44,29 @@ class LinearForm(SoftmaxForm):
     tags = frozenset({"linear", "recurrent"})
 
     @classmethod
-    def claims(cls, config: AttentionConfig) -> bool:
+    def reason(cls, config: AttentionConfig) -> str | None:
+        """None when ``config`` is linear attention (this form claims it), else the first stage that is not, in one
+        line (what the O(L) backends give when they refuse another form)."""
         from attnlab.normalizers import _NORMALIZERS
         from attnlab.scores import _SCORES, LinearScore
 
         score = _SCORES.get(config.score) if config.score in _SCORES else None
+        if not (isinstance(score, type) and issubclass(score, LinearScore)):
+            return f"it computes linear attention only (variant=linear), not {config.score}"
         normalizer = _NORMALIZERS.get(config.normalizer) if config.normalizer in _NORMALIZERS else None
-        return (
-            isinstance(score, type)
-            and issubclass(score, LinearScore)
-            and bool(getattr(normalizer, "is_linear", False))
-            and config.position_bias is None
-            and config.softcap is None
-            and not config.differential
-        )
+        if not getattr(normalizer, "is_linear", False):
+            return f"it normalizes by the row sum or not at all (normalizer=rowsum|none), not {config.normalizer}"
+        if config.position_bias is not None:
+            return "it has no position bias"
+        if config.softcap is not None:
+            return "it has no soft-capping"
+        if config.differential:
+            return "it has no differential attention"
+        return None
+
+    @classmethod
+    def claims(cls, config: AttentionConfig) -> bool:
+        return cls.reason(config) is None
 
     def features(self) -> frozenset[str]:
         return frozenset({"form:linear"})

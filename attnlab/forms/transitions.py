@@ -185,10 +185,6 @@ class TransitionForm(Form):
         """z (B, H, L, d_v) → each head normalised over d_v (``output_norm``)."""
         return out.z if self.output_norm is None else self.output_norm(out.z)
 
-    def norm_output(self, z: Tensor) -> Tensor:
-        """z (B, H, L, d_v) → each head normalised over d_v (``output_norm``)."""
-        return z if self.output_norm is None else self.output_norm(z)
-
     # ---------------------------------------------------------------------------------------------- decoding
 
     def step(self, state: Any, q: Tensor, k: Tensor, v: Tensor, x: Tensor, position: int) -> tuple[Tensor, Any]:
