@@ -20,12 +20,14 @@ __all__ = [
     "Form",
     "FormInputs",
     "FormOutput",
+    "FormSetting",
     "LayerSizes",
     "build_form",
     "expand_heads",
     "form_class",
     "form_for",
     "form_names_with",
+    "form_settings",
     "list_forms",
     "register_form",
 ]
@@ -88,6 +90,10 @@ class Form(nn.Module):
     and a fixed-size state. Tests, bench, card and docs take their families from these."""
     causal_only: ClassVar[bool] = False
     """whether it computes causal self-attention only (a state that runs over the sequence in order)."""
+    settings: ClassVar[dict[str, dict[str, Any]]] = {}
+    """named settings of the form's parameters (``variant.params``) that the tests, the bench and the card cover
+    beside its defaults, e.g. ``{"channel": {"gate": "channel"}}`` on ``gla``: each is the row
+    ``<form>_<setting>`` (:func:`form_settings`)."""
     config_fields: ClassVar[frozenset[str]] = frozenset()
     """the :class:`~attnlab.config.AttentionConfig` fields this form turns into its stages (and :meth:`features`);
     any other field set away from its default that the layer does not own is a feature no backend computes unless
@@ -234,6 +240,26 @@ def form_class(name: str) -> type[Form]:
 def form_names_with(tag: str) -> list[str]:
     """The registered forms whose :attr:`Form.tags` hold ``tag`` (``recurrent``, ``decay``, ``softmax`` …)."""
     return [n for n in list_forms() if tag in form_class(n).tags]
+
+
+@dataclass(frozen=True)
+class FormSetting:
+    """One row of the tests, the bench and the card: ``label`` (the form's name, or ``<form>_<setting>``), the
+    ``form`` and its ``params`` (``variant.params``: {} for its defaults)."""
+
+    label: str
+    form: str
+    params: dict[str, Any]
+
+
+def form_settings(tag: str | None = None) -> list[FormSetting]:
+    """Every registered form (those whose tags hold ``tag``, when given) at its defaults, each followed by its named
+    :attr:`Form.settings`, in registration order."""
+    rows = []
+    for name in form_names_with(tag) if tag is not None else list_forms():
+        rows.append(FormSetting(name, name, {}))
+        rows += [FormSetting(f"{name}_{key}", name, dict(p)) for key, p in form_class(name).settings.items()]
+    return rows
 
 
 def form_for(config: AttentionConfig) -> str:

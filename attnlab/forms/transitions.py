@@ -29,14 +29,15 @@ A new member of the family is one subclass: its :meth:`TransitionForm.gates` (x 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+import math
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import transition
-from attnlab.checks import check_choice, check_number
+from attnlab.checks import check_choice, check_int, check_number
 from attnlab.config import AttentionConfig
 from attnlab.forms.base import Form, FormInputs, FormOutput, LayerSizes, expand_heads, register_form
 from attnlab.masks import PreparedMask
@@ -45,6 +46,7 @@ from attnlab.transition import Transition
 
 __all__ = [
     "GLA",
+    "KDA",
     "DeltaNet",
     "GatedDeltaNet",
     "RetNet",
@@ -210,17 +212,90 @@ class TransitionForm(Form):
         return f"d_k={self.d_k}, num_heads={self.num_heads}, d_v={self.d_v}, output_norm={self.output_norm_name}"
 
 
-class _ScalarDecay(TransitionForm):
-    """GLA's scalar decay per head, shared by ``gla`` and ``gated_deltanet``: log α_t = log σ(x_t w_h + b_h) / τ
-    (τ = ``gate_normalizer``), in log space."""
+GATES = ("head", "channel", "mamba2", "kda")
 
-    def build_decay(self, gate_normalizer: float) -> None:
+
+class _LowRank(nn.Module):
+    """x (B, L, d_model) → (B, H, L, d_k): a rank-r map x W₁ W₂ (+ b), one value per head and key channel (GLA's
+    and KDA's per-channel gate pre-activations; b = 0 at first)."""
+
+    def __init__(self, d_model: int, num_heads: int, d_k: int, rank: int, bias: bool) -> None:
+        super().__init__()
+        self.num_heads, self.d_k = num_heads, d_k
+        self.down = nn.Linear(d_model, rank, bias=False)
+        self.up = nn.Linear(rank, num_heads * d_k, bias=bias)
+        if bias:
+            nn.init.zeros_(self.up.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, L = x.shape[:2]
+        return self.up(self.down(x)).view(B, L, self.num_heads, self.d_k).transpose(1, 2)
+
+
+def _mamba_dt_bias(size: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> Tensor:
+    """Mamba's initial Δ bias: softplus⁻¹(Δ₀), Δ₀ log-uniform in [dt_min, dt_max] (Gu & Dao 2023; Dao & Gu 2024)."""
+    dt = torch.exp(torch.rand(size) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+class _Decay(TransitionForm):
+    """The data-dependent decay shared by ``gla``, ``gated_deltanet`` and ``kda``, in log space, chosen by ``gate``:
+
+    ===========  =================================================  ===============================================
+    gate         log α_t                                            paper
+    ===========  =================================================  ===============================================
+    ``head``     log σ(x_t w_h + b_h) / τ, one per head              GLA's scalar gate (Yang et al. 2024)
+    ``channel``  log σ(x_t W₁ W₂ + b) / τ, one per key channel       GLA (Yang et al. 2024), W₁ W₂ of rank 16
+    ``mamba2``   −exp(A_log_h) · softplus(x_t w_h + dt_bias_h)        Mamba-2 (Dao & Gu 2024): SSD's scalar A_t
+    ``kda``      −exp(A_log_h) · softplus(x_t W₁ W₂ + dt_bias_c)      Kimi Delta Attention (Kimi Team 2025), rank d_v
+    ===========  =================================================  ===============================================
+
+    τ = ``gate_normalizer`` (16, GLA's). ``mamba2``: A_log = log U(1, 16), dt_bias = softplus⁻¹ of a log-uniform Δ₀ in
+    [0.001, 0.1] (Mamba-2's initialisation); without a delta rule, the write is also scaled by Δ_t (Mamba's
+    discretisation B̄_t = Δ_t B_t: k ← Δ_t k), so that ``gla`` with ``gate=mamba2`` is Mamba-2's SSD with q, k as its
+    C, B and v as its x; a delta-rule form writes with its β instead (as fla's Gated DeltaNet and KDA do). ``kda``:
+    A_log = log U(1, 16), dt_bias = 0 (fla's KDA layer).
+    """
+
+    default_gate = "head"
+
+    def build_decay(self, gate: str | None, gate_normalizer: float, gate_rank: int | None) -> None:
+        self.gate = check_choice("gate", self.default_gate if gate is None else gate, GATES)
         self.gate_normalizer = check_number("gate_normalizer", gate_normalizer, low=1.0)
-        self.alpha_gate = _Gate(self.d_model, self.num_heads)
+        H, d_k = self.num_heads, self.d_k
+        if gate_rank is None:
+            gate_rank = self.d_v if self.gate == "kda" else 16
+        self.gate_rank = check_int("gate_rank", gate_rank, minimum=1)
+        if self.gate == "head":
+            self.alpha_gate: nn.Module = _Gate(self.d_model, H)
+        elif self.gate == "channel":
+            self.alpha_gate = _LowRank(self.d_model, H, d_k, self.gate_rank, bias=True)
+        else:
+            if self.gate == "mamba2":
+                self.alpha_gate = nn.Linear(self.d_model, H, bias=False)
+                self.dt_bias = nn.Parameter(_mamba_dt_bias(H))
+            else:
+                self.alpha_gate = _LowRank(self.d_model, H, d_k, self.gate_rank, bias=False)
+                self.dt_bias = nn.Parameter(torch.zeros(H, d_k))
+            self.A_log = nn.Parameter(torch.empty(H).uniform_(1, 16).log())
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether the decay is one per key channel (``channel``, ``kda``)."""
+        return self.gate in ("channel", "kda")
+
+    def delta_t(self, x: Tensor) -> Tensor:
+        """Mamba's step Δ_t = softplus(x_t w + dt_bias) ≥ 0 (``mamba2``: (B, H, L); ``kda``: (B, H, L, d_k))."""
+        if self.gate == "mamba2":
+            return F.softplus(self.alpha_gate(x).transpose(1, 2) + self.dt_bias[:, None])
+        return F.softplus(self.alpha_gate(x) + self.dt_bias[:, None, :])
 
     def log_alpha(self, x: Tensor) -> Tensor:
-        """x (B, L, d_model) → log α (B, H, L) ≤ 0."""
-        return F.logsigmoid(self.alpha_gate(x)) / self.gate_normalizer
+        """x (B, L, d_model) → log α ≤ 0: (B, H, L) per head, (B, H, L, d_k) per key channel (the table above)."""
+        if self.gate in ("head", "channel"):
+            return F.logsigmoid(self.alpha_gate(x)) / self.gate_normalizer
+        A = self.A_log.exp()
+        return -(A[:, None] if self.gate == "mamba2" else A[:, None, None]) * self.delta_t(x)
 
 
 @register_form("retnet")
@@ -242,23 +317,47 @@ class RetNet(TransitionForm):
         return self.log_gamma.to(x.device, x.dtype)[None, :, None].expand(B, self.num_heads, L), None
 
 
+BETA_RANGES = (1, 2)
+
+
+def _beta(gate: _Gate, x: Tensor, beta_range: int) -> Tensor:
+    """β = ``beta_range`` · σ(x w_h + b_h) (B, H, L): in (0, 1), or in (0, 2) where I − β k kᵀ (‖k‖ = 1) has the
+    eigenvalue 1 − β ∈ (−1, 1) (Grazzi et al. 2025, "Unlocking State-Tracking in Linear RNNs Through Negative
+    Eigenvalues")."""
+    beta = torch.sigmoid(gate(x))
+    return beta if beta_range == 1 else beta_range * beta
+
+
 @register_form("gla")
-class GLA(_ScalarDecay):
-    """Gated linear attention with a scalar gate per head (Yang et al. 2024; the scalar-gated form of Mamba-2's
-    state space duality, Dao & Gu 2024, and fla's "simple GLA"): M_t = α_t M_{t−1} + k_t v_tᵀ with
-    log α_t = log σ(x_t w_h + b_h) / τ, computed in log space (τ = ``gate_normalizer``, 16 as in GLA), q·k/√d_k.
+class GLA(_Decay):
+    """Gated linear attention (Yang et al. 2024, "Gated Linear Attention Transformers with Hardware-Efficient
+    Training", eq. for the recurrent form): M_t = diag(α_t) M_{t−1} + k_t v_tᵀ, q·k/√d_k, with the decay ``gate``:
+
+    * ``head`` (default): one α per head, log α_t = log σ(x_t w_h + b_h) / τ ("simple GLA"; the same form as
+      Mamba-2's SSD, whose gate is ``mamba2``);
+    * ``channel``: GLA's own gate, one α per key channel, log α_t = log σ(x_t W₁ W₂ + b) / τ with W₁ W₂ of rank
+      ``gate_rank`` (16);
+    * ``mamba2``: Mamba-2's (Dao & Gu 2024): log α_t = −exp(A_log_h) · Δ_t, Δ_t = softplus(x_t w_h + dt_bias_h),
+      the write scaled by Δ_t (k ← Δ_t k).
 
     Args:
-        gate_normalizer: τ ≥ 1; larger keeps α nearer 1 (longer memory).
+        gate: ``head``, ``channel``, ``mamba2`` (or ``kda``: KDA's per-channel form of Mamba's gate).
+        gate_normalizer: τ ≥ 1 of the ``head`` and ``channel`` gates; larger keeps α nearer 1 (longer memory).
+        gate_rank: the rank of the per-channel gate's map (default 16; ``kda``: d_v).
     """
 
     tags = frozenset({"recurrent", "decay"})
+    settings: ClassVar[dict[str, dict[str, Any]]] = {"channel": {"gate": "channel"}, "mamba2": {"gate": "mamba2"}}
 
-    def build(self, gate_normalizer: float = 16.0) -> None:
-        self.build_decay(gate_normalizer)
+    def build(self, gate: str = "head", gate_normalizer: float = 16.0, gate_rank: int | None = None) -> None:
+        self.build_decay(gate, gate_normalizer, gate_rank)
 
-    def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        return self.log_alpha(x), None
+    def inputs(self, q: Tensor, k: Tensor, x: Tensor) -> tuple[Tensor, Tensor, Transition]:
+        q, k = self.maps(q, k)
+        if self.gate != "mamba2":
+            return q, k, Transition(self.log_alpha(x), None)
+        dt = self.delta_t(x)  # (B, H, L)
+        return q, k * dt.unsqueeze(-1), Transition(-self.A_log.exp()[:, None] * dt, None)
 
 
 @register_form("deltanet")
@@ -266,36 +365,66 @@ class DeltaNet(TransitionForm):
     """The delta rule (Schlag et al. 2021, "Linear Transformers Are Secretly Fast Weight Programmers"; Yang et al.
     2024, "Parallelizing Linear Transformers with the Delta Rule"): M_t = (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ,
     which overwrites the value stored under k_t instead of adding to it, with q and k L2-normalised per head and
-    β_t = σ(x_t w_h + b_h) per head. Chunked with the WY/UT representation (a unit-triangular solve per chunk)."""
+    β_t = σ(x_t w_h + b_h) per head. Chunked with the WY/UT representation (a unit-triangular solve per chunk).
+
+    Args:
+        beta_range: 1 (β ∈ (0, 1)) or 2 (β = 2σ(·) ∈ (0, 2): negative eigenvalues, Grazzi et al. 2025).
+    """
 
     tags = frozenset({"recurrent", "delta"})
+    settings: ClassVar[dict[str, dict[str, Any]]] = {"beta2": {"beta_range": 2}}
 
-    def build(self) -> None:
+    def build(self, beta_range: int = 1) -> None:
+        self.beta_range = check_choice("beta_range", beta_range, BETA_RANGES)
         self.beta_gate = _Gate(self.d_model, self.num_heads)
 
     def maps(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        return None, torch.sigmoid(self.beta_gate(x))
+        return None, _beta(self.beta_gate, x, self.beta_range)
 
 
 @register_form("gated_deltanet")
-class GatedDeltaNet(_ScalarDecay):
-    """The gated delta rule (Yang et al. 2025, "Gated Delta Networks"): M_t = α_t (I − β_t k_t k_tᵀ) M_{t−1} +
-    β_t k_t v_tᵀ, DeltaNet's update with GLA's scalar decay log α_t = log σ(x_t w_h + b_h) / τ.
+class GatedDeltaNet(_Decay):
+    """The gated delta rule (Yang et al. 2025, "Gated Delta Networks", eq. 10): M_t = α_t (I − β_t k_t k_tᵀ) M_{t−1}
+    + β_t k_t v_tᵀ, DeltaNet's update with GLA's scalar decay log α_t = log σ(x_t w_h + b_h) / τ (``gate=head``;
+    ``mamba2`` is the gate of the paper's own code, and of Qwen3-Next's).
 
     Args:
-        gate_normalizer: τ ≥ 1, as :class:`GLA`'s.
+        gate: ``head`` (default), ``mamba2``, or a per-channel ``channel`` / ``kda`` (then the form is KDA's).
+        gate_normalizer, gate_rank: as :class:`GLA`'s.
+        beta_range: 1 or 2 (:class:`DeltaNet`).
     """
 
     tags = frozenset({"recurrent", "decay", "delta"})
+    settings: ClassVar[dict[str, dict[str, Any]]] = {"beta2": {"beta_range": 2}}
 
-    def build(self, gate_normalizer: float = 16.0) -> None:
+    def build(
+        self, gate: str | None = None, gate_normalizer: float = 16.0, gate_rank: int | None = None, beta_range: int = 1
+    ) -> None:
+        self.beta_range = check_choice("beta_range", beta_range, BETA_RANGES)
         self.beta_gate = _Gate(self.d_model, self.num_heads)
-        self.build_decay(gate_normalizer)
+        self.build_decay(gate, gate_normalizer, gate_rank)
 
     maps = DeltaNet.maps
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        return self.log_alpha(x), torch.sigmoid(self.beta_gate(x))
+        return self.log_alpha(x), _beta(self.beta_gate, x, self.beta_range)
+
+
+@register_form("kda")
+class KDA(GatedDeltaNet):
+    """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear: An Expressive, Efficient Attention Architecture", eq. for
+    the KDA recurrence): M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ, Gated DeltaNet with one decay
+    per key channel, log α_t = −exp(A_log_h) · softplus(x_t W₁ W₂ + dt_bias) (``gate=kda``, W₁ W₂ of rank d_v), q
+    and k L2-normalised, β_t = σ(x_t w_h + b_h). Kimi Linear also puts a short convolution on q, k and v (the
+    preset's ``model.short_conv=4``) and a sigmoid output gate after the per-head RMSNorm, which waits for the gated
+    output of issue 44: here the output is the RMSNorm alone.
+
+    Args:
+        gate: ``kda`` (default) or any of :class:`GatedDeltaNet`'s.
+        gate_normalizer, gate_rank, beta_range: as :class:`GatedDeltaNet`'s.
+    """
+
+    default_gate = "kda"
