@@ -253,8 +253,8 @@ class _Decay(TransitionForm):
     τ = ``gate_normalizer`` (16, GLA's). ``mamba2``: A_log = log U(1, 16), dt_bias = softplus⁻¹ of a log-uniform Δ₀ in
     [0.001, 0.1] (Mamba-2's initialisation); without a delta rule, the write is also scaled by Δ_t (Mamba's
     discretisation B̄_t = Δ_t B_t: k ← Δ_t k), so that ``gla`` with ``gate=mamba2`` is Mamba-2's SSD with q, k as its
-    C, B and v as its x; a delta-rule form writes with its β instead (as fla's Gated DeltaNet and KDA do). ``kda``:
-    A_log = log U(1, 16), dt_bias = 0 (fla's KDA layer).
+    C, B and v as its x (q·k scaled by 1/√d_k, as in every attnlab form); a delta-rule form writes with its β instead
+    (as fla's Gated DeltaNet and KDA do). ``kda``: A_log = log U(1, 16), dt_bias = 0 (fla's KDA layer).
     """
 
     default_gate = "head"
