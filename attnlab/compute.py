@@ -43,6 +43,14 @@ it has one (``torch.utils.flop_counter.flop_registry``, which ``FlopCounterMode`
   Under a dispatch mode the kernels are called as operators (:mod:`attnlab.kernels.additive`), so the products
   inside the relative kernel are counted once, by this formula.
 
+**The decay and delta-rule forms** (:mod:`attnlab.forms.transitions`, computed by :mod:`attnlab.transition`) are
+counted through the matrix products of the form a training step runs (the ``chunked`` backend): per chunk P = q kᵀ
+⊙ Γ, the delta rule's G = k kᵀ ⊙ Γ and W_k M, the state's reads and writes. With a decay per key channel (GLA's
+``gate=channel``, KDA) P and G are built by halving (``_lower_channels``): the diagonal's Σ_c x_ic y_ic and every
+block of 2 × 2 and more are matrix products, counted; the 1 × 1 blocks of the first halving are elementwise, free.
+The delta rule's unit-triangular solve (``torch.linalg.solve_triangular``, about C²·(d_k + d_v)/2 multiply-adds a
+chunk) has no formula in ``FlopCounterMode`` and none here: it is not counted, forward or backward.
+
 :func:`closest_width` is the bisection that ``match.by`` (conf/config.yaml) uses to size a model to a parameter or
 state budget.
 """

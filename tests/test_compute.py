@@ -186,6 +186,82 @@ def test_every_score_counts_its_attention(name: str) -> None:
     assert total > linear, f"{name}: no FLOPs beside the linear layers"
 
 
+RECURRENT_SETTINGS = {s.label: s for s in attnlab.forms.form_settings("recurrent")}
+
+
+def setting_config(setting: attnlab.forms.FormSetting) -> AttentionConfig:
+    """A causal layer of a recurrent form at one of its settings (its test parameters, then the setting's)."""
+    params = {**params_of("score", setting.form), **setting.params}
+    normalizer = "rowsum" if "linear" in attnlab.forms.form_class(setting.form).tags else "none"
+    return AttentionConfig(score=setting.form, score_params=params, normalizer=normalizer, mask="causal")
+
+
+def lower_channels_flops(x_shape: tuple[int, ...], d: int) -> int:
+    """The forward FLOPs of attnlab.transition._lower_channels on x (…, n, d), by hand (CHANNEL_LEAF = 1): n padded
+    to size = 2^m; the diagonal, each entry Σ_c x_ic y_ic (a product: 2·d); the first halving level, 1 × 1 blocks
+    (elementwise, free); each level s = 2, 4, …, size/2: size/(2s) matrix products (s × d)(d × s), size·s·d FLOPs."""
+    n, rows = x_shape[-2], math.prod(x_shape[:-2])
+    size = 1 << max(n - 1, 0).bit_length()
+    levels = sum(size * s * d for s in (2**i for i in range(1, size.bit_length() - 1)))
+    return rows * (2 * size * d + levels)
+
+
+def test_the_per_channel_lower_matrix_counts_its_halving_products() -> None:
+    """GLA's and KDA's per-channel P and G (attnlab.transition._lower_channels: blocks on the diagonal, every other
+    block a matrix product of factors in [0, 1] by halving) are matrix products under the counter: forward by hand,
+    backward twice that (the gradients of both factors); with x stacking P's and G's left factors, both counted."""
+    from attnlab import transition
+
+    assert transition.CHANNEL_LEAF == 1, "the hand count below is for diagonal blocks of 1"
+    gen = torch.Generator().manual_seed(0)
+    for lead, n, d in (((2, 3), 8, 4), ((2, 2, 3), 6, 4), ((1, 2), 64, 8), ((1, 1), 1, 3)):
+        x, y = (torch.randn(*lead, n, d, generator=gen, requires_grad=True) for _ in range(2))
+        b = (-torch.rand(*lead, n, d, generator=gen)).cumsum(-2)
+        forward = count_flops(lambda x=x, y=y, b=b: transition._lower_channels(x, y, b))
+        assert forward == lower_channels_flops(x.shape, d) > 0, (lead, n, d)
+        step = count_flops(lambda x=x, y=y, b=b: transition._lower_channels(x, y, b).sum().backward())
+        assert step == 3 * forward, (lead, n, d)
+    assert lower_channels_flops((2, 3, 8, 4), 4) == 6 * 8 * 8 * 4  # rows · size² · d
+
+
+@pytest.mark.parametrize("label", list(RECURRENT_SETTINGS))
+def test_every_recurrent_setting_counts_its_attention_and_the_per_channel_products(
+    label: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every FormSetting of form_settings("recurrent") (gla_channel, gla_mamba2, the β ∈ (0, 2) settings, kda …):
+    a training step counts FLOPs in attention beyond the linear layers (projections and gates). A per-channel decay
+    (GLA's channel gate, KDA's) computes P (and G) by halving (transition._lower_channels): the step counts exactly
+    those matrix products, forward and backward (the step's count less the same step with a product-free
+    _lower_channels)."""
+    from attnlab import transition
+
+    setting = RECURRENT_SETTINGS[label]
+    config = setting_config(setting)
+    module = encoder(config, max_len=6)
+    total, linear = step_flops(module, 2, 6), linear_step_flops(module, 2, 6)
+    assert total > linear, f"{label}: no FLOPs beside the linear layers"
+
+    calls: list[tuple[tuple[int, ...], int]] = []
+    original = transition._lower_channels
+
+    def recorded(x, y, b, diagonal=0):
+        calls.append((tuple(x.shape), x.shape[-1]))
+        return original(x, y, b, diagonal)
+
+    def product_free(x, y, b, diagonal=0):  # the same values, elementwise: free under the counter
+        return (x.unsqueeze(-2) * transition._channel_decay_matrix(b, diagonal) * y.unsqueeze(-3)).sum(-1)
+
+    monkeypatch.setattr(transition, "_lower_channels", recorded)
+    assert step_flops(module, 2, 6) == total
+    if getattr(module.encoder.layers[0].self_attn.form, "per_channel", False):
+        assert calls, f"{label}: a per-channel decay that never took the halving form"
+    if not calls:
+        return
+    monkeypatch.setattr(transition, "_lower_channels", product_free)
+    halving = sum(3 * lower_channels_flops(shape, d) for shape, d in calls)
+    assert total - step_flops(module, 2, 6) == halving > 0, label
+
+
 @pytest.mark.parametrize("name", attnlab.list_normalizers())
 def test_every_normalizer_counts_its_attention(name: str) -> None:
     total, linear = attention_flops(AttentionConfig(normalizer=name))

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from attnlab.bench.cases import (
+    BETA_GOAL,
     BLOCK_GOALS,
-    DECODE_GOAL,
+    DECODE_GOALS,
     LINEAR_GOALS,
-    RECURRENT_FORMS,
-    RECURRENT_GOAL,
+    RECURRENT_GOALS,
     VARIANT_GOALS,
     Plan,
     Shape,
@@ -28,6 +28,7 @@ from attnlab.bench.cases import (
 
 __all__ = [
     "CSV_FIELDS",
+    "NOT_MEASURED",
     "QUICK_NOTE",
     "RESULTS_ROOT",
     "ROOFLINE_SECTIONS",
@@ -135,15 +136,27 @@ def add_roofline(results: dict[str, Any]) -> None:
             row["roofline"] = achieved / peak if achieved is not None and peak else None
 
 
+NOT_MEASURED = "not measured"
+"""The note of a goal whose row (or the row it is compared with) the run did not measure."""
+
+
+def _row(rows: list[dict], variant: str, length: int) -> dict | None:
+    """The row of ``variant`` at ``length`` (None: not measured)."""
+    return next((r for r in rows if r["variant"] == variant and r["length"] == length), None)
+
+
 def _find(rows: list[dict], group: str, score: str) -> dict | None:
     """The first row of ``score`` in ``group`` (each group lists its base shape first)."""
     return next((r for r in rows if r["group"] == group and r["score"] == score), None)
 
 
 def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target (issue 6's, the blocks', the linear-attention and decay/delta forms' (issues 27 and 31), the
-    decoding's, then the variants' :data:`VARIANT_GOALS`, issue 31's tighter limits among them): id, what, value
-    (a ratio, or seconds), limit (None = reported only), met (None in a ``--quick`` run or when not measured)."""
+    """Each target (issue 6's, the blocks', the linear-attention and recurrent rows' (issue 27's, then
+    :data:`~attnlab.bench.cases.RECURRENT_GOALS`: issue 31's 31f and issue 42's 42a–c, and issue 42's β goal 42d,
+    :data:`~attnlab.bench.cases.BETA_GOAL`), the decoding's (:data:`~attnlab.bench.cases.DECODE_GOALS`: 42e, 28a;
+    28b), then the variants' :data:`VARIANT_GOALS`, issue 31's tighter limits among them): id, what, value (a
+    ratio, or seconds), limit (None = reported only), met (None in a ``--quick`` run or when not measured; a goal
+    set for a row the run did not measure is noted :data:`NOT_MEASURED`)."""
     rows = results.get("encoder", [])
     targets: list[dict[str, Any]] = []
 
@@ -231,25 +244,45 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                     limit,
                     note,
                 )
-        tid, which, limit = RECURRENT_GOAL
-        for name in RECURRENT_FORMS:
-            r = next((r for r in linear if r["variant"] == name and r["length"] == lengths[which]), None)
-            what = f"{name} step ÷ scaled_dot causal (L={lengths[which]})"
-            add(tid, what, r and r["ratio_scaled_dot"], limit, r.get("backend", "") if r else "")
+        for tid, names, which, limit in RECURRENT_GOALS:
+            for name in names:
+                r = _row(linear, name, lengths[which])
+                what = f"{name} step ÷ scaled_dot causal (L={lengths[which]})"
+                note = NOT_MEASURED if r is None else r.get("backend", "")
+                add(tid, what, r and r["ratio_scaled_dot"], limit, note)
+        tid, pairs, which, limit = BETA_GOAL
+        for name, reference in pairs:
+            r, ref = _row(linear, name, lengths[which]), _row(linear, reference, lengths[which])
+            what = (
+                f"{name} step ÷ {reference} step (L={lengths[which]}; β ∈ (0, 2) vs (0, 1), the same code: the limit "
+                "is the 5 % run-to-run noise of interleaved medians on this machine)"
+            )
+            if r is None or ref is None:
+                add(tid, what, None, limit, NOT_MEASURED)
+                continue
+            note = f"{r['median_ms']:.1f} / {ref['median_ms']:.1f} ms"
+            add(tid, what, r["median_ms"] / ref["median_ms"], limit, note)
         crossover = linear_crossover(linear)
         add("27d", "crossover: shortest L where linear (elu) steps faster than scaled_dot", crossover, None)
     decode = results.get("decode")
     if decode is not None:
         longest, shortest = max(plan.decode_contexts), min(plan.decode_contexts)
-        for r in decode:
-            if r["variant"] == "scaled_dot" or r["length"] != longest:
-                continue
-            first = next(x for x in decode if x["variant"] == r["variant"] and x["length"] == shortest)
-            note = f"{r['tokens_per_s']:.0f} tokens/s; {r['bytes_per_seq'] / 1024:.0f} KiB/seq"
-            what = f"{r['variant']} decode time per token ÷ scaled_dot with a KV cache (context {longest})"
-            add("28a", what, r["ratio_scaled_dot"], DECODE_GOAL, note)
-            what = f"{r['variant']} decode memory per sequence, context {longest} ÷ {shortest}"
-            add("28b", what, r["bytes_per_seq"] / first["bytes_per_seq"], 1.0)
+        named = {name for _, names, _ in DECODE_GOALS if names is not None for name in names}
+        present = [r["variant"] for r in decode if r["variant"] != "scaled_dot" and r["length"] == longest]
+        for tid, names, limit in DECODE_GOALS:
+            for name in names if names is not None else [n for n in present if n not in named]:
+                r = _row(decode, name, longest)
+                what = f"{name} decode time per token ÷ scaled_dot with a KV cache (context {longest})"
+                if r is None:
+                    add(tid, what, None, limit, NOT_MEASURED)
+                    continue
+                note = f"{r['tokens_per_s']:.0f} tokens/s; {r['bytes_per_seq'] / 1024:.0f} KiB/seq"
+                add(tid, what, r["ratio_scaled_dot"], limit, note)
+        for name in present:
+            r, first = _row(decode, name, longest), _row(decode, name, shortest)
+            what = f"{name} decode memory per sequence, context {longest} ÷ {shortest}"
+            value = None if r is None or first is None else r["bytes_per_seq"] / first["bytes_per_seq"]
+            add("28b", what, value, 1.0, NOT_MEASURED if value is None else "")
     variants = results.get("variants")
     if variants is not None:
         length = plan.target_variant_length
