@@ -37,14 +37,18 @@ Four functions compute the same numbers:
 
 * :func:`step`: one token (the form that decodes); :func:`recurrent`: :func:`step` over the sequence.
 * :func:`chunked`: chunks of C tokens, the quadratic form within a chunk on chunk-local decays (a batched
-  unit-triangular solve for the delta rule), the state across chunks; O(L·C) memory (O(L·C·d_k) with a per-channel
-  decay). Every exponent is a difference b̃_t − b̃_j, j ≤ t, inside one chunk, a chunk-local b̃_t ≤ 0 or b̃_C − b̃_t
-  ≤ 0, so no product of gates overflows whatever L; the per-channel P and G are exp of the masked (C, C, d_k)
-  differences, never a product e^{b̃} · e^{−b̃}. Linear attention (no decay, no β) is :class:`_CausalLinear`, the
-  masked form with a backward pass written by hand (no second derivative).
-* :func:`effective_matrix`: the (L, L) matrix, O(L²) (O(L²·d_k) per channel).
+  unit-triangular solve for the delta rule), the state across chunks; O(L·C) memory. Every exponent is a difference
+  b̃_t − b̃_j, j ≤ t, inside one chunk, a chunk-local b̃_t ≤ 0 or b̃_C − b̃_t ≤ 0, so no product of gates overflows
+  whatever L. A per-channel P and G are made by halving blocks (:func:`_lower_channels`): each block below the
+  diagonal is a matrix product of factors e^{b̃_i − b̃_r} and e^{b̃_r − b̃_j}, both ≤ 1, with r between j and i, never a
+  product e^{b̃} · e^{−b̃} and never the (C, C, d_k) tensor of differences (O(C² + C·d_k·log C) memory a chunk).
+  Factors below e^{log(eps) − 7} are taken as 0 (:func:`_decay_exp`: no subnormal arithmetic). Linear attention
+  (no decay, no β) is :class:`_CausalLinear`, the masked form with a backward pass written by hand (no second
+  derivative).
+* :func:`effective_matrix`: the (L, L) matrix, O(L²) (per channel by the same halving blocks).
 
-``low_rank`` and ``householder_steps`` are reserved for RWKV-7's diagonal-plus-low-rank transition and
+β may lie in (0, 2) (Grazzi et al. 2025: I − β k kᵀ with ‖k‖ = 1 has the eigenvalue 1 − β ∈ (−1, 1)); nothing here
+assumes β ≤ 1. ``low_rank`` and ``householder_steps`` are reserved for RWKV-7's diagonal-plus-low-rank transition and
 DeltaProduct's several Householder steps per token: every function here refuses them (``NotImplementedError``).
 This module is the bottom layer: it imports torch and :mod:`attnlab.checks` only.
 """

@@ -5,9 +5,11 @@
   tests/test_experiments.py) and the site's links to them are checked like any other.
 * A page's ``<!-- forms-table -->`` becomes a table of the registered forms (:func:`attnlab.forms.list_forms`, the
   built-ins: every module of attnlab/forms), generated at build time: name, tags, what it is (the summary of its
-  class docstring), its O(L) path and its decoding state (the summary of its ``state_size`` docstring). So a new
-  form is in the docs the moment it is registered, and no table is kept by hand. ``<!-- forms-table decay delta
-  -->`` lists only the forms with one of those tags; a marker that lists no form fails the build.
+  class docstring), its named settings (:attr:`attnlab.forms.Form.settings`: each row ``<form>_<setting>`` of
+  :func:`attnlab.forms.form_settings` with its ``variant.params``), its O(L) path and its decoding state (the
+  summary of its ``state_size`` docstring). So a new form, or a new named setting of one, is in the docs the moment
+  it is registered, and no table is kept by hand. ``<!-- forms-table decay delta -->`` lists only the forms with
+  one of those tags; a marker that lists no form fails the build.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def summary(doc: str | None) -> str:
     text = " ".join(paragraph.split()).replace(" (module docstring)", "")  # (a pointer for readers of the code)
     # a sentence ends at ". " before a capital letter or a parenthesis ("et al. 2023" does not end one)
     text = re.split(r"(?<=\.)\s+(?=[A-Z(])", text, maxsplit=1)[0]
+    if text.endswith(":"):  # a sentence that introduces a list (GLA's gates): the list is not in the summary
+        text = text[:-1] + "."
     return markdown_of(text)
 
 
@@ -78,6 +82,19 @@ def markdown_of(text: str) -> str:
     return "".join(out)
 
 
+def settings_cell(name: str) -> str:
+    """A form's named settings (:func:`attnlab.forms.form_settings`, its rows but the defaults' own) as Markdown:
+    ``gla_channel`` (``gate=channel``), … ('—' for none)."""
+    from attnlab.forms import form_settings
+
+    rows = [s for s in form_settings() if s.form == name and s.label != name]
+    cells = []
+    for row in rows:
+        params = " ".join(f"{key}={value}" for key, value in row.params.items())
+        cells.append(markdown_of(f"``{row.label}`` (``{params}``)"))
+    return ", ".join(cells) or "—"
+
+
 def forms_table(tags: list[str] | None = None) -> str:
     """The Markdown table of the registered forms (those with one of ``tags``, when given)."""
     from attnlab.forms import Form, form_class, list_forms
@@ -86,14 +103,22 @@ def forms_table(tags: list[str] | None = None) -> str:
     if not names:
         raise ValueError(f"no registered form has a tag of {tags} (forms: {', '.join(list_forms())})")
     rows = [
-        "| form | tags | what it is | O(L) path | decoding state (floats per sequence) |",
-        "| --- | --- | --- | --- | --- |",
+        "| form | tags | what it is | named settings (`variant.params`) | O(L) path "
+        "| decoding state (floats per sequence) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name in names:
         cls = form_class(name)
         recurrent = "recurrent" in cls.tags
         o_l = "`chunked`, `recurrent` backends" if recurrent else "— (quadratic: `eager` and the fused backends)"
         state = "—" if cls.state_size is Form.state_size else summary(cls.state_size.__doc__)
-        cells = [f"`{name}`", ", ".join(sorted(cls.tags)) or "—", summary(cls.__doc__) or "—", o_l, state]
+        cells = [
+            f"`{name}`",
+            ", ".join(sorted(cls.tags)) or "—",
+            summary(cls.__doc__) or "—",
+            settings_cell(name),
+            o_l,
+            state,
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -1,24 +1,27 @@
-"""The decay and delta-rule forms: RetNet, gated linear attention, DeltaNet and Gated DeltaNet, each a setting of
-one transition record (:class:`~attnlab.transition.Transition`: decay in log space, per head or per key channel;
-writing strength β) computed by :mod:`attnlab.transition`:
+"""The decay and delta-rule forms: RetNet, gated linear attention, DeltaNet, Gated DeltaNet and Kimi Delta
+Attention, each a setting of one transition record (:class:`~attnlab.transition.Transition`: decay in log space, per
+head or per key channel; writing strength β) computed by :mod:`attnlab.transition`:
 
     M_t = diag(α_t) M_{t−1} + k_t v_tᵀ                        (decay: RetNet, GLA; α ≡ 1 is linear attention)
-    M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ  (delta rule: DeltaNet α ≡ 1, Gated DeltaNet)
+    M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ  (delta rule: DeltaNet α ≡ 1, Gated DeltaNet, KDA)
     o_t = M_tᵀ q_t
 
-=================  ============================================  ======================  ============  ==========
-variant            paper                                         decay α_t               β_t           q, k
-=================  ============================================  ======================  ============  ==========
-``retnet``         Sun et al. 2023, retention                    γ_h = 1 − 2^(−5−h)      —             k/√d_k
-``gla``            Yang et al. 2024 (scalar gate: "simple GLA",   σ(x w_h + b_h)^(1/τ)    —             k/√d_k
-                   Mamba-2's SSD, Dao & Gu 2024)
-``deltanet``       Schlag et al. 2021; Yang et al. 2024           —                       σ(x w_h + b)  L2-normed
-``gated_deltanet`` Yang et al. 2025                               σ(x w_h + b_h)^(1/τ)    σ(x w_h + b)  L2-normed
-=================  ============================================  ======================  ============  ==========
+=================  ==========================================  =========================  ===============  =========
+variant            paper                                       decay α_t (``gate``)       β_t              q, k
+=================  ==========================================  =========================  ===============  =========
+``retnet``         Sun et al. 2023, retention                  γ_h = 1 − 2^(−5−h)         —                k/√d_k
+``gla``            Yang et al. 2024 (GLA); Dao & Gu 2024        per head (``head``), per   —                k/√d_k
+                   (Mamba-2's gate)                             channel (``channel``),
+                                                                Mamba-2's (``mamba2``)
+``deltanet``       Schlag et al. 2021; Yang et al. 2024         —                          r·σ(x w_h + b)   L2-normed
+``gated_deltanet`` Yang et al. 2025                             per head (``head``)        r·σ(x w_h + b)   L2-normed
+``kda``            Kimi Team 2025, Kimi Linear                  per channel (``kda``)      r·σ(x w_h + b)   L2-normed
+=================  ==========================================  =========================  ===============  =========
 
-with τ = ``gate_normalizer`` (16, GLA's). Each normalises each head's output over d_v before the output projection
+with the gates of :class:`_Decay`, r = ``beta_range`` (1, or 2 for negative eigenvalues, Grazzi et al. 2025) and
+τ = ``gate_normalizer`` (16, GLA's). Each normalises each head's output over d_v before the output projection
 (``output_norm``: ``groupnorm``, RetNet's GroupNorm with one group per head, the default of ``retnet``; ``rmsnorm``,
-fla's default for the other three; or None). They are causal self-attention only: a layer refuses another mask in
+fla's default for the others; or None). They are causal self-attention only: a layer refuses another mask in
 one line. A padded key is written with k = 0, which leaves the state as it was. The weights the diagnostics read are
 the effective matrix, the (L, L) lower-triangular map from v to the output (signed for the delta rule).
 
@@ -253,7 +256,7 @@ class _Decay(TransitionForm):
     τ = ``gate_normalizer`` (16, GLA's). ``mamba2``: A_log = log U(1, 16), dt_bias = softplus⁻¹ of a log-uniform Δ₀ in
     [0.001, 0.1] (Mamba-2's initialisation); without a delta rule, the write is also scaled by Δ_t (Mamba's
     discretisation B̄_t = Δ_t B_t: k ← Δ_t k), so that ``gla`` with ``gate=mamba2`` is Mamba-2's SSD with q, k as its
-    C, B and v as its x (q·k scaled by 1/√d_k, as in every attnlab form); a delta-rule form writes with its β instead
+    C, B and v as its x (and gla's q·k/√d_k); a delta-rule form writes with its β instead
     (as fla's Gated DeltaNet and KDA do). ``kda``: A_log = log U(1, 16), dt_bias = 0 (fla's KDA layer).
     """
 
