@@ -69,7 +69,9 @@ class ShortConvolution(nn.Module):
         self.conv = nn.Conv1d(channels, channels, width, groups=channels, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, C) → (B, L, C)."""
+        """x (B, L, C) → (B, L, C) (L = 0 gives the empty sequence back)."""
+        if x.shape[1] == 0:  # (conv1d refuses an input shorter than its kernel, which k − 1 zeros are at L = 0)
+            return x
         y = self.conv(F.pad(x.transpose(1, 2), (self.width - 1, 0)))  # left padding only: causal
         return y.transpose(1, 2)
 

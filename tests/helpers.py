@@ -6,9 +6,10 @@
   built-in is covered without editing a test list.
 - Tensors and modules: :func:`grid` (a bool mask from a predicate), :func:`conv_loop` (a short convolution as a
   loop), :func:`randomize_`, :func:`make_mha`.
-- Runs: :func:`compose_cfg`, :func:`train_listops` (an in-process ``debug=fast`` run), :func:`small` (a small
-  task), :func:`train_env` and :func:`run_train` (a real ``python train.py``), :func:`run_cli` (the same command
-  line in this process, for what a command prints and leaves on disk), :func:`read_summary`, :func:`run_folders`.
+- Runs: :func:`compose_cfg`, :func:`train_task` and :func:`train_listops` (an in-process ``debug=fast`` run),
+  :func:`setting_overrides` (a form setting's command line), :func:`small` (a small task), :func:`train_env` and
+  :func:`run_train` (a real ``python train.py``), :func:`run_cli` (the same command line in this process, for what a
+  command prints and leaves on disk), :func:`read_summary`, :func:`run_folders`.
 """
 
 from __future__ import annotations
@@ -36,13 +37,18 @@ SUBPROCESS_TIMEOUT = 300
 
 # ---------------------------------------------------------------------------------------------- the built-ins
 
-# The decay and delta-rule forms (attnlab.forms: retnet, gla, deltanet, gated_deltanet, and any registered later) are
-# forms, chosen by variant=<name>: tests/test_recurrences.py tests every one of them, from the registry's tags.
+# The decay and delta-rule forms (attnlab.forms: retnet, gla, deltanet, gated_deltanet, kda, and any registered later)
+# are forms, chosen by variant=<name>: tests/test_recurrences.py tests every one of them, from the registry's tags.
 import attnlab.forms  # noqa: E402
 
 RECURRENT_FORMS: tuple[str, ...] = tuple(
     n for n in attnlab.forms.list_forms() if {"decay", "delta"} & attnlab.forms.form_class(n).tags
 )
+# Every form with an O(L) form and a fixed-size state (tag ``recurrent``: linear attention and the forms above), at
+# its defaults and at each of its named settings (attnlab.forms.form_settings: gla, gla_channel, gla_mamba2, ...,
+# kda, kda_beta2): FormSetting(label, form, params), the params being the form's ``variant.params``
+# (``AttentionConfig.score_params``).
+RECURRENT_SETTINGS: tuple[attnlab.forms.FormSetting, ...] = tuple(attnlab.forms.form_settings("recurrent"))
 SCORES: tuple[str, ...] = tuple(n for n in attnlab.list_scores() if n not in RECURRENT_FORMS)
 POSITION_BIASES: tuple[str, ...] = tuple(attnlab.list_position_biases())
 MASKS: tuple[str, ...] = tuple(attnlab.list_masks())
@@ -148,19 +154,31 @@ def compose_cfg(*overrides: str, hydra_cfg: bool = False):
     return compose(config_name="config", overrides=list(overrides), return_hydra_config=hydra_cfg)
 
 
-def train_listops(tmp_path: Path, *overrides: str) -> dict[str, Any]:
-    """Train in this process (``attnlab.training.run``) on ListOps with ``debug=fast``, no logger, d_model 16 and 2
-    heads, plus ``overrides``, into ``tmp_path`` → its summary.json (use with the ``restore_process_state``
+def train_task(tmp_path: Path, task: str, *overrides: str) -> dict[str, Any]:
+    """Train in this process (``attnlab.training.run``) on ``task`` with ``debug=fast``, no logger, d_model 16 and
+    2 heads, plus ``overrides``, into ``tmp_path`` → its summary.json (use with the ``restore_process_state``
     fixture)."""
     from hydra import compose, initialize_config_dir
 
     from attnlab.training import CONF_DIR, run
 
-    fixed = ["task=listops", "debug=fast", "logger=none", "results_table=false", "d_model=16", "num_heads=2"]
+    fixed = [f"task={task}", "debug=fast", "logger=none", "results_table=false", "d_model=16", "num_heads=2"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*fixed, *overrides])
     run(cfg, tmp_path)
     return read_summary(tmp_path)
+
+
+def train_listops(tmp_path: Path, *overrides: str) -> dict[str, Any]:
+    """:func:`train_task` on ListOps."""
+    return train_task(tmp_path, "listops", *overrides)
+
+
+def setting_overrides(setting: attnlab.forms.FormSetting) -> list[str]:
+    """The command line of a :class:`~attnlab.forms.FormSetting`: ``variant=<form>`` and one
+    ``variant.params.<key>=<value>`` per parameter of the setting (a form without a file in conf/variant is not
+    a setting of the command line: use ``variant=custom variant.name=<form>``)."""
+    return [f"variant={setting.form}", *(f"variant.params.{k}={v}" for k, v in setting.params.items())]
 
 
 def small(name: str, sizes: dict[str, Any] | Callable[[str], dict[str, Any]] | None = None, **kwargs: Any):

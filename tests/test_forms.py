@@ -1,9 +1,13 @@
-"""Forms (:mod:`attnlab.forms`), tested from the registry: every form tagged ``recurrent`` (parametrized from
-:func:`~attnlab.forms.list_forms` and the tags when this file is collected) computes the same layer on every backend
-that takes it, eagerly and token by token (float64, outputs and every gradient), with a state whose size does not
-grow with the length. An :class:`~attnlab.config.AttentionConfig` field that no one owns is refused by every backend
-that was not taught it. A user's form in one module (tests/user_form_example.py) is registered by importing it,
-computed by a layer that names it, and picked up by these registry-driven tests."""
+"""Forms (:mod:`attnlab.forms`), tested from the registry: every form tagged ``recurrent`` at its defaults and at
+each of its named settings (:func:`~attnlab.forms.form_settings`: gla, gla_channel, gla_mamba2, deltanet,
+deltanet_beta2, ..., kda, kda_beta2, each setting's ``params`` the layer's ``score_params``; parametrized when this
+file is collected) computes the same layer on every backend that takes it, eagerly and token by token (float64,
+outputs and every gradient), and a decay or delta-rule form's layer equals its plain recurrence (an explicit state
+matrix updated one token at a time, written here); each named setting changes the layer it names; the state size
+does not grow with the length and is what decoding carries. An :class:`~attnlab.config.AttentionConfig` field that
+no one owns is refused by every backend that was not taught it. A user's form in one module
+(tests/user_form_example.py) is registered by importing it, computed by a layer that names it, and picked up by
+these registry-driven tests."""
 
 from __future__ import annotations
 
@@ -21,32 +25,47 @@ from attnlab.attention import LAYER_FIELDS, MultiHeadAttention
 from attnlab.backends import Conditions, build_backend, list_backends, missing_feature
 from attnlab.config import AttentionConfig
 from attnlab.decode import LayerCache
-from attnlab.forms import form_class, form_names_with, list_forms
+from attnlab.forms import FormInputs, FormOutput, FormSetting, form_class, form_names_with, form_settings, list_forms
 from attnlab.masks import build_mask
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 RECURRENT = [name for name in list_forms() if "recurrent" in form_class(name).tags]
+SETTINGS = form_settings("recurrent")  # every recurrent form at its defaults, then each of its named settings
+NAMED = [s for s in SETTINGS if s.params]  # the named settings only (gla_channel, deltanet_beta2, ...)
 D_MODEL, HEADS, D_K, L = 8, 2, 3, 9
 CAUSAL = build_mask("causal")
 ATOL = 1e-10
 USER_MODULE, USER_FORM = "user_form_example", "test_user_decay"
+# the layer options each setting is checked under: none, and a short convolution with one key/value head for two
+# query heads (grouped heads: the form repeats the key/value head)
+OPTIONS = {"plain": {}, "short_conv_gqa": {"short_conv": 3, "num_kv_heads": 1}}
 
 
-def config_of(name: str, **changes) -> AttentionConfig:
-    """The causal config of form ``name``: ``score=<name>`` (which the form claims), the row-sum normalizer for linear
-    attention, none for the others (a decay or delta-rule form computes its own weights)."""
-    normalizer = "rowsum" if "linear" in form_class(name).tags else "none"
-    return AttentionConfig(score=name, normalizer=normalizer, mask="causal", **changes)
+def label(setting: FormSetting) -> str:
+    return setting.label
 
 
-def layer_of(name: str, backend: str = "auto", seed: int = 0) -> MultiHeadAttention:
-    """A float64 layer of form ``name`` (``backend`` forced unless auto; chunks of 4 tokens), every parameter drawn
-    from N(0, 0.5²) (the same for every backend)."""
+def config_of(setting: FormSetting | str, **changes) -> AttentionConfig:
+    """The causal config of a form setting (or a form's name: its defaults): ``score=<form>`` (which the form
+    claims) with the setting's params as ``score_params``, the row-sum normalizer for linear attention, none for the
+    others (a decay or delta-rule form computes its own weights)."""
+    if isinstance(setting, str):
+        setting = FormSetting(setting, setting, {})
+    normalizer = "rowsum" if "linear" in form_class(setting.form).tags else "none"
+    return AttentionConfig(
+        score=setting.form, score_params=dict(setting.params), normalizer=normalizer, mask="causal", **changes
+    )
+
+
+def layer_of(setting: FormSetting | str, backend: str = "auto", seed: int = 0, **options) -> MultiHeadAttention:
+    """A float64 layer of a form setting (``backend`` forced unless auto; chunks of 4 tokens; ``options``: layer
+    fields), every parameter drawn from N(0, 0.5²) (the same for every backend)."""
     params = {"chunk_size": 4} if backend in ("auto", "chunked") else {}
     torch.manual_seed(seed)
-    layer = MultiHeadAttention(D_MODEL, HEADS, D_K, config=config_of(name, backend=backend, backend_params=params))
-    assert layer.form.name == name
+    config = config_of(setting, backend=backend, backend_params=params, **options)
+    layer = MultiHeadAttention(D_MODEL, HEADS, D_K, config=config)
+    assert layer.form.name == config.score and layer.config.score_params == config.score_params
     return randomize_(layer.double(), seed, scale=0.5)
 
 
@@ -70,19 +89,60 @@ def grads_of(layer: MultiHeadAttention, out: torch.Tensor, x: torch.Tensor) -> d
     return {n: torch.zeros_like(p) if g is None else g for n, p, g in zip(["x", *names], [x, *params], gs, strict=True)}
 
 
-def assert_agree(name: str) -> None:
-    """Form ``name``: the eager output (``layer.attend``), each backend that takes the layer (forced) and
-    token-by-token decoding give the same outputs and gradients (of x and every parameter)."""
-    eager = layer_of(name, backend="eager")
+class PlainRecurrence:
+    """A backend written here from the recurrence's definition, for a form whose inputs carry a transition record
+    (decay α_t per head or per key channel, writing strength β_t): for each token t, over an explicit state matrix
+    M (d_k × d_v per head) that starts at 0,
+
+        M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ     (without β: M_t = diag(α_t) M_{t−1} + k_t v_tᵀ)
+        z_t = M_tᵀ q_t
+
+    (α ≡ 1 without a decay; a per-head α is α·I). It reads the form's prepared q, k, v and record (the maps and
+    gates), and calls nothing of attnlab's recurrences."""
+
+    def compute(self, spec, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
+        q, k, v, record = inputs.q, inputs.k, inputs.v, inputs.transition
+        assert record is not None and dropout == 0.0
+        B, H, n, d_k = q.shape
+        eye = torch.eye(d_k, dtype=q.dtype)
+        M = q.new_zeros(B, H, d_k, v.shape[-1])
+        outs = []
+        for t in range(n):
+            kt, vt = k[:, :, t], v[:, :, t]  # (B, H, d_k), (B, H, d_v)
+            if record.log_decay is not None:
+                alpha = record.log_decay[:, :, t].exp()  # (B, H) or (B, H, d_k)
+                diag = alpha[..., None] * eye if alpha.dim() == 3 else alpha[..., None, None] * eye
+                M = diag @ M
+            write = torch.einsum("bhi,bhj->bhij", kt, vt)
+            if record.beta is None:
+                M = M + write
+            else:
+                beta = record.beta[:, :, t, None, None]
+                M = (eye - beta * torch.einsum("bhi,bhj->bhij", kt, kt)) @ M + beta * write
+            outs.append(torch.einsum("bhij,bhi->bhj", M, q[:, :, t]))
+        return FormOutput(torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1]))
+
+
+def assert_agree(setting: FormSetting, **options) -> None:
+    """A form setting: the eager output (``layer.attend``), each backend that takes the layer (forced) and
+    token-by-token decoding give the same outputs and gradients (of x and every parameter), and, for a form with a
+    transition record, the same as :class:`PlainRecurrence` through the same layer."""
+    name = setting.label
+    eager = layer_of(setting, backend="eager", **options)
     x = randn(2, L, D_MODEL, seed=1).requires_grad_()
     expected = eager.attend(x, mask=CAUSAL).out
     expected_grads = grads_of(eager, expected, x)
-    backends = backends_for(layer_of(name))
+    backends = backends_for(layer_of(setting, **options))
     assert {"chunked", "recurrent", "eager"} <= set(backends), f"{name} (tagged recurrent) is not computed in O(L)"
-    assert layer_of(name).backend_for(mask="causal") != "eager", f"auto runs {name} on eager"
+    assert layer_of(setting, **options).backend_for(mask="causal") != "eager", f"auto runs {name} on eager"
     assert eager.form.decode_reason() is None
-    paths = {b: (layer, layer(x, mask=CAUSAL)[0]) for b in backends for layer in [layer_of(name, backend=b)]}
+    paths = {b: (layer, layer(x, mask=CAUSAL)[0]) for b in backends for layer in [layer_of(setting, b, **options)]}
     paths["decode"] = (eager, decoded(eager, x))
+    plain = layer_of(setting, backend="eager", **options)
+    if plain.form.prepare(*plain.project(x), x, CAUSAL.prepare(L, L, x.device)).transition is not None:
+        paths["plain recurrence"] = (plain, plain.compute(PlainRecurrence(), x, None, CAUSAL).out)
+    elif "linear" not in form_class(setting.form).tags:
+        raise AssertionError(f"{name}: a recurrent form that is not linear attention has no transition record")
     for path, (layer, out) in paths.items():
         torch.testing.assert_close(out, expected, rtol=ATOL, atol=ATOL, msg=lambda m, p=path: f"{name}, {p}: {m}")
         for n, g in grads_of(layer, out, x).items():
@@ -110,23 +170,54 @@ def user_form():
 # --------------------------------------------------------------------------------------------- every recurrent form
 
 
-def test_the_registry_tags_the_builtin_recurrent_forms():
-    assert RECURRENT == form_names_with("recurrent")
-    assert {"linear", "retnet", "gla", "deltanet", "gated_deltanet"} <= set(RECURRENT)
+def test_the_registry_tags_the_builtin_recurrent_forms_and_names_their_settings():
+    assert RECURRENT == form_names_with("recurrent") == list(dict.fromkeys(s.form for s in SETTINGS))
+    assert {"linear", "retnet", "gla", "deltanet", "gated_deltanet", "kda"} <= set(RECURRENT)
     assert "softmax" not in RECURRENT
+    labels = [s.label for s in SETTINGS]
+    assert len(set(labels)) == len(labels)
+    assert {"gla_channel", "gla_mamba2", "deltanet_beta2", "gated_deltanet_beta2", "kda_beta2"} <= set(labels)
+    for s in SETTINGS:  # each form at its defaults (label = form, no params), then each named setting
+        assert (s.label == s.form and not s.params) or (s.label.startswith(f"{s.form}_") and s.params), s
+    params = {s.label: s.params for s in NAMED}
+    assert params["gla_channel"] == {"gate": "channel"} and params["gla_mamba2"] == {"gate": "mamba2"}
+    assert params["deltanet_beta2"] == params["gated_deltanet_beta2"] == params["kda_beta2"] == {"beta_range": 2}
 
 
-@pytest.mark.parametrize("name", RECURRENT)
-def test_eager_every_backend_and_decoding_agree(name):
-    assert_agree(name)
+@pytest.mark.parametrize("options", list(OPTIONS.values()), ids=list(OPTIONS))
+@pytest.mark.parametrize("setting", SETTINGS, ids=label)
+def test_eager_every_backend_decoding_and_the_plain_recurrence_agree(setting, options):
+    assert_agree(setting, **options)
 
 
-@pytest.mark.parametrize("name", RECURRENT)
-def test_the_state_size_does_not_grow_with_the_length(name):
-    layer = layer_of(name)
+@pytest.mark.parametrize("setting", NAMED, ids=label)
+def test_each_named_setting_changes_the_layer(setting):
+    """The setting's params reach the form: with the same parameters drawn, the layer's output differs from the
+    form's at its defaults (a setting whose params were dropped would give the defaults' output)."""
+    x = randn(2, L, D_MODEL, seed=4)
+    with torch.no_grad():
+        out, default = layer_of(setting)(x, mask=CAUSAL)[0], layer_of(setting.form)(x, mask=CAUSAL)[0]
+    assert (out - default).abs().max() > 1e-3, f"{setting.label} computes what {setting.form} computes"
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=label)
+def test_the_state_size_does_not_grow_with_the_length_and_is_what_decoding_carries(setting):
+    """The form's and the layer's state sizes (floats per sequence; the layer's with its short convolution's
+    buffers) are the same at every length, and are the floats the decoding cache holds after each token; a decay
+    or delta-rule form's is H·d_k·d_v (one state matrix per head)."""
+    layer = layer_of(setting, short_conv=3)
     sizes = {layer.form.state_size(length) for length in (0, 1, L, 100_000)}
     assert len(sizes) == 1 and sizes.pop() > 0
-    assert len({layer.state_size(length) for length in (1, L, 100_000)}) == 1
+    reported = {layer.state_size(length) for length in (1, L, 100_000)}
+    assert len(reported) == 1
+    if {"decay", "delta"} & form_class(setting.form).tags:
+        conv = 2 * (2 * HEADS * D_K + HEADS * D_K)  # (k − 1) × the q, k and v channels
+        assert reported == {HEADS * D_K * D_K + conv} and layer.form.state_size(L) == HEADS * D_K * D_K
+    x, cache = randn(3, L, D_MODEL, seed=5), LayerCache()
+    with torch.no_grad():
+        for t in range(L):
+            layer.step(x[:, t : t + 1], cache)
+            assert cache.nbytes() == 3 * 8 * layer.state_size(t + 1), (setting.label, t)
 
 
 # --------------------------------------------------------------------------------------------- a new config field
@@ -139,7 +230,7 @@ PLAIN_CONFIGS = [
     AttentionConfig(softcap=30.0),
     AttentionConfig(normalizer="sparsemax"),
     AttentionConfig(score="linear", normalizer="rowsum"),
-    *(config_of(name) for name in RECURRENT),
+    *(config_of(setting) for setting in SETTINGS),
 ]
 GatedConfig = dataclasses.make_dataclass(
     "GatedConfig", [("output_gate", bool, dataclasses.field(default=False))], bases=(AttentionConfig,), frozen=True
@@ -197,10 +288,11 @@ def test_a_users_form_in_one_module_is_registered_computed_and_tested(user_form)
     and the chunked, recurrent and eager backends and decoding agree."""
     assert list_forms()[-1] == USER_FORM and form_class(USER_FORM) is user_form.UserDecay
     assert USER_FORM in form_names_with("recurrent") and USER_FORM in form_names_with("decay")
+    assert form_settings("recurrent")[-1] == FormSetting(USER_FORM, USER_FORM, {})  # (no named settings)
     layer = layer_of(USER_FORM)
     assert isinstance(layer.form, user_form.UserDecay) and layer.form.name == USER_FORM
     assert layer.spec.features == frozenset({"form:recurrent"})
-    assert_agree(USER_FORM)
+    assert_agree(form_settings("recurrent")[-1])
     from attnlab.bench.cases import DECODE_MODELS, LINEAR_MODELS, RECURRENT_FORMS
     from attnlab.card import default_variants
 
