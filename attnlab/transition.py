@@ -42,7 +42,7 @@ Four functions compute the same numbers:
   whatever L. A per-channel P and G are made by halving blocks (:func:`_lower_channels`): each block below the
   diagonal is a matrix product of factors e^{b̃_i − b̃_r} and e^{b̃_r − b̃_j}, both ≤ 1, with r between j and i, never a
   product e^{b̃} · e^{−b̃} and never the (C, C, d_k) tensor of differences (O(C² + C·d_k·log C) memory a chunk).
-  Factors below e^{log(eps) − 7} are taken as 0 (:func:`_decay_exp`: no subnormal arithmetic). Linear attention
+  Factors are at least e^{log(eps) − 7} (:func:`_decay_exp`: no subnormal arithmetic). Linear attention
   (no decay, no β) is :class:`_CausalLinear`, the masked form with a backward pass written by hand (no second
   derivative).
 * :func:`effective_matrix`: the (L, L) matrix, O(L²) (per channel by the same halving blocks).
@@ -241,13 +241,29 @@ def recurrent(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = N
 # ---------------------------------------------------------------------------------------------- the matrices
 
 
-def _decay_exp(e: Tensor) -> Tensor:
-    """exp of log-decay differences e ≤ 0, with every e below log(eps) − 7 of the dtype (−22.9 in float32, −43 in
-    float64) taken as −∞, so 0: such a factor weighs less than a thousandth of what the dtype resolves beside the
-    diagonal's e⁰ = 1, and no factor, nor a product of two, lands among the subnormal numbers, whose arithmetic is
-    tens of times slower on x86 CPUs (a KDA training step took 2.2× softmax's with them, 1.2× without, L 4096)."""
-    floor = math.log(torch.finfo(e.dtype).eps) - 7.0
-    return e.masked_fill(e < floor, float("-inf")).exp()
+def _decay_exp(e: Tensor, hide: Tensor | None = None) -> Tensor:
+    """exp of log-decay differences e ≤ 0 (0 where ``hide``, a bool mask, is True), with every e raised to
+    log(eps) − 7 of the dtype at least (−22.9 in float32, −43 in float64): such a factor, e^{−22.9} ≈ 1e-10 in place
+    of a smaller one, is below what the dtype resolves beside the diagonal's e⁰ = 1, and no factor, nor a product of
+    two, lands among the subnormal numbers, whose arithmetic is tens of times slower on x86 CPUs (a KDA training step
+    took 2.2× softmax's with them, 1.5× without, L 4096). The mask is applied before exp (an exponent above it may be
+    positive and would overflow)."""
+    e = e.clamp_min(_log_floor(e.dtype))
+    return (e if hide is None else e.masked_fill(hide, float("-inf"))).exp()
+
+
+def _log_floor(dtype: torch.dtype) -> float:
+    """log(eps) − 7 of ``dtype``: the least exponent :func:`_decay_exp` takes."""
+    return math.log(torch.finfo(dtype).eps) - 7.0
+
+
+def _bounded(transition: Transition) -> Transition:
+    """The record with each token's log α raised to :func:`_log_floor` at least: the same numbers (a factor across
+    such a token is at the floor either way), but the cumulative sums stay finite: a gate of exactly 0 (log α = −∞)
+    would give −∞ − (−∞) = NaN, and float16's sums of very strong gates would overflow."""
+    if transition.log_decay is None:
+        return transition
+    return Transition(transition.log_decay.clamp_min(_log_floor(transition.log_decay.dtype)), transition.beta)
 
 
 def _tril(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
@@ -259,7 +275,7 @@ def _decay_matrix(b: Tensor, diagonal: int = 0) -> Tensor:
     (the exponent is masked before exp, so nothing above it overflows)."""
     n = b.shape[-1]
     diff = b.unsqueeze(-1) - b.unsqueeze(-2)  # (…, n, n): b_i − b_j
-    return _decay_exp(diff.masked_fill(~_tril(n, b.device, diagonal), float("-inf")))
+    return _decay_exp(diff, ~_tril(n, b.device, diagonal))
 
 
 def _lower(t: Tensor, b: Tensor | None, diagonal: int = 0) -> Tensor:
@@ -275,7 +291,7 @@ def _channel_decay_matrix(b: Tensor, diagonal: int = 0) -> Tensor:
     the ``diagonal``, 0 elsewhere (masked before exp: every exponent taken is ≤ 0 when log α ≤ 0)."""
     n = b.shape[-2]
     diff = b.unsqueeze(-2) - b.unsqueeze(-3)  # (…, n, n, d_k): b_ic − b_jc
-    return _decay_exp(diff.masked_fill(~_tril(n, b.device, diagonal).unsqueeze(-1), float("-inf")))
+    return _decay_exp(diff, ~_tril(n, b.device, diagonal).unsqueeze(-1))
 
 
 CHANNEL_LEAF = 1
@@ -354,6 +370,7 @@ def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None)
     Γ is exp of differences of the global cumulative log-decay b, exact in float64."""
     transition = _resolve(transition)
     _check_sequence(q, k, None, transition)
+    transition = _bounded(transition)
     log_decay, beta = transition.log_decay, transition.beta
     if transition.per_channel:
         b = log_decay.cumsum(-2)  # (B, H, L, d_k)
@@ -447,6 +464,7 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = Non
     passage from chunk to chunk is batched over the chunks; every exponent is ≤ 0."""
     transition = _resolve(transition)
     _check_sequence(q, k, v, transition)
+    transition = _bounded(transition)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]

@@ -92,12 +92,14 @@ def test_a_softmax_cache_grows_with_the_context():
 def test_a_recurrent_state_does_not_grow_with_the_context_and_is_the_size_reported(setting, short_conv):
     """From the first token on, the cache holds the same bytes, the ones the layers report (the state and the
     short convolution's last k − 1 inputs of q, k and v); a decay or delta-rule form's state is one d_k × d_v
-    matrix per head."""
-    sizes = cache_sizes(_encoder(recurrent(setting, short_conv=short_conv), "sinusoidal"), 20)
+    matrix per head. H = 2 query heads of d_k = 8, one key/value head, d_v = 4 (so that a size that counts d_k for
+    d_v, or H heads for G, is wrong)."""
+    options = recurrent(setting, short_conv=short_conv, d_v=4, num_kv_heads=1)
+    sizes = cache_sizes(_encoder(options, "sinusoidal"), 20)
     assert len(set(sizes)) == 1 and sizes[0][0] == sizes[0][1], sizes
     if {"decay", "delta"} & form_class(setting.form).tags:
-        conv = 0 if short_conv is None else 3 * (2 * 8 + 2 * 8 + 2 * 8)  # (k − 1) × (q, k, v channels)
-        assert sizes[0][0] == 3 * 2 * (2 * 8 * 8 + conv) * 8  # B × layers × (H·d_k·d_v + conv) floats × 8 bytes
+        conv = 0 if short_conv is None else 3 * (2 * 8 + 1 * 8 + 1 * 4)  # (k − 1) × (q H·d_k, k G·d_k, v G·d_v)
+        assert sizes[0][0] == 3 * 2 * (2 * 8 * 4 + conv) * 8  # B × layers × (H·d_k·d_v + conv) floats × 8 bytes
 
 
 @pytest.mark.parametrize(

@@ -34,12 +34,13 @@ RECURRENT = [name for name in list_forms() if "recurrent" in form_class(name).ta
 SETTINGS = form_settings("recurrent")  # every recurrent form at its defaults, then each of its named settings
 NAMED = [s for s in SETTINGS if s.params]  # the named settings only (gla_channel, deltanet_beta2, ...)
 D_MODEL, HEADS, D_K, L = 8, 2, 3, 9
+D_V = 5  # a d_v unlike d_k (grouped heads with a short convolution, and the state size)
 CAUSAL = build_mask("causal")
 ATOL = 1e-10
 USER_MODULE, USER_FORM = "user_form_example", "test_user_decay"
 # the layer options each setting is checked under: none, and a short convolution with one key/value head for two
-# query heads (grouped heads: the form repeats the key/value head)
-OPTIONS = {"plain": {}, "short_conv_gqa": {"short_conv": 3, "num_kv_heads": 1}}
+# query heads (grouped heads: the form repeats the key/value head) and d_v ≠ d_k (a d_k × d_v state)
+OPTIONS = {"plain": {}, "short_conv_gqa_dv": {"short_conv": 3, "num_kv_heads": 1, "d_v": D_V}}
 
 
 def label(setting: FormSetting) -> str:
@@ -204,15 +205,16 @@ def test_each_named_setting_changes_the_layer(setting):
 def test_the_state_size_does_not_grow_with_the_length_and_is_what_decoding_carries(setting):
     """The form's and the layer's state sizes (floats per sequence; the layer's with its short convolution's
     buffers) are the same at every length, and are the floats the decoding cache holds after each token; a decay
-    or delta-rule form's is H·d_k·d_v (one state matrix per head)."""
-    layer = layer_of(setting, short_conv=3)
+    or delta-rule form's is H·d_k·d_v (one state matrix per head). d_v ≠ d_k and one key/value head for two query
+    heads, so that a size counting d_k for d_v, or H heads for G, is wrong."""
+    layer = layer_of(setting, short_conv=3, d_v=D_V, num_kv_heads=1)
     sizes = {layer.form.state_size(length) for length in (0, 1, L, 100_000)}
     assert len(sizes) == 1 and sizes.pop() > 0
     reported = {layer.state_size(length) for length in (1, L, 100_000)}
     assert len(reported) == 1
     if {"decay", "delta"} & form_class(setting.form).tags:
-        conv = 2 * (2 * HEADS * D_K + HEADS * D_K)  # (k − 1) × the q, k and v channels
-        assert reported == {HEADS * D_K * D_K + conv} and layer.form.state_size(L) == HEADS * D_K * D_K
+        conv = 2 * (HEADS * D_K + 1 * D_K + 1 * D_V)  # (k − 1) × the q (H·d_k), k (G·d_k) and v (G·d_v) channels
+        assert reported == {HEADS * D_K * D_V + conv} and layer.form.state_size(L) == HEADS * D_K * D_V
     x, cache = randn(3, L, D_MODEL, seed=5), LayerCache()
     with torch.no_grad():
         for t in range(L):

@@ -1,13 +1,15 @@
-"""Decay and delta-rule attention (:mod:`attnlab.recurrences`: RetNet, GLA, DeltaNet, Gated DeltaNet): the three
-forms (``recurrent_form``, ``chunked_form``, ``effective_matrix``), their closed forms, long sequences, and the
+"""Decay and delta-rule attention (:mod:`attnlab.recurrences`: RetNet, GLA, DeltaNet, Gated DeltaNet, KDA): the
+three forms (``recurrent_form``, ``chunked_form``, ``effective_matrix``), their closed forms, long sequences, and the
 layers built on them (the ``chunked``, ``recurrent`` and ``eager`` backends, refusals, the state size), against
 references written plainly here (an explicit state matrix updated one token at a time, explicit loops over i and
 j), in float64, values and gradients.
 
-The layers tested are every recurrent form of the registry beside linear attention (:data:`SCORES`, from the forms'
-tags): the built-ins' maps and gates are written out here from their papers; a form registered later is tested
-against its own maps and gates (``form.maps``, ``form.gates``) through the plain recurrence, output norm and
-projection.
+The layers tested are every recurrent form of the registry beside linear attention, at its defaults and at each of
+its named settings (:data:`SCORES`: the labels of ``form_settings("recurrent")``: gla, gla_channel, gla_mamba2,
+deltanet_beta2, …, kda, kda_beta2): the built-ins' maps and gates (GLA's per-head and per-channel gates, Mamba-2's
+and KDA's, β = r·σ) are written out here from their papers, reading the parameters from the module by name, and
+rotary positions likewise; a form registered later is tested against its own maps and gates (``form.maps``,
+``form.gates``) through the plain recurrence, output norm and projection.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_same, grads, randn
-from helpers import RECURRENT_FORMS, conv_loop, randomize_
+from helpers import RECURRENT_FORMS, RECURRENT_SETTINGS, conv_loop, randomize_
 
 import attnlab
 from attnlab.config import AttentionConfig
@@ -35,11 +37,25 @@ from attnlab.recurrences import (
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
+# every recurrent form of the registry beside linear attention (tested in tests/test_linear_attention.py), at its
+# defaults and at each of its named settings, by label (FormSetting: label, form, params), in registration order: the
+# built-ins retnet, gla, gla_channel, gla_mamba2, deltanet, deltanet_beta2, gated_deltanet, gated_deltanet_beta2, kda,
+# kda_beta2, and any form registered before collection
+SETTINGS = {s.label: s for s in RECURRENT_SETTINGS if s.form not in form_names_with("linear")}
+SCORES = list(SETTINGS)
+# the forms whose maps and gates this file writes out (written_gates, layer_inputs_reference); any other is read from
+# the form
+WRITTEN_OUT = ("retnet", "gla", "deltanet", "gated_deltanet", "kda")
+DEFAULT_GATE = {"gla": "head", "gated_deltanet": "head", "kda": "kda"}  # the forms with a decay gate: its default
+DELTA_FORMS = ("deltanet", "gated_deltanet", "kda")
 
-def build(name, d_k, heads, d_v=None, d_model=6):
-    """The form ``name`` (retnet, gla, deltanet, gated_deltanet) for a layer of these sizes, causal."""
+
+def build(name, d_k, heads, d_v=None, d_model=6, params=None):
+    """The form ``name`` (retnet, gla, deltanet, gated_deltanet, kda) with the variant's ``params`` for a layer of
+    these sizes, causal."""
     sizes = LayerSizes(d_model, heads, heads, d_k, d_v or d_k)
-    return build_form(name, sizes, AttentionConfig(score=name, normalizer="none", mask="causal"))
+    config = AttentionConfig(score=name, score_params=params or {}, normalizer="none", mask="causal")
+    return build_form(name, sizes, config)
 
 
 def weights_of(form, q, k, x):
@@ -97,6 +113,71 @@ def plain_logsigmoid(z):
 def unit(t):
     """t / |t| over the last dimension."""
     return t / torch.sqrt((t * t).sum(-1, keepdim=True))
+
+
+def plain_softplus(z):
+    """softplus(z) = log(1 + e^z) (moderate pre-activations)."""
+    return torch.log1p(torch.exp(z))
+
+
+def plain_rope(t, base=10000.0):
+    """RoFormer's rotary positions (Su et al. 2021) on t (B, H, L, d) at positions 0 … L − 1: the pairs (t_2i,
+    t_2i+1) at position m turned by the angle m·θ_i, θ_i = base^(−2i/d), for i < ⌊d/2⌋ (an odd d leaves its last
+    dimension as it is)."""
+    d, length = t.shape[-1], t.shape[-2]
+    m = torch.arange(length, dtype=torch.float64)
+    cols = [t[..., j] for j in range(d)]
+    for i in range(d // 2):
+        angle = m * base ** (-2 * i / d)
+        x0, x1 = t[..., 2 * i], t[..., 2 * i + 1]
+        cols[2 * i] = x0 * torch.cos(angle) - x1 * torch.sin(angle)
+        cols[2 * i + 1] = x0 * torch.sin(angle) + x1 * torch.cos(angle)
+    return torch.stack(cols, dim=-1)
+
+
+def written_gates(form, name, params, x):
+    """The gates of the form ``name`` built with the variant's ``params``, written out from the papers with its
+    parameters read by name: x (B, L, d_model) → log α ((B, H, L) per head, (B, H, L, d_k) per key channel, or None),
+    β (B, H, L) or None, and the factor Δ (B, H, L) of Mamba-2's write on k (k ← Δ k; None elsewhere).
+
+    * head (GLA's scalar gate; Gated DeltaNet): log α = log σ(x w_h + b_h) / τ (``alpha_gate.proj``);
+    * channel (GLA, Yang et al. 2024): log α = log σ(x W₁ W₂ + b) / τ per key channel (``alpha_gate.down``, ``.up``);
+    * mamba2 (Dao & Gu 2024): Δ = softplus(x w_h + dt_bias_h), log α = −exp(A_log_h) Δ (``alpha_gate``, ``dt_bias``,
+      ``A_log``), and on gla (no delta rule) the write scaled by Δ: k ← Δ k (Mamba's B̄ = Δ B);
+    * kda (Kimi Team 2025): log α = −exp(A_log_h) softplus(x W₁ W₂ + dt_bias_hc) per key channel;
+    * β = r σ(x w_h + b_h) (``beta_gate.proj``), r = ``beta_range`` (1, or 2: Grazzi et al. 2025);
+
+    τ = ``gate_normalizer`` (16 unless the params set it); retnet: its fixed log γ_h as the form gives them (their
+    values: test_retnet_effective_matrix_…)."""
+    Bn, Ln, _ = x.shape
+    heads, d_k = form.num_heads, form.d_k
+    log_alpha = beta = k_factor = None
+    if name == "retnet":
+        log_alpha = form.gates(x)[0].detach()
+    if name in DEFAULT_GATE:
+        gate = params.get("gate", DEFAULT_GATE[name])
+        tau = params.get("gate_normalizer", 16.0)
+        if gate == "head":
+            lin = form.alpha_gate.proj
+            log_alpha = (plain_logsigmoid(x @ lin.weight.T + lin.bias) / tau).transpose(1, 2)
+        elif gate == "channel":
+            down, up = form.alpha_gate.down, form.alpha_gate.up
+            z = x @ down.weight.T @ up.weight.T + up.bias  # (B, L, H·d_k), head by head
+            log_alpha = (plain_logsigmoid(z) / tau).reshape(Bn, Ln, heads, d_k).transpose(1, 2)
+        elif gate == "mamba2":
+            dt = plain_softplus(x @ form.alpha_gate.weight.T + form.dt_bias).transpose(1, 2)  # (B, H, L)
+            log_alpha = -torch.exp(form.A_log)[:, None] * dt
+            if name == "gla":  # a delta-rule form writes with its β instead
+                k_factor = dt
+        else:
+            assert gate == "kda", gate
+            down, up = form.alpha_gate.down, form.alpha_gate.up
+            z = (x @ down.weight.T @ up.weight.T).reshape(Bn, Ln, heads, d_k) + form.dt_bias  # dt_bias (H, d_k)
+            log_alpha = -torch.exp(form.A_log)[:, None, None] * plain_softplus(z).transpose(1, 2)
+    if name in DELTA_FORMS:
+        lin = form.beta_gate.proj
+        beta = params.get("beta_range", 1) * plain_sigmoid(x @ lin.weight.T + lin.bias).transpose(1, 2)
+    return log_alpha, beta, k_factor
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -308,39 +389,100 @@ def test_retnet_effective_matrix_is_the_retention_matrix():
 # --------------------------------------------------------------------------------------------- each score's inputs
 
 
-def test_each_score_maps_q_k_and_x_to_its_documented_inputs():
-    """retnet: k/√d_k, log γ_h; gla: k/√d_k, log σ(x w_h + b_h)/16; deltanet: q/|q|, k/|k|, β = σ(x w_h + b_h);
-    gated_deltanet: both gates. Each form of :data:`SCORES` keeps the state H·d_k·d_v and its weights are the
-    effective matrix of its inputs (a form registered later: those two only)."""
+@pytest.mark.parametrize("score", SCORES)
+def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
+    """retnet: k/√d_k, log γ_h; gla: k/√d_k and its gate (head: log σ(x w_h + b_h)/16; channel: log σ(x W₁ W₂ +
+    b)/16 per key channel, W₁ W₂ of rank 16; mamba2: −exp(A_log_h) softplus(x w_h + dt_bias_h), and k·Δ); deltanet:
+    q/|q|, k/|k|, β = r σ(x w_h + b_h) (r = 2 for beta2); gated_deltanet: both gates; kda: q/|q|, k/|k|, β and
+    −exp(A_log_h) softplus(x W₁ W₂ + dt_bias) per key channel, W₁ W₂ of rank d_v (:func:`written_gates`). Each
+    setting keeps the state H·d_k·d_v and its weights are the effective matrix of its inputs (a form registered
+    later: those two only)."""
     d_model = 6
+    setting = SETTINGS[score]
+    name, params = setting.form, setting.params
     q, k, *_ = form_inputs(60, decay=False, delta=False)
     x = randn(B, L, d_model, seed=61)
-    for cls in SCORES:
-        score = randomize_(build(cls, D_K, H, d_v=D_V, d_model=d_model).double(), seed=62, scale=0.5)
-        assert score.state_size(L) == H * D_K * D_V
-        q2, k2, record = score.inputs(q, k, x)
-        la, beta = record.log_decay, record.beta
-        torch.testing.assert_close(weights_of(score, q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
-        if cls not in WRITTEN_OUT:
-            continue
-        if cls in ("retnet", "gla"):
-            torch.testing.assert_close(q2, q, rtol=0, atol=0)
-            torch.testing.assert_close(k2, k / math.sqrt(D_K), rtol=1e-14, atol=0)
-            assert beta is None
+    form = randomize_(build(name, D_K, H, d_v=D_V, d_model=d_model, params=params).double(), seed=62, scale=0.5)
+    assert form.state_size(L) == H * D_K * D_V
+    q2, k2, record = form.inputs(q, k, x)
+    la, beta = record.log_decay, record.beta
+    torch.testing.assert_close(weights_of(form, q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
+    if name not in WRITTEN_OUT:
+        return
+    expected_la, expected_beta, k_factor = written_gates(form, name, params, x)
+    if name in DELTA_FORMS:
+        torch.testing.assert_close(q2, unit(q), rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(k2, unit(k), rtol=1e-14, atol=1e-15)
+        assert beta.shape == (B, H, L)
+        torch.testing.assert_close(beta, expected_beta, rtol=1e-14, atol=1e-15)
+        if params.get("beta_range", 1) == 2:
+            assert beta.max() > 1.0, "β = 2σ(·) never went above 1 here"
+    else:
+        torch.testing.assert_close(q2, q, rtol=0, atol=0)
+        scaled = k / math.sqrt(D_K) if k_factor is None else k / math.sqrt(D_K) * k_factor[..., None]
+        torch.testing.assert_close(k2, scaled, rtol=1e-14, atol=1e-15)
+        assert beta is None
+    if expected_la is None:
+        assert la is None
+    else:
+        assert la.shape == expected_la.shape
+        torch.testing.assert_close(la, expected_la, rtol=1e-13, atol=1e-15)
+    gate = params.get("gate", DEFAULT_GATE.get(name))
+    if gate in ("channel", "kda"):  # per key channel, through a map of rank 16 (GLA) or d_v (KDA)
+        assert la.shape == (B, H, L, D_K)
+        rank = params.get("gate_rank", 16 if gate == "channel" else D_V)
+        assert form.alpha_gate.down.weight.shape == (rank, d_model)
+        assert form.alpha_gate.up.weight.shape == (H * D_K, rank)
+        assert (form.alpha_gate.up.bias is not None) == (gate == "channel")  # kda's bias is dt_bias
+    if gate == "kda":
+        assert form.dt_bias.shape == (H, D_K) and form.A_log.shape == (H,)
+    if gate == "mamba2":
+        assert form.dt_bias.shape == (H,) and form.A_log.shape == (H,)
+
+
+@pytest.mark.parametrize("score", [label for label in SCORES if SETTINGS[label].form in DEFAULT_GATE])
+def test_the_gates_start_as_their_papers_initialise_them(score):
+    """Before training: GLA's gates with a zero bias (head: b_h = 0, channel: b = 0); Mamba-2's and KDA's
+    A = exp(A_log) in [1, 16]; Mamba-2's Δ₀ = softplus(dt_bias) log-uniform in [0.001, 0.1]; KDA's dt_bias = 0."""
+    setting = SETTINGS[score]
+    torch.manual_seed(63)
+    form = build(setting.form, D_K, 6, d_v=D_V, d_model=6, params=setting.params)
+    gate = setting.params.get("gate", DEFAULT_GATE[setting.form])
+    with torch.no_grad():
+        if gate == "head":
+            assert not form.alpha_gate.proj.bias.any()
+        elif gate == "channel":
+            assert not form.alpha_gate.up.bias.any()
         else:
-            torch.testing.assert_close(q2, unit(q), rtol=1e-14, atol=1e-15)
-            torch.testing.assert_close(k2, unit(k), rtol=1e-14, atol=1e-15)
-            gate = score.beta_gate.proj
-            expected_beta = plain_sigmoid(x @ gate.weight.T + gate.bias).transpose(1, 2)
-            torch.testing.assert_close(beta, expected_beta, rtol=1e-14, atol=1e-15)
-        if cls == "deltanet":
-            assert la is None
-        elif cls == "retnet":
-            assert la.shape == (B, H, L)
-        else:
-            gate = score.alpha_gate.proj
-            expected_la = (plain_logsigmoid(x @ gate.weight.T + gate.bias) / 16).transpose(1, 2)
-            torch.testing.assert_close(la, expected_la, rtol=1e-13, atol=1e-15)
+            A = torch.exp(form.A_log)
+            assert ((A >= 1 - 1e-6) & (A <= 16 + 1e-5)).all(), A
+            if gate == "mamba2":
+                dt0 = plain_softplus(form.dt_bias)
+                assert ((dt0 >= 1e-3 * (1 - 1e-5)) & (dt0 <= 0.1 * (1 + 1e-5))).all(), dt0
+            else:
+                assert not form.dt_bias.any()
+
+
+REFUSED_PARAMS = {
+    "gla_gate_nope": ("gla", {"gate": "nope"}, ["gate", "head", "channel", "mamba2", "kda", "nope"]),
+    "kda_gate_nope": ("kda", {"gate": "nope"}, ["gate", "head", "channel", "mamba2", "kda"]),
+    "gated_deltanet_gate_nope": ("gated_deltanet", {"gate": "nope"}, ["gate", "head", "channel", "mamba2", "kda"]),
+    "deltanet_beta_range_3": ("deltanet", {"beta_range": 3}, ["beta_range", "1, 2", "3"]),
+    "gated_deltanet_beta_range_3": ("gated_deltanet", {"beta_range": 3}, ["beta_range", "1, 2"]),
+    "kda_beta_range_3": ("kda", {"beta_range": 3}, ["beta_range", "1, 2"]),
+    "gla_channel_gate_rank_0": ("gla", {"gate": "channel", "gate_rank": 0}, ["gate_rank", ">= 1", "0"]),
+    "kda_gate_rank_0": ("kda", {"gate_rank": 0}, ["gate_rank", ">= 1"]),
+    "gla_beta_range": ("gla", {"beta_range": 2}, ["beta_range", "gate", "gate_normalizer", "gate_rank"]),
+    "deltanet_gate": ("deltanet", {"gate": "kda"}, ["'gate'", "beta_range"]),
+}
+
+
+@pytest.mark.parametrize(("score", "params", "words"), list(REFUSED_PARAMS.values()), ids=list(REFUSED_PARAMS))
+def test_a_bad_gate_or_beta_parameter_is_refused_in_one_line_naming_the_allowed_values(score, params, words):
+    with pytest.raises(ValueError) as info:
+        attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, config=recurrent_config(score, score_params=params))
+    message = str(info.value)
+    assert "\n" not in message and all(w in message for w in words), message
 
 
 # --------------------------------------------------------------------------------------------- long sequences
@@ -401,11 +543,6 @@ def test_a_long_sequence_in_float32_stays_finite_forward_and_backward(decay_kind
 
 # --------------------------------------------------------------------------------------------- layers
 
-# every recurrent form of the registry beside linear attention (tested in tests/test_linear_attention.py), in
-# registration order: the built-ins retnet, gla, deltanet, gated_deltanet, and any form registered before collection
-SCORES = [name for name in form_names_with("recurrent") if name not in form_names_with("linear")]
-# the forms whose maps and gates this file writes out (layer_inputs_reference); any other is read from the form
-WRITTEN_OUT = ("retnet", "gla", "deltanet", "gated_deltanet")
 D_MODEL, HEADS, HEAD_K, HEAD_V = 8, 2, 3, 5  # d_model ≠ H·d_k: the gates must read x at the layer's width
 LAYER_L, CHUNK = 11, 4
 CAUSAL = build_mask("causal")
@@ -414,11 +551,23 @@ PADDED_KEYS = torch.tensor(  # sequence 1 pads its first two keys (its rows 0, 1
 )
 
 
-def recurrent_config(score, backend="auto", chunk=CHUNK, **kw):
-    """An AttentionConfig of a decay/delta-rule ``score``: no normalizer, causal; ``chunk`` (the chunked
-    backend's chunk size) only where the backend is auto or chunked."""
-    params = {"chunk_size": chunk} if backend in ("auto", "chunked") and chunk is not None else {}
-    return AttentionConfig(score=score, normalizer="none", mask="causal", backend=backend, backend_params=params, **kw)
+def recurrent_config(score, backend="auto", chunk=CHUNK, score_params=None, **kw):
+    """An AttentionConfig of a decay/delta-rule ``score`` (a form, or the label of one of its settings: its
+    variant params, updated by ``score_params``): no normalizer, causal; ``chunk`` (the chunked backend's chunk size)
+    only where the backend is auto or chunked."""
+    setting = SETTINGS.get(score)
+    form, params = (score, {}) if setting is None else (setting.form, setting.params)
+    params = {**params, **(score_params or {})}
+    chunking = {"chunk_size": chunk} if backend in ("auto", "chunked") and chunk is not None else {}
+    return AttentionConfig(
+        score=form,
+        score_params=params,
+        normalizer="none",
+        mask="causal",
+        backend=backend,
+        backend_params=chunking,
+        **kw,
+    )
 
 
 def recurrent_mha(score, seed=0, **kw):
@@ -436,8 +585,9 @@ def causal_and_padding(keys):
 
 
 def layer_inputs_reference(mha, x, keys=None):
-    """The layer's projections (and short convolutions), then the score's maps and gates written out: → q', k'
-    (with padded keys written as 0), v, log α or None, β or None (B, H, L, ·)."""
+    """The layer's projections (and short convolutions, rotary positions, grouped key/value heads repeated), then
+    the score's maps and gates written out (:func:`written_gates`, with the variant's params of the layer's config):
+    → q', k' (with padded keys written as 0), v, log α or None, β or None (B, H, L, ·)."""
     name = mha.config.score
     q, k, v = (x @ lin.weight.T + lin.bias for lin in (mha.q_proj, mha.k_proj, mha.v_proj))
     if mha.short_conv is not None:
@@ -450,6 +600,9 @@ def layer_inputs_reference(mha, x, keys=None):
         return t.reshape(Bn, Ln, -1, d).transpose(1, 2)
 
     q, k, v = split(q, HEAD_K), split(k, HEAD_K), split(v, HEAD_V)
+    if mha.config.rope is not None:
+        assert mha.config.rope == {}, "the plain rope is written for the defaults (base 10000, every pair)"
+        q, k = plain_rope(q), plain_rope(k)
     q = q.repeat_interleave(HEADS // q.shape[1], dim=1)  # grouped key/value heads: repeated for their queries
     k = k.repeat_interleave(HEADS // k.shape[1], dim=1)
     v = v.repeat_interleave(HEADS // v.shape[1], dim=1)
@@ -458,22 +611,15 @@ def layer_inputs_reference(mha, x, keys=None):
         if keys is not None:
             k = k * keys[:, None, :, None].to(k.dtype)
         return q, k, v, *mha.form.gates(x)
-    if name in ("deltanet", "gated_deltanet"):
+    log_alpha, beta, k_factor = written_gates(mha.form, name, mha.config.score_params, x)
+    if name in DELTA_FORMS:
         q, k = unit(q), unit(k)
     else:
         k = k / math.sqrt(HEAD_K)
+    if k_factor is not None:  # Mamba-2's write: k ← Δ k
+        k = k * k_factor[..., None]
     if keys is not None:
         k = k * keys[:, None, :, None].to(k.dtype)  # a padded key writes nothing
-    log_alpha = beta = None
-    if name == "retnet":  # its fixed log γ_h as the score gives them (their values: test_retnet_effective_matrix_…)
-        log_alpha = mha.form.gates(x)[0].detach()
-    if name in ("gla", "gated_deltanet"):
-        gate = mha.form.alpha_gate.proj
-        tau = mha.form.gate_normalizer  # 16 unless score_params set it
-        log_alpha = (plain_logsigmoid(x @ gate.weight.T + gate.bias) / tau).transpose(1, 2)
-    if name in ("deltanet", "gated_deltanet"):
-        gate = mha.form.beta_gate.proj
-        beta = plain_sigmoid(x @ gate.weight.T + gate.bias).transpose(1, 2)
     return q, k, v, log_alpha, beta
 
 
@@ -503,15 +649,29 @@ def named_grads(mha, out, x):
     return dict(zip(["x", *names], gs, strict=True))
 
 
-@pytest.mark.parametrize("short_conv", [None, 4], ids=["no_conv", "short_conv4"])
-@pytest.mark.parametrize("masking", ["causal", "causal+padding"])
+LAYER_OPTIONS = {
+    "no_conv": {},
+    "short_conv4": {"short_conv": 4},
+    "gqa": {"num_kv_heads": 1},  # one key/value head for the two query heads
+    "rope": {"rope": True},
+}
+# (masking, option): grouped heads and rotary positions with key padding only (they do not touch the mask)
+LAYER_CASES = [
+    *((m, o) for o in ("no_conv", "short_conv4") for m in ("causal", "causal+padding")),
+    ("causal+padding", "gqa"),
+    ("causal+padding", "rope"),
+]
+
+
+@pytest.mark.parametrize(("masking", "option"), LAYER_CASES, ids=[f"{m}-{o}" for m, o in LAYER_CASES])
 @pytest.mark.parametrize("score", SCORES)
-def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, short_conv):
+def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, option):
     """The automatic choice (chunked), and the forced chunked, recurrent and eager backends: the same output and
     the same gradients of the input and of every parameter, all equal to the plain layer (the recurrence over an
-    explicit state, padded keys written as k = 0)."""
+    explicit state, padded keys written as k = 0: at the start, inside and at the end of a sequence), with or
+    without a short convolution, grouped key/value heads or rotary positions."""
     layers = {
-        backend: recurrent_mha(score, seed=1, backend=backend, short_conv=short_conv)
+        backend: recurrent_mha(score, seed=1, backend=backend, **LAYER_OPTIONS[option])
         for backend in ("auto", "chunked", "recurrent", "eager")
     }
     auto = layers["auto"]
@@ -557,15 +717,16 @@ def test_the_weights_a_layer_returns_are_the_effective_matrix_of_its_inputs(scor
     assert weights is not None and weights.shape == (2, HEADS, LAYER_L, LAYER_L)
     assert (weights.triu(1) == 0).all()
     assert_same(weights, expected, [x, *mha.parameters()], atol=ATOL)
-    if "delta" in form_class(score).tags:
+    if "delta" in form_class(SETTINGS[score].form).tags:
         assert (weights < 0).any(), "the delta rule's effective matrix has negative entries"
     assert_same(out, layer_reference(mha, x, keys), [x, *mha.parameters()], atol=ATOL)
     assert_same(mha(x, mask=mask)[0], out, [x, *mha.parameters()], atol=ATOL)
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 11, 64])
-def test_the_chunked_layer_does_not_depend_on_the_chunk_size(chunk):
-    mha = recurrent_mha("gated_deltanet", seed=3, chunk=chunk)
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 11, 64])
+@pytest.mark.parametrize("score", ["gated_deltanet", "gla_channel", "gla_mamba2", "kda_beta2"])
+def test_the_chunked_layer_does_not_depend_on_the_chunk_size(score, chunk):
+    mha = recurrent_mha(score, seed=3, chunk=chunk)
     x = randn(2, LAYER_L, D_MODEL, seed=82).requires_grad_()
     assert_same(mha(x, mask=CAUSAL)[0], layer_reference(mha, x), [x, *mha.parameters()], atol=ATOL)
 
@@ -575,20 +736,27 @@ LAYER_VARIANTS = {
     "gla_tau4_no_norm": ("gla", {"score_params": {"gate_normalizer": 4.0, "output_norm": None}}),
     "retnet_rmsnorm": ("retnet", {"score_params": {"output_norm": "rmsnorm"}}),
     "deltanet_groupnorm_rope": ("deltanet", {"score_params": {"output_norm": "groupnorm"}, "rope": True}),
+    "gla_channel_tau4_rank2": ("gla_channel", {"score_params": {"gate_normalizer": 4.0, "gate_rank": 2}}),
+    "kda_rank2_beta2_gqa_rope_conv": (
+        "kda_beta2",
+        {"score_params": {"gate_rank": 2}, "num_kv_heads": 1, "rope": True, "short_conv": 3},
+    ),
+    "gated_deltanet_mamba2_gate": ("gated_deltanet", {"score_params": {"gate": "mamba2"}}),  # no k·Δ: β writes
+    "gated_deltanet_channel_gate_beta2": ("gated_deltanet_beta2", {"score_params": {"gate": "channel"}}),
+    "kda_head_gate": ("kda", {"score_params": {"gate": "head"}}),
 }
 
 
 @pytest.mark.parametrize(("score", "options"), list(LAYER_VARIANTS.values()), ids=list(LAYER_VARIANTS))
 def test_layer_options_reach_every_backend(score, options):
-    """Grouped key/value heads, the score's parameters (τ, output_norm) and rotary positions: the chunked,
-    recurrent and eager backends agree (values and every gradient), and without rotary positions equal the plain
-    layer."""
+    """Grouped key/value heads, the score's parameters (τ, output_norm, the gate, its rank, β's range), rotary
+    positions and short convolutions together: the chunked, recurrent and eager backends agree (values and every
+    gradient) and equal the plain layer."""
     layers = {b: recurrent_mha(score, seed=8, backend=b, **options) for b in ("chunked", "recurrent", "eager")}
     x = randn(2, LAYER_L, D_MODEL, seed=86).requires_grad_()
     mask = causal_and_padding(PADDED_KEYS)
     expected = layers["eager"](x, mask=mask)[0]
-    if "rope" not in options:
-        assert_same(expected, layer_reference(layers["eager"], x, PADDED_KEYS), [x, *layers["eager"].parameters()])
+    assert_same(expected, layer_reference(layers["eager"], x, PADDED_KEYS), [x, *layers["eager"].parameters()])
     expected_grads = named_grads(layers["eager"], expected, x)
     for backend in ("chunked", "recurrent"):
         out = layers[backend](x, mask=mask)[0]
@@ -662,17 +830,21 @@ def test_a_bool_tensor_causal_mask_gives_what_the_causal_mask_gives(score):
 @pytest.mark.parametrize("short_conv", [None, 4], ids=["no_conv", "short_conv4"])
 @pytest.mark.parametrize("score", SCORES)
 def test_no_chunked_layer_leaks_the_future(score, short_conv):
-    """d out_i / d x_j = 0 for j > i and across the batch (the full Jacobian, L = 6, chunk size 4), nonzero for
-    j = i."""
+    """d out_i / d x_j = 0 for j > i and across the batch, nonzero for j = i (L = 6, chunk size 4): for each
+    sequence b and row i, the gradient of <out_bi, c_bi> w.r.t. the whole input, c a random cotangent (a vector of
+    Jacobian rows that is zero only where every one of those rows is, almost surely): 12 backward passes instead of
+    the full Jacobian's 96."""
     mha = recurrent_mha(score, seed=5, short_conv=short_conv)
     assert mha.backend_for() == "chunked"
-    x = randn(2, 6, D_MODEL, seed=84)
-    jac = torch.autograd.functional.jacobian(lambda t: mha(t, mask=CAUSAL)[0], x)  # (B, L, D, B, L, D)
+    x = randn(2, 6, D_MODEL, seed=84).requires_grad_()
+    out = mha(x, mask=CAUSAL)[0]
+    c = randn(2, 6, D_MODEL, seed=89)
     for b in range(2):
         for i in range(6):
-            assert (jac[b, i, :, b, i + 1 :] == 0).all(), f"row {i} of sequence {b} sees the future"
-            assert (jac[b, i, :, 1 - b] == 0).all(), "batch elements leak into each other"
-            assert jac[b, i, :, b, i].abs().sum() > 0
+            (g,) = torch.autograd.grad(out[b, i], x, c[b, i], retain_graph=True)
+            assert (g[b, i + 1 :] == 0).all(), f"row {i} of sequence {b} sees the future"
+            assert (g[1 - b] == 0).all(), "batch elements leak into each other"
+            assert g[b, i].abs().sum() > 0
 
 
 # --------------------------------------------------------------------------------------------- refusals
@@ -692,7 +864,8 @@ REFUSED = {
 @pytest.mark.parametrize(("change", "word"), list(REFUSED.values()), ids=list(REFUSED))
 @pytest.mark.parametrize("score", SCORES)
 def test_a_configuration_the_forms_cannot_compute_is_refused_in_one_line_at_build(score, change, word):
-    options = {"score": score, "normalizer": "none", "mask": "causal", **change}
+    setting = SETTINGS[score]
+    options = {"score": setting.form, "score_params": setting.params, "normalizer": "none", "mask": "causal", **change}
     with pytest.raises(ValueError, match=word) as info:
         attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, config=AttentionConfig(**options))
     assert "\n" not in str(info.value)
@@ -732,6 +905,10 @@ def test_the_state_size_is_one_matrix_per_head_whatever_the_length(score):
 
 def test_every_registered_recurrent_form_is_tested_here():
     """The generic score tests leave out the decay and delta-rule forms (helpers.RECURRENT_FORMS); this file tests
-    each one (SCORES, from the registry's tags), and the tags still pick every built-in."""
+    each one at its defaults and at each named setting (SCORES, from the registry's tags and settings), and they
+    still pick every built-in and its settings."""
     assert set(RECURRENT_FORMS) <= set(SCORES)
     assert set(WRITTEN_OUT) <= set(SCORES)
+    builtin = {"gla_channel", "gla_mamba2", "deltanet_beta2", "gated_deltanet_beta2", "kda", "kda_beta2"}
+    assert builtin <= set(SCORES), builtin - set(SCORES)
+    assert all(SETTINGS[label].form in WRITTEN_OUT for label in builtin)

@@ -1,16 +1,23 @@
 """The transition record (:mod:`attnlab.transition`): linear attention, per-head decay and per-key-channel decay, each
 with and without the delta rule's β, in its four forms (``step``, ``recurrent``, ``chunked``, ``effective_matrix``),
 against a reference written here from the papers' formula (an explicit state matrix updated one token at a time),
-in float64, values and gradients w.r.t. q, k, v, log α and β; very strong per-channel decay (no overflow); the
-reserved fields and the shape errors.
+in float64, values and gradients w.r.t. q, k, v, log α and β; β up to 2 (Grazzi et al. 2025) with KDA's order (the
+per-channel decay first, then the delta write on the decayed state), chunk sizes 1 … 64, L = 0 and 1; the halving
+blocks of the per-channel P and G (``_lower_channels``) against Σ_c x_ic y_jc exp(b_ic − b_jc) at every leaf size;
+very strong per-channel decay (no overflow); L = 8192 in float32 against a float64 loop (with its adjoint written
+out); the reserved fields and the shape errors.
 """
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+import attnlab.transition as transition_module
 from attnlab.transition import Transition, chunked, effective_matrix, recurrent, step
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -58,9 +65,9 @@ def loop(q, k, v, log_decay=None, beta=None):
     return o, M
 
 
-def inputs(decay, use_beta, seed, length=L, scale=1.0):
+def inputs(decay, use_beta, seed, length=L, scale=1.0, beta_range=1.0, beta_shift=0.0):
     """Fresh random float64 leaves: q, k (L2-normalised under the delta rule), v, log α (per head, per channel or
-    None) and β (or None)."""
+    None) and β = beta_range · σ(z + beta_shift), z ~ N(0, 1) (or None)."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape):
@@ -74,7 +81,7 @@ def inputs(decay, use_beta, seed, length=L, scale=1.0):
         log_decay = scale * F.logsigmoid(rnd(B, H, length) + 1.5)
     elif decay == "channel":
         log_decay = scale * F.logsigmoid(rnd(B, H, length, DK) + 1.5)
-    beta = torch.sigmoid(rnd(B, H, length)) if use_beta else None
+    beta = beta_range * torch.sigmoid(rnd(B, H, length) + beta_shift) if use_beta else None
     return [None if t is None else t.requires_grad_() for t in (q, k, v, log_decay, beta)]
 
 
@@ -181,6 +188,325 @@ def test_empty_sequence_gives_empty_outputs(decay, use_beta):
     assert effective_matrix(q, k, tr).shape == (B, H, 0, 0)
 
 
+# --------------------------------------------------------------------------------------------- β up to 2, KDA's order
+
+# β = r·σ(z + shift): in (0, 1) (the papers'), across (0, 2) (Grazzi et al. 2025: I − β k kᵀ has the eigenvalue 1 − β
+# ∈ (−1, 1)), and near 2 (1 − β ≈ −1: a near-reflection, which forgets nothing)
+BETAS = {"beta_0_1": (1.0, 0.0), "beta_0_2": (2.0, 0.0), "beta_near_2": (2.0, 6.0)}
+betas = pytest.mark.parametrize("beta_kind", list(BETAS))
+MID = 40  # long enough for chunks of 33 to leave a remainder
+
+
+def test_per_channel_decay_acts_before_the_delta_write():
+    """KDA's order (Kimi Team 2025): M_t = (I − β k kᵀ) diag(α) M_{t−1} + β k vᵀ, the delta write reading the decayed
+    state; the other order, diag(α) (I − β k kᵀ) M_{t−1} + β k vᵀ, differs for these inputs (so the test tells them
+    apart) and ``step`` must not give it. β = 1.7 (beyond 1)."""
+    g = torch.Generator().manual_seed(20)
+    q = torch.randn(2, 1, DK, generator=g, dtype=torch.float64)
+    k = F.normalize(torch.randn(2, 1, DK, generator=g, dtype=torch.float64), dim=-1)
+    v = torch.randn(2, 1, DV, generator=g, dtype=torch.float64)
+    M = torch.randn(2, 1, DK, DV, generator=g, dtype=torch.float64)
+    log_decay = torch.tensor([-0.1, -3.0, -0.5, -1.5], dtype=torch.float64).expand(2, 1, DK)
+    beta = torch.full((2, 1), 1.7, dtype=torch.float64)
+    D = torch.diag_embed(log_decay.exp())
+    kkT = k.unsqueeze(-1) @ k.unsqueeze(-2)
+    eye = torch.eye(DK, dtype=torch.float64)
+    write = beta[..., None, None] * (k.unsqueeze(-1) @ v.unsqueeze(-2))
+    kda = (eye - beta[..., None, None] * kkT) @ D @ M + write
+    other = D @ (eye - beta[..., None, None] * kkT) @ M + write
+    assert (kda - other).abs().max() > 1e-2, "the two orders coincide for these inputs: the test would not tell"
+    o, state = step(M, q, k, v, Transition(log_decay, beta))
+    torch.testing.assert_close(state, kda, **TOL)
+    torch.testing.assert_close(o, (kda.transpose(-1, -2) @ q.unsqueeze(-1)).squeeze(-1), **TOL)
+
+
+@functools.cache
+def beta_case(decay, beta_kind):
+    """The inputs of one (decay, β) case (L = 40), with the loop's output and gradients (:func:`grads`), computed
+    once for all the chunk sizes."""
+    r, shift = BETAS[beta_kind]
+    leaves = inputs(decay, True, seed=21, length=MID, beta_range=r, beta_shift=shift)
+    expected, _ = loop(*leaves)
+    return leaves, expected.detach(), [g.detach() for g in grads(expected, leaves)]
+
+
+@decays
+@betas
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 4, 7, 16, 33, 64], ids=lambda c: f"C{c}")
+def test_chunked_with_beta_up_to_two_equals_the_loop(decay, beta_kind, chunk_size):
+    """The chunked form with β in (0, 1), across (0, 2) and near 2, at chunk sizes that divide L = 40 (1, 2, 4),
+    that do not (3, 7, 16, 33) and one above it (64): values and gradients w.r.t. q, k, v, log α and β equal the
+    loop's (per channel: KDA; per head: Gated DeltaNet; none: DeltaNet)."""
+    leaves, expected, expected_grads = beta_case(decay, beta_kind)
+    q, k, v, log_decay, beta = leaves
+    if beta_kind == "beta_0_2":
+        assert beta.min() < 0.5 and beta.max() > 1.5, "β does not reach across (0, 2)"
+    elif beta_kind == "beta_near_2":
+        assert beta.min() > 1.8, "β is not near 2"
+    out = chunked(q, k, v, Transition(log_decay, beta), chunk_size=chunk_size)
+    torch.testing.assert_close(out, expected, **TOL)
+    names = [n for n, t in zip(("q", "k", "v", "log α", "β"), leaves, strict=True) if t is not None]
+    for name, got, want in zip(names, grads(out, leaves), expected_grads, strict=True):
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, n=name: f"d/d{n}: {m}")
+
+
+@decays
+@betas
+def test_recurrent_and_the_effective_matrix_with_beta_up_to_two_equal_the_loop(decay, beta_kind):
+    """recurrent and effective_matrix · v (the signed matrix), β up to 2: values and gradients as the loop's."""
+    r, shift = BETAS[beta_kind]
+    leaves = inputs(decay, True, seed=22, length=MID, beta_range=r, beta_shift=shift)
+    q, k, v, log_decay, beta = leaves
+    record = Transition(log_decay, beta)
+    assert_matches_loop(recurrent(q, k, v, record), leaves)
+    A = effective_matrix(q, k, record)
+    assert torch.equal(A.detach().triu(1), torch.zeros_like(A.detach()))
+    assert (A.detach() < 0).any(), "the delta rule's effective matrix is signed"
+    assert_matches_loop(A @ v, leaves)
+
+
+@decays
+@betas
+def test_one_token_and_no_token_with_beta_up_to_two(decay, beta_kind):
+    """L = 1: the three forms (chunk sizes 1 and 64) give the loop's β (q·k) v, values and gradients; L = 0: empty
+    outputs of the right shapes."""
+    r, shift = BETAS[beta_kind]
+    leaves = inputs(decay, True, seed=23, length=1, beta_range=r, beta_shift=shift)
+    q, k, v, log_decay, beta = leaves
+    record = Transition(log_decay, beta)
+    with torch.no_grad():
+        torch.testing.assert_close(loop(q, k, v, log_decay, beta)[0], beta[..., None] * (q * k).sum(-1, True) * v)
+    for out in (
+        recurrent(q, k, v, record),
+        chunked(q, k, v, record, chunk_size=1),
+        chunked(q, k, v, record, chunk_size=64),
+        effective_matrix(q, k, record) @ v,
+    ):
+        assert_matches_loop(out, leaves)
+    q, k, v, log_decay, beta = inputs(decay, True, seed=24, length=0, beta_range=r, beta_shift=shift)
+    record = Transition(log_decay, beta)
+    assert recurrent(q, k, v, record).shape == chunked(q, k, v, record, chunk_size=3).shape == (B, H, 0, DV)
+    assert effective_matrix(q, k, record).shape == (B, H, 0, 0)
+
+
+@pytest.mark.parametrize("leaf", [2, 4, 8])
+def test_the_per_channel_forms_do_not_depend_on_the_leaf_size(monkeypatch, leaf):
+    """With CHANNEL_LEAF (the size of the diagonal blocks done directly) 2, 4 or 8 instead of 1, the per-channel
+    chunked form (chunk sizes 16 and 33) and the effective matrix still equal the loop, β up to 2."""
+    monkeypatch.setattr(transition_module, "CHANNEL_LEAF", leaf)
+    leaves = inputs("channel", True, seed=25, length=MID, beta_range=2.0)
+    q, k, v, log_decay, beta = leaves
+    record = Transition(log_decay, beta)
+    for out in (chunked(q, k, v, record, chunk_size=16), chunked(q, k, v, record, chunk_size=33)):
+        assert_matches_loop(out, leaves)
+    assert_matches_loop(effective_matrix(q, k, record) @ v, leaves)
+
+
+# --------------------------------------------------------------------------------------------- the halving blocks
+
+
+def lower_channels_reference(x, y, b, diagonal):
+    """Σ_c x_ic y_jc exp(b_ic − b_jc) for j ≤ i + ``diagonal``, 0 for the other j, one row i at a time (the leading
+    axes of x, y and b broadcast): (…, n, d_k) → (…, n, n)."""
+    n = x.shape[-2]
+    lead = torch.broadcast_shapes(x.shape[:-2], y.shape[:-2], b.shape[:-2])
+    rows = []
+    for i in range(n):
+        m = max(0, min(n, i + diagonal + 1))  # the columns j ≤ i + diagonal
+        terms = x[..., i : i + 1, :] * y[..., :m, :] * torch.exp(b[..., i : i + 1, :] - b[..., :m, :])
+        row = terms.sum(-1).expand(*lead, m)
+        rows.append(torch.cat([row, torch.zeros(*lead, n - m, dtype=x.dtype)], dim=-1))
+    return torch.stack(rows, dim=-2)
+
+
+@pytest.mark.parametrize("diagonal", [0, -1])
+@pytest.mark.parametrize("n", [1, 2, 5, 16, 37])
+def test_lower_channels_is_the_plain_sum_at_every_leaf_size(monkeypatch, n, diagonal):
+    """``_lower_channels`` (the halving blocks) equals Σ_c x_ic y_jc exp(b_ic − b_jc) on and below the diagonal
+    (0: P; −1: G strictly below it), for n a power of two or not, x alone or stacked on a leading axis that
+    broadcasts against y and b, and CHANNEL_LEAF 1, 2, 4, 8 alike: values and gradients w.r.t. x, y and b (b
+    nonincreasing, some channels decaying by e^−30 per step, so that the factors of the halving underflow)."""
+    g = torch.Generator().manual_seed(30 + n)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    d = 5
+    log_alpha = F.logsigmoid(rnd(B, H, n, d) + 1.0)
+    log_alpha[..., 0] = -30.0  # a channel that forgets at once
+    b = log_alpha.cumsum(-2).requires_grad_()
+    x, y = rnd(2, B, H, n, d).requires_grad_(), rnd(B, H, n, d).requires_grad_()
+    expected = lower_channels_reference(x, y, b, diagonal)
+    assert expected.shape == (2, B, H, n, n)
+    for leaf in (1, 2, 4, 8):
+        monkeypatch.setattr(transition_module, "CHANNEL_LEAF", leaf)
+        for got, want, wrt in (
+            (transition_module._lower_channels(x, y, b, diagonal), expected, (x, y, b)),
+            (transition_module._lower_channels(x[1], y, b, diagonal), expected[1], (x, y, b)),
+        ):
+            assert got.shape == want.shape, f"leaf {leaf}"
+            msg = lambda m, leaf=leaf: f"CHANNEL_LEAF={leaf}: {m}"  # noqa: E731
+            torch.testing.assert_close(got, want, **TOL, msg=msg)
+            for gg, gw in zip(grads(got, wrt), grads(want, wrt), strict=True):
+                torch.testing.assert_close(gg, gw, **TOL, msg=msg)
+
+
+# --------------------------------------------------------------------------------------------- L = 8192 in float32
+
+
+def numpy_loop(q, k, v, log_decay, beta, cotangent):
+    """The per-channel recurrence in float64 NumPy, one token at a time, and its adjoint (the reverse-mode gradient
+    written out: autograd through 8192 tiny steps takes tens of seconds): q, k (n, L, d_k), v (n, L, d_v),
+    log α (n, L, d_k), β (n, L) or None, the cotangent c (n, L, d_v) → o (n, L, d_v) and the gradients of <o, c>
+    w.r.t. q, k, v, log α and β (None without β). With A_t = I − β_t k_t k_tᵀ (I without β) and D_t = diag(α_t):
+
+        M_t = A_t D_t M_{t−1} + β_t k_t v_tᵀ,  o_t = M_tᵀ q_t                                      (forward, t ↑)
+        G_t = ∂/∂M_t = q_t c_tᵀ + D_{t+1} A_{t+1}ᵀ G_{t+1}                                          (adjoint, t ↓)
+        ∂q_t = M_t c_t,  ∂v_t = β_t G_tᵀ k_t,  ∂log α_tc = α_tc Σ_v (A_tᵀ G_t)_cv (M_{t−1})_cv,
+        with E = G_t (D_t M_{t−1})ᵀ: ∂β_t = k_tᵀ G_t v_t − k_tᵀ E k_t,  ∂k_t = β_t G_t v_t − β_t (E + Eᵀ) k_t
+
+    Only the two recurrences run token by token; the rest is vectorised over t (checked against autograd of
+    :func:`loop` in ``test_the_numpy_oracle_is_the_loop_and_its_gradient``)."""
+    q, k, v, log_decay, c = (np.moveaxis(t, 1, 0) for t in (q, k, v, log_decay, cotangent))  # (L, n, ·)
+    length, n, dk = q.shape
+    alpha = np.exp(log_decay)
+    b = np.ones((length, n)) if beta is None else np.moveaxis(beta, 1, 0)
+    A = np.broadcast_to(np.eye(dk), (length, n, dk, dk))
+    if beta is not None:
+        A = A - b[..., None, None] * k[..., :, None] * k[..., None, :]
+    write = b[..., None, None] * k[..., :, None] * v[..., None, :]  # β_t k_t v_tᵀ
+    states = np.zeros((length + 1, n, dk, v.shape[-1]))  # M_0 = 0, M_1, …, M_L
+    for t in range(length):
+        states[t + 1] = A[t] @ (alpha[t, :, :, None] * states[t]) + write[t]
+    o = np.einsum("tnkv,tnk->tnv", states[1:], q)
+    read = q[..., :, None] * c[..., None, :]  # q_t c_tᵀ
+    G = np.empty(states[1:].shape)
+    G[-1] = read[-1]
+    for t in reversed(range(length - 1)):
+        G[t] = read[t] + alpha[t + 1, :, :, None] * (A[t + 1].swapaxes(-1, -2) @ G[t + 1])
+    decayed = alpha[..., None] * states[:-1]  # D_t M_{t−1}
+    E = G @ decayed.swapaxes(-1, -2)
+    Gv = np.einsum("tnkv,tnv->tnk", G, v)
+    dq = np.einsum("tnkv,tnv->tnk", states[1:], c)
+    dv = b[..., None] * np.einsum("tnkv,tnk->tnv", G, k)
+    dlog = alpha * ((A.swapaxes(-1, -2) @ G) * states[:-1]).sum(-1)
+    if beta is None:
+        dk_, dbeta = Gv, None
+    else:
+        dbeta = np.moveaxis((k * Gv).sum(-1) - np.einsum("tnk,tnkj,tnj->tn", k, E, k), 0, 1)
+        dk_ = b[..., None] * (Gv - np.einsum("tnkj,tnj->tnk", E + E.swapaxes(-1, -2), k))
+    o, dq, dk_, dv, dlog = (np.moveaxis(t, 0, 1) for t in (o, dq, dk_, dv, dlog))
+    return o, (dq, dk_, dv, dlog, dbeta)
+
+
+@pytest.mark.parametrize("use_beta", [False, True], ids=["sum", "delta"])
+def test_the_numpy_oracle_is_the_loop_and_its_gradient(use_beta):
+    """The float64 NumPy loop and its written-out adjoint equal :func:`loop` and autograd's gradients through it
+    (per-channel decay, β across (0, 2)), so that the long test below compares with the recurrence itself."""
+    leaves = inputs("channel", use_beta, seed=40, length=9, beta_range=2.0)
+    q, k, v, log_decay, beta = leaves
+    expected, _ = loop(q, k, v, log_decay, beta)
+    cot = torch.randn(expected.shape, generator=torch.Generator().manual_seed(41), dtype=torch.float64)
+    wanted = torch.autograd.grad(expected, [t for t in leaves if t is not None], cot)
+
+    def flat(t):  # (B, H, L, ·) → (B·H, L, ·) NumPy
+        return None if t is None else t.detach().reshape(B * H, *t.shape[2:]).numpy()
+
+    o, got = numpy_loop(*(flat(t) for t in (q, k, v, log_decay, beta, cot)))
+    np.testing.assert_allclose(o, flat(expected), rtol=1e-12, atol=1e-13)
+    for g_np, want in zip((t for t in got if t is not None), wanted, strict=True):
+        np.testing.assert_allclose(g_np, flat(want), rtol=1e-12, atol=1e-13)
+
+
+LONG, LONG_DK = 8192, 4
+LONG_GATES = ("near_0", "near_1", "mixed")  # log α ≈ −50, ≈ −10⁻⁴, or −50 and −10⁻⁴ on alternate channels
+LONG_BETAS = ("no_delta", "beta_near_0", "beta_near_2")
+# the effective matrix is O(L²) and the recurrent form a Python loop: checked on the first tokens (o_t depends on the
+# tokens up to t only, so the reference is the long loop's first outputs)
+PREFIX = {"effective": 512, "recurrent": 2048}
+
+
+def long_inputs(rng, gate, beta_kind):
+    """One sequence (L = 8192, d_k = d_v = 4) of the long test, float64 NumPy: q, k (unit keys under the delta
+    rule, k/2 otherwise), v (L, d), log α (L, d_k) by ``gate``, β (L,) by ``beta_kind`` (or None) and a cotangent
+    (L, d)."""
+    q, k, v, cot = (rng.standard_normal((LONG, LONG_DK)) for _ in range(4))
+    k = k / 2.0 if beta_kind == "no_delta" else k / np.linalg.norm(k, axis=-1, keepdims=True)
+    u = rng.random((LONG, LONG_DK))
+    near_0, near_1 = -50.0 * (1.0 + 0.2 * u), -1e-4 * (1.0 + u)
+    log_decay = {"near_0": near_0, "near_1": near_1, "mixed": np.where(np.arange(LONG_DK) % 2 == 0, near_0, near_1)}
+    ub = rng.random(LONG)
+    beta = {"no_delta": None, "beta_near_0": 1e-3 * ub, "beta_near_2": 2.0 - 1e-3 * ub}[beta_kind]
+    return q, k, v, log_decay[gate], beta, cot
+
+
+@pytest.fixture(scope="module")
+def long_runs():
+    """Every (gate, β) of the long test as one sequence of a batch (one head), those without β in one batch, those
+    with it in another: the float64 NumPy loop's outputs and gradients (:func:`numpy_loop`) and, in float32, the
+    chunked form's outputs and gradients (chunk size 64), the recurrent form's and the effective matrix's outputs on
+    the first tokens (:data:`PREFIX`); computed once for the module. → {(gate, β): {name: (float32 result, float64
+    reference or None)}}."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(50)
+    runs = {}
+    for batch in (("no_delta",), ("beta_near_0", "beta_near_2")):
+        cases = [(gate, beta_kind) for beta_kind in batch for gate in LONG_GATES]
+        drawn = [long_inputs(rng, *case) for case in cases]
+        q, k, v, log_decay, beta, cot = (None if a[0] is None else np.stack(a) for a in zip(*drawn, strict=True))
+        o64, g64 = numpy_loop(q, k, v, log_decay, beta, cot)
+        leaves = [
+            None if a is None else torch.tensor(a, dtype=torch.float32)[:, None].requires_grad_()
+            for a in (q, k, v, log_decay, beta)
+        ]
+        wrt = [t for t in leaves if t is not None]
+        out = chunked(*leaves[:3], Transition(*leaves[3:]))
+        g32 = torch.autograd.grad(out, wrt, torch.tensor(cot, dtype=torch.float32)[:, None])
+        with torch.no_grad():
+            first = {name: [None if t is None else t[:, :, :m] for t in leaves] for name, m in PREFIX.items()}
+            rec = recurrent(*first["recurrent"][:3], Transition(*first["recurrent"][3:]))
+            A = effective_matrix(*first["effective"][:2], Transition(*first["effective"][3:]))
+            eff = A @ first["effective"][2]
+        names = ["d/dq", "d/dk", "d/dv", "d/dlog_decay", "d/dbeta"][: len(wrt)]
+        for i, case in enumerate(cases):
+            run = {
+                "chunked": (out[i, 0], o64[i]),
+                "recurrent": (rec[i, 0], o64[i, : PREFIX["recurrent"]]),
+                "effective matrix": (A[i, 0], None),
+                "effective matrix · v": (eff[i, 0], o64[i, : PREFIX["effective"]]),
+            }
+            for name, got, want in zip(names, g32, (g for g in g64 if g is not None), strict=True):
+                run[f"chunked {name}"] = (got[i, 0], want[i])
+            runs[case] = run
+    torch.set_num_threads(previous)
+    return runs
+
+
+@pytest.mark.parametrize("beta_kind", LONG_BETAS)
+@pytest.mark.parametrize("gate", LONG_GATES)
+def test_a_long_per_channel_sequence_in_float32_is_finite_and_near_the_float64_loop(long_runs, gate, beta_kind):
+    """L = 8192 in float32, per-channel log α ≈ −50 (gates near 0: e^−50 is below float32's e^−23 floor), ≈ −10⁻⁴
+    (near 1: a memory longer than the sequence) or both on alternate channels, β near 0 (~10⁻³), near 2 (1 − β ≈ −1)
+    or none (GLA's per-channel gate): the chunked form's output and gradients (w.r.t. q, k, v, log α, β), the
+    recurrent form's output (first 2048 tokens) and the effective matrix and its output (first 512 tokens) are finite
+    and within 10⁻⁴ of the largest entry of the float64 loop's (each gradient: of its own largest entry), + 10⁻¹²
+    absolute: d/d log α at log α ≈ −50 is ≈ e^−50 exactly, 0 in float32, below anything float32 resolves.
+
+    The tolerance: float32 rounds at ε = 6·10⁻⁸; where α ≈ 1 and β ≈ 2, I − β k kᵀ is nearly a reflection (norm 1),
+    so the rounding of every token is carried, not forgotten, and adds up like a random walk over L tokens:
+    √8192 · 6·10⁻⁸ ≈ 5·10⁻⁶ of the state's scale, a few times that through a chunk's sums (up to 1.7·10⁻⁵ of the
+    largest output and of the largest gradient are measured there; 10⁻⁷ – 10⁻⁶ elsewhere). 10⁻⁴ leaves a margin
+    of about six, and fails an error of a hundredth of a percent of the scale."""
+    for name, (got, want) in long_runs[gate, beta_kind].items():
+        assert torch.isfinite(got).all(), f"{name}: {(~torch.isfinite(got)).sum()} non-finite entries"
+        if want is None:
+            continue
+        want = torch.from_numpy(want)
+        atol = 1e-4 * float(want.abs().max()) + 1e-12
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+
+
 # --------------------------------------------------------------------------------------------- the record
 
 
@@ -275,3 +601,34 @@ def test_step_shape_errors_are_one_line():
         assert "\n" not in str(err.value) and expected in str(err.value), str(err.value)
     with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
         chunked(q, k, v, chunk_size=0)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per_head", "per_channel"])
+@pytest.mark.parametrize("use_beta", [False, True], ids=["sum", "delta"])
+def test_a_gate_of_exactly_zero_forgets_everything_before_it_and_is_not_nan(per_channel, use_beta):
+    """log α = −∞ at one token (α = 0: the state is wiped there) gives the loop's numbers, not −∞ − (−∞) = NaN in the
+    cumulative sums of the chunked form and the effective matrix (float64)."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 16, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    k = F.normalize(k, dim=-1)
+    shape = (1, 2, 16, 3) if per_channel else (1, 2, 16)
+    log_decay = -torch.rand(*shape, generator=g, dtype=torch.float64)
+    log_decay[:, :, 5] = -float("inf")
+    beta = torch.rand(1, 2, 16, generator=g, dtype=torch.float64) if use_beta else None
+    expected = loop(q, k, v, log_decay, beta)[0]
+    record = Transition(log_decay, beta)
+    for out in (chunked(q, k, v, record, chunk_size=8), effective_matrix(q, k, record) @ v):
+        torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_float16_sums_of_very_strong_gates_stay_finite():
+    """log α = −1600 a token in float16 (a chunk's sum of them would pass float16's 65504): the chunked form stays
+    finite and equals what the loop gives there to float16's resolution: each token forgets all before it,
+    o_t = (q_t·k_t) v_t."""
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 1, 128, 4, generator=g) for _ in range(3))
+    log_decay = torch.full((1, 1, 128, 4), -1600.0)
+    out = chunked(q.half(), k.half(), v.half(), Transition(log_decay.half()))
+    expected = (q * k).sum(-1, keepdim=True) * v
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
