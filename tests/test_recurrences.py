@@ -443,7 +443,8 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
 @pytest.mark.parametrize("score", [label for label in SCORES if SETTINGS[label].form in DEFAULT_GATE])
 def test_the_gates_start_as_their_papers_initialise_them(score):
     """Before training: GLA's gates with a zero bias (head: b_h = 0, channel: b = 0); Mamba-2's and KDA's
-    A = exp(A_log) in [1, 16]; Mamba-2's Δ₀ = softplus(dt_bias) log-uniform in [0.001, 0.1]; KDA's dt_bias = 0."""
+    A = exp(A_log) in [1, 16]; Mamba-2's and KDA's Δ₀ = softplus(dt_bias) log-uniform in [0.001, 0.1] (KDA's per key
+    channel, as fla's KDA model initialises it)."""
     setting = SETTINGS[score]
     torch.manual_seed(63)
     form = build(setting.form, D_K, 6, d_v=D_V, d_model=6, params=setting.params)
@@ -456,11 +457,9 @@ def test_the_gates_start_as_their_papers_initialise_them(score):
         else:
             A = torch.exp(form.A_log)
             assert ((A >= 1 - 1e-6) & (A <= 16 + 1e-5)).all(), A
-            if gate == "mamba2":
-                dt0 = plain_softplus(form.dt_bias)
-                assert ((dt0 >= 1e-3 * (1 - 1e-5)) & (dt0 <= 0.1 * (1 + 1e-5))).all(), dt0
-            else:
-                assert not form.dt_bias.any()
+            dt0 = plain_softplus(form.dt_bias)
+            assert ((dt0 >= 1e-3 * (1 - 1e-5)) & (dt0 <= 0.1 * (1 + 1e-5))).all(), dt0
+            assert dt0.unique().numel() == dt0.numel()  # drawn per head (mamba2) or per key channel (kda)
 
 
 REFUSED_PARAMS = {

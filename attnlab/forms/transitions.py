@@ -257,7 +257,9 @@ class _Decay(TransitionForm):
     [0.001, 0.1] (Mamba-2's initialisation); without a delta rule, the write is also scaled by Δ_t (Mamba's
     discretisation B̄_t = Δ_t B_t: k ← Δ_t k), so that ``gla`` with ``gate=mamba2`` is Mamba-2's SSD with q, k as its
     C, B and v as its x (and gla's q·k/√d_k); a delta-rule form writes with its β instead
-    (as fla's Gated DeltaNet and KDA do). ``kda``: A_log = log U(1, 16), dt_bias = 0 (fla's KDA layer).
+    (as fla's Gated DeltaNet and KDA do). ``kda``: A_log = log U(1, 16) and dt_bias the same Mamba initialisation,
+    one per key channel (fla's KDA model initialises its layer so; the layer alone would start at dt_bias = 0, where
+    α ≈ e^{−0.7 A} forgets within a token or two and MQAR is not learnt).
     """
 
     default_gate = "head"
@@ -279,7 +281,7 @@ class _Decay(TransitionForm):
                 self.dt_bias = nn.Parameter(_mamba_dt_bias(H))
             else:
                 self.alpha_gate = _LowRank(self.d_model, H, d_k, self.gate_rank, bias=False)
-                self.dt_bias = nn.Parameter(torch.zeros(H, d_k))
+                self.dt_bias = nn.Parameter(_mamba_dt_bias(H * d_k).view(H, d_k))
             self.A_log = nn.Parameter(torch.empty(H).uniform_(1, 16).log())
 
     @property
