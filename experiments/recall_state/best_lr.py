@@ -3,8 +3,10 @@ highest val/acc_best, ties broken by fewer steps to 99 % val accuracy, then by t
 run counts as the worst value, never as the best.
 
     python experiments/recall_state/best_lr.py RUNS/grid_*      # prints LR_<model>=<lr> lines for run.sh's eval
+    python experiments/recall_state/best_lr.py --merge RUNS/grid_kda ...   # only these models' rows replaced
 
-Writes experiments/recall_state/lr_grid.csv (every grid point, the chosen one marked)."""
+Writes experiments/recall_state/lr_grid.csv (every grid point, the chosen one marked); with ``--merge``, the rows
+of the models found in the folders replace theirs and the other models' rows are kept."""
 
 from __future__ import annotations
 
@@ -25,10 +27,17 @@ def model_label(summary: dict) -> str:
         return "window"
     if summary["variant"] == "linear":
         return f"linear_{summary['variant_params'].get('feature_map', 'elu')}"
+    if summary["variant"] == "gla" and (summary.get("variant_params") or {}).get("gate") == "channel":
+        return "gla_channel"
     return summary["variant"]
 
 
+FIELDS = ["model", "lr", "status", "val/acc_best", "train/steps_to_99", "chosen"]
+
+
 def main(folders: list[str]) -> None:
+    merge = "--merge" in folders
+    folders = [f for f in folders if f != "--merge"]
     points = []
     for folder in folders:
         for path in sorted(Path(folder).glob("*/summary.json")):
@@ -54,11 +63,15 @@ def main(folders: list[str]) -> None:
         )
         if p["model"] not in best or key > best[p["model"]]["key"]:
             best[p["model"]] = {**p, "key": key}
+    rows = [{**p, "chosen": best[p["model"]]["lr"] == p["lr"]} for p in points]
+    if merge and (HERE / "lr_grid.csv").exists():
+        with (HERE / "lr_grid.csv").open(newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r["model"] not in best]
     with (HERE / "lr_grid.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["model", "lr", "status", "val/acc_best", "train/steps_to_99", "chosen"])
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
-        for p in sorted(points, key=lambda p: (p["model"], p["lr"])):
-            writer.writerow({**p, "chosen": best[p["model"]]["lr"] == p["lr"]})
+        for row in sorted(rows, key=lambda r: (r["model"], float(r["lr"]))):
+            writer.writerow(row)
     for model, p in sorted(best.items()):
         print(f"LR_{model}={p['lr']:g}")
 

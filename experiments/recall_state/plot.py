@@ -36,8 +36,10 @@ ORDER = [
     "gla",
     "deltanet",
     "gated_deltanet",
+    "gla_channel",
+    "kda",
 ]
-STYLE = {m: (f"C{i}", "os^vDP*Xh"[i]) for i, m in enumerate(ORDER)}
+STYLE = {m: (f"C{i % 10}", "os^vDP*Xhp<"[i]) for i, m in enumerate(ORDER)}
 
 
 def model(row: dict[str, str]) -> str:
@@ -46,8 +48,11 @@ def model(row: dict[str, str]) -> str:
         return "based"
     if row.get("pattern") == "L":
         return "window"
+    params = json.loads(row["variant_params"] or "{}")
     if row["variant"] == "linear":
-        return "linear_" + json.loads(row["variant_params"] or "{}").get("feature_map", "elu")
+        return "linear_" + params.get("feature_map", "elu")
+    if row["variant"] == "gla" and params.get("gate") == "channel":
+        return "gla_channel"
     return row["variant"]
 
 

@@ -2,10 +2,11 @@
 # The recall-state trade-off (issue 28): MQAR at three rungs of growing pairs and length, (4, 12), (8, 24) and
 # (16, 48) tokens (2 per pair, 1 query per pair: seq_len=null), at two widths (d_model 16 and 32, one head, so the
 # per-layer state of a fixed-state form is d_model^2), for softmax, sliding-window softmax, linear attention (elu,
-# taylor), Based, RetNet, GLA, DeltaNet and Gated DeltaNet. Every model has Zoology's short convolution (width 4;
-# Based its own 3). Stage 1: each model's learning rate from {3e-3, 1e-2, 3e-2} on the hardest rung at d_model 32,
+# taylor), Based, RetNet, GLA (scalar and per-channel gate), DeltaNet, Gated DeltaNet and KDA. Every model has
+# Zoology's short convolution (width 4; Based its own 3). Stage 1: each model's learning rate from {3e-3, 1e-2, 3e-2} on the hardest rung at d_model 32,
 # seed 0 (best_lr.py: best val/acc_best, then fewest steps to 99 %). Stage 2: each model at its learning rate on
-# every rung and width, seeds 0-2: 162 runs. About 40 min on 2 CPU cores. Run folders go to $RUNS (default
+# every rung and width, seeds 0-2: 198 runs. About 50 min on 2 CPU cores; MODELS="kda gla_channel" runs only those
+# models and merges their rows into summary.csv and lr_grid.csv (the other models' rows kept). Run folders go to $RUNS (default
 # outputs/recall_state, the grid's in outputs/recall_state_grid); summary.csv, the grid's lr_grid.csv and the
 # dashboard are written at the end.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -21,8 +22,13 @@ declare -A MODEL=(
   [gla]="variant=gla model.short_conv=4"
   [deltanet]="variant=deltanet model.short_conv=4"
   [gated_deltanet]="variant=gated_deltanet model.short_conv=4"
+  [gla_channel]="variant=gla variant.params.gate=channel model.short_conv=4"
+  [kda]="variant=kda model.short_conv=4"
 )
-ORDER="scaled_dot window linear_elu linear_taylor based retnet gla deltanet gated_deltanet"
+ORDER="scaled_dot window linear_elu linear_taylor based retnet gla deltanet gated_deltanet gla_channel kda"
+# MODELS="kda gla_channel": run only these; their rows replace theirs in summary.csv and lr_grid.csv, the other
+# models' rows are kept (merge.py)
+ORDER=${MODELS:-$ORDER}
 
 # stage 1: the learning-rate grid (one seed, the hardest rung, d_model 32), into ${RUNS}_grid (not in summary.csv)
 for m in $ORDER; do
@@ -31,7 +37,9 @@ for m in $ORDER; do
     lr=3e-3,1e-2,3e-2
 done
 if [ "$PY" != ":" ]; then
-  eval "$($PY experiments/recall_state/best_lr.py "${RUNS}_grid"/grid_*)"
+  grids=()
+  for m in $ORDER; do grids+=("${RUNS}_grid/grid_$m"); done
+  eval "$($PY experiments/recall_state/best_lr.py ${MODELS:+--merge} "${grids[@]}")"
 fi
 
 # stage 2: every rung and width at the chosen learning rate, three seeds
@@ -40,4 +48,9 @@ for m in $ORDER; do
   # shellcheck disable=SC2086
   sweep "$m" $common ${MODEL[$m]} task.datamodule.num_pairs=4,8,16 d_model=16,32 lr="${!lr_var:-3e-3}"
 done
-finish recall_state  # stage 2's runs; the grid's are in lr_grid.csv
+if [ -n "${MODELS:-}" ]; then  # only some models: their rows into summary.csv, the others' kept
+  finish recall_state summary.new.csv
+  $PY experiments/recall_state/merge.py experiments/recall_state/summary.new.csv $ORDER
+else
+  finish recall_state  # stage 2's runs; the grid's are in lr_grid.csv
+fi
