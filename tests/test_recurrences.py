@@ -471,6 +471,9 @@ REFUSED_PARAMS = {
     "kda_beta_range_3": ("kda", {"beta_range": 3}, ["beta_range", "1, 2"]),
     "gla_channel_gate_rank_0": ("gla", {"gate": "channel", "gate_rank": 0}, ["gate_rank", ">= 1", "0"]),
     "kda_gate_rank_0": ("kda", {"gate_rank": 0}, ["gate_rank", ">= 1"]),
+    "gla_gate_rank_not_an_integer": ("gla", {"gate": "channel", "gate_rank": 2.5}, ["gate_rank", "integer", "2.5"]),
+    "gla_gate_normalizer_below_1": ("gla", {"gate_normalizer": 0.5}, ["gate_normalizer", ">= 1", "0.5"]),
+    "gated_deltanet_beta_range_string": ("gated_deltanet", {"beta_range": "2"}, ["beta_range", "1, 2", "'2'"]),
     "gla_beta_range": ("gla", {"beta_range": 2}, ["beta_range", "gate", "gate_normalizer", "gate_rank"]),
     "deltanet_gate": ("deltanet", {"gate": "kda"}, ["'gate'", "beta_range"]),
 }
@@ -569,10 +572,11 @@ def recurrent_config(score, backend="auto", chunk=CHUNK, score_params=None, **kw
     )
 
 
-def recurrent_mha(score, seed=0, **kw):
-    """A float64 layer (D_MODEL, HEADS, HEAD_K, d_v=HEAD_V) with every parameter drawn from N(0, 0.5²)."""
+def recurrent_mha(score, seed=0, heads=HEADS, **kw):
+    """A float64 layer (D_MODEL, ``heads`` query heads, HEAD_K, d_v=HEAD_V) with every parameter drawn from
+    N(0, 0.5²)."""
     torch.manual_seed(seed)
-    mha = attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, d_v=HEAD_V, config=recurrent_config(score, **kw))
+    mha = attnlab.MultiHeadAttention(D_MODEL, heads, HEAD_K, d_v=HEAD_V, config=recurrent_config(score, **kw))
     return randomize_(mha.double(), seed, scale=0.5)
 
 
@@ -602,9 +606,11 @@ def layer_inputs_reference(mha, x, keys=None):
     if mha.config.rope is not None:
         assert mha.config.rope == {}, "the plain rope is written for the defaults (base 10000, every pair)"
         q, k = plain_rope(q), plain_rope(k)
-    q = q.repeat_interleave(HEADS // q.shape[1], dim=1)  # grouped key/value heads: repeated for their queries
-    k = k.repeat_interleave(HEADS // k.shape[1], dim=1)
-    v = v.repeat_interleave(HEADS // v.shape[1], dim=1)
+    heads = mha.num_heads
+    assert q.shape[1] == heads and heads % k.shape[1] == 0
+    group = heads // k.shape[1]  # query heads per key/value head (GQA, Ainslie et al. 2023: consecutive groups)
+    kv_head = [h // group for h in range(heads)]  # query head h reads key/value head h // group
+    k, v = k[:, kv_head], v[:, kv_head]
     if name not in WRITTEN_OUT:  # a form registered later: its own maps and gates
         q, k = mha.form.maps(q, k)
         if keys is not None:
@@ -651,7 +657,7 @@ def named_grads(mha, out, x):
 LAYER_OPTIONS = {
     "no_conv": {},
     "short_conv4": {"short_conv": 4},
-    "gqa": {"num_kv_heads": 1},  # one key/value head for the two query heads
+    "gqa": {"heads": 4, "num_kv_heads": 2},  # two key/value heads for four query heads: 0, 1 read 0; 2, 3 read 1
     "rope": {"rope": True},
 }
 # (masking, option): grouped heads and rotary positions with key padding only (they do not touch the mask)
@@ -697,7 +703,7 @@ def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, option)
         out = layers["auto"](x, mask=mask)[0]
         norm = auto.form.output_norm
         zero = norm.bias if auto.form.output_norm_name == "groupnorm" else torch.zeros(HEAD_V, dtype=torch.float64)
-        empty_row = zero.repeat(HEADS) @ auto.out_proj.weight.T + auto.out_proj.bias
+        empty_row = zero.repeat(auto.num_heads) @ auto.out_proj.weight.T + auto.out_proj.bias
         torch.testing.assert_close(out[1, :2], empty_row.expand(2, D_MODEL), rtol=0, atol=1e-12)
 
 

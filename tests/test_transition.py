@@ -195,6 +195,8 @@ def test_empty_sequence_gives_empty_outputs(decay, use_beta):
 BETAS = {"beta_0_1": (1.0, 0.0), "beta_0_2": (2.0, 0.0), "beta_near_2": (2.0, 6.0)}
 betas = pytest.mark.parametrize("beta_kind", list(BETAS))
 MID = 40  # long enough for chunks of 33 to leave a remainder
+# chunk sizes that divide MID (1, 2, 4), that do not (3, 7, 16, 33), and one above it (64)
+CHUNKS = [1, 2, 3, 4, 7, 16, 33, 64]
 
 
 def test_per_channel_decay_acts_before_the_delta_write():
@@ -232,7 +234,7 @@ def beta_case(decay, beta_kind):
 
 @decays
 @betas
-@pytest.mark.parametrize("chunk_size", [1, 2, 3, 4, 7, 16, 33, 64], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("chunk_size", CHUNKS, ids=lambda c: f"C{c}")
 def test_chunked_with_beta_up_to_two_equals_the_loop(decay, beta_kind, chunk_size):
     """The chunked form with β in (0, 1), across (0, 2) and near 2, at chunk sizes that divide L = 40 (1, 2, 4),
     that do not (3, 7, 16, 33) and one above it (64): values and gradients w.r.t. q, k, v, log α and β equal the
@@ -287,6 +289,74 @@ def test_one_token_and_no_token_with_beta_up_to_two(decay, beta_kind):
     record = Transition(log_decay, beta)
     assert recurrent(q, k, v, record).shape == chunked(q, k, v, record, chunk_size=3).shape == (B, H, 0, DV)
     assert effective_matrix(q, k, record).shape == (B, H, 0, 0)
+
+
+@functools.cache
+def decay_case(decay):
+    """The inputs of one decay without β (L = 40: GLA's per-head or per-channel gate), the loop's output and
+    gradients, computed once for all the chunk sizes."""
+    leaves = inputs(decay, False, seed=26, length=MID)
+    expected, _ = loop(*leaves)
+    return leaves, expected.detach(), [g.detach() for g in grads(expected, leaves)]
+
+
+@pytest.mark.parametrize("decay", ["head", "channel"])
+@pytest.mark.parametrize("chunk_size", CHUNKS, ids=lambda c: f"C{c}")
+def test_chunked_decay_without_beta_at_every_chunk_size_equals_the_loop(decay, chunk_size):
+    """GLA's decay without the delta rule (per head; per key channel: the original GLA) in chunks that divide L = 40
+    (1, 2, 4), that do not (3, 7, 16, 33) and one above it (64): values and gradients w.r.t. q, k, v and log α equal
+    the loop's."""
+    leaves, expected, expected_grads = decay_case(decay)
+    q, k, v, log_decay, _ = leaves
+    out = chunked(q, k, v, Transition(log_decay), chunk_size=chunk_size)
+    torch.testing.assert_close(out, expected, **TOL)
+    for name, got, want in zip(("q", "k", "v", "log α"), grads(out, leaves), expected_grads, strict=True):
+        torch.testing.assert_close(got, want, **TOL, msg=lambda m, n=name: f"d/d{n}: {m}")
+
+
+@decays
+@betas
+def test_step_with_beta_up_to_two_carries_the_loops_outputs_state_and_gradients(decay, beta_kind):
+    """Decoding (``step`` from no state, token after token, each token's record from ``Transition.at``), β up to 2
+    and KDA's order per channel: each output and the last state equal the loop's, and so do their gradients
+    w.r.t. q, k, v, log α and β (the state's: k, v, log α and β)."""
+    r, shift = BETAS[beta_kind]
+    n = 9
+    leaves = inputs(decay, True, seed=27, length=n, beta_range=r, beta_shift=shift)
+    q, k, v, log_decay, beta = leaves
+    record = Transition(log_decay, beta)
+    state, outs = None, []
+    for t in range(n):
+        o, state = step(state, q[:, :, t], k[:, :, t], v[:, :, t], record.at(t))
+        assert o.shape == (B, H, DV) and state.shape == (B, H, DK, DV)
+        outs.append(o)
+    assert_matches_loop(torch.stack(outs, dim=2), leaves)
+    _, last = loop(*leaves)
+    torch.testing.assert_close(state, last, **TOL)
+    no_q = [None, *leaves[1:]]  # the state does not depend on q
+    for got, want in zip(grads(state, no_q), grads(last, no_q), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+@decays
+def test_one_token_without_beta_is_q_dot_k_times_v_whatever_the_decay(decay):
+    """L = 1 without β: every form gives (q·k) v (the first token's decay acts on the empty state, so d/d log α
+    is 0), values and gradients as the loop's."""
+    leaves = inputs(decay, False, seed=28, length=1)
+    q, k, v, log_decay, _ = leaves
+    record = Transition(log_decay)
+    with torch.no_grad():
+        torch.testing.assert_close(loop(q, k, v, log_decay)[0], (q * k).sum(-1, True) * v, **TOL)
+    for out in (
+        recurrent(q, k, v, record),
+        chunked(q, k, v, record, chunk_size=1),
+        chunked(q, k, v, record, chunk_size=64),
+        effective_matrix(q, k, record) @ v,
+    ):
+        assert_matches_loop(out, leaves)
+        if log_decay is not None:
+            (g,) = torch.autograd.grad(out, log_decay, torch.ones_like(out), retain_graph=True, allow_unused=True)
+            assert g is None or not g.any()
 
 
 @pytest.mark.parametrize("leaf", [2, 4, 8])
