@@ -613,9 +613,11 @@ def layer_inputs_reference(mha, x, keys=None):
     k, v = k[:, kv_head], v[:, kv_head]
     if name not in WRITTEN_OUT:  # a form registered later: its own maps and gates
         q, k = mha.form.maps(q, k)
+        log_alpha, beta = mha.form.gates(x)
         if keys is not None:
             k = k * keys[:, None, :, None].to(k.dtype)
-        return q, k, v, *mha.form.gates(x)
+            log_alpha = None if log_alpha is None else padded_gate(log_alpha, keys)
+        return q, k, v, log_alpha, beta
     log_alpha, beta, k_factor = written_gates(mha.form, name, mha.config.score_params, x)
     if name in DELTA_FORMS:
         q, k = unit(q), unit(k)
@@ -625,7 +627,15 @@ def layer_inputs_reference(mha, x, keys=None):
         k = k * k_factor[..., None]
     if keys is not None:
         k = k * keys[:, None, :, None].to(k.dtype)  # a padded key writes nothing
+        log_alpha = None if log_alpha is None else padded_gate(log_alpha, keys)  # and forgets nothing
     return q, k, v, log_alpha, beta
+
+
+def padded_gate(log_alpha, keys):
+    """log α (B, H, L) or (B, H, L, d_k) with 0 (α = 1) at the padded tokens of ``keys`` (B, L): a padded token
+    leaves the state as it was."""
+    real = keys[:, None, :].to(log_alpha.dtype)
+    return log_alpha * (real if log_alpha.dim() == 3 else real[..., None])
 
 
 def layer_reference(mha, x, keys=None):
@@ -917,3 +927,18 @@ def test_every_registered_recurrent_form_is_tested_here():
     builtin = {"gla_channel", "gla_mamba2", "deltanet_beta2", "gated_deltanet_beta2", "kda", "kda_beta2"}
     assert builtin <= set(SCORES), builtin - set(SCORES)
     assert all(SETTINGS[label].form in WRITTEN_OUT for label in builtin)
+
+
+@pytest.mark.parametrize("score", SCORES)
+def test_what_a_padded_token_holds_changes_nothing_after_it(score):
+    """A padded token inside a sequence is no token: it writes nothing (k = 0) and forgets nothing (α = 1), so the
+    outputs of the real tokens after it do not depend on its input (a decay form once decayed the state there)."""
+    mha = recurrent_mha(score, seed=5)
+    x = randn(1, LAYER_L, D_MODEL, seed=6)
+    keys = torch.ones(1, LAYER_L, dtype=torch.bool)
+    keys[0, 4] = False
+    other = x.clone()
+    other[0, 4] = 10 * randn(D_MODEL, seed=7)
+    mask = causal_and_padding(keys)
+    out, out_other = mha(x, mask=mask)[0], mha(other, mask=mask)[0]
+    torch.testing.assert_close(out_other[0, 5:], out[0, 5:], rtol=0, atol=1e-12)

@@ -22,8 +22,9 @@ with the gates of :class:`_Decay`, r = ``beta_range`` (1, or 2 for negative eige
 τ = ``gate_normalizer`` (16, GLA's). Each normalises each head's output over d_v before the output projection
 (``output_norm``: ``groupnorm``, RetNet's GroupNorm with one group per head, the default of ``retnet``; ``rmsnorm``,
 fla's default for the others; or None). They are causal self-attention only: a layer refuses another mask in
-one line. A padded key is written with k = 0, which leaves the state as it was. The weights the diagnostics read are
-the effective matrix, the (L, L) lower-triangular map from v to the output (signed for the delta rule).
+one line. A padded token is written with k = 0 and α = 1, which leaves the state as it was. The weights the
+diagnostics read are the effective matrix, the (L, L) lower-triangular map from v to the output (signed for the
+delta rule).
 
 A new member of the family is one subclass: its :meth:`TransitionForm.gates` (x → log α, β), and
 :meth:`TransitionForm.maps` when q and k are mapped otherwise than k/√d_k.
@@ -165,8 +166,13 @@ class TransitionForm(Form):
                 f"padding at most), not mask={form}"
             )
         q, k, step = self.inputs(q, expand_heads(k, self.num_heads), x)
-        if mask.keys is not None:
-            k = k * mask.keys.transpose(-1, -2).to(k.dtype)  # (B, 1, L, 1): a padded key writes nothing
+        if mask.keys is not None:  # a padded token is no token: it writes nothing (k = 0) and forgets nothing (α = 1)
+            real = mask.keys.transpose(-1, -2).to(k.dtype)  # (B, 1, L, 1)
+            k = k * real
+            log_decay = step.log_decay
+            if log_decay is not None:
+                log_decay = log_decay * (real if log_decay.dim() == 4 else real[..., 0])
+            step = Transition(log_decay, step.beta)
         return FormInputs(q, k, expand_heads(v, self.num_heads), mask, step)
 
     # ---------------------------------------------------------------------------------------------- forms

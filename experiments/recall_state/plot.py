@@ -39,7 +39,8 @@ ORDER = [
     "gla_channel",
     "kda",
 ]
-STYLE = {m: (f"C{i % 10}", "os^vDP*Xhp<"[i]) for i, m in enumerate(ORDER)}
+# colour cycle C0–C9, then black (the 11th model would repeat C0 = scaled_dot); a marker each
+STYLE = {m: (f"C{i}" if i < 10 else "k", "os^vDP*Xhp<"[i]) for i, m in enumerate(ORDER)}
 
 
 def model(row: dict[str, str]) -> str:
