@@ -489,7 +489,6 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = Non
         b = log_decay.reshape(B, H, N, C, Dk).cumsum(-2)  # chunk-local b̃ (B, H, N, C, d_k)
     else:
         b = log_decay.reshape(B, H, N, C).cumsum(-1)  # chunk-local b̃ (B, H, N, C)
-    kk = None
     if channels and beta is not None:  # P and G in one pass (they share k's factors): (2, B, H, N, C, C)
         P, kk = _lower_channels(torch.stack([qc, kc]), kc, b).unbind(0)
         kk = kk.tril(-1)

@@ -267,6 +267,17 @@ def test_recurrent_and_the_effective_matrix_with_beta_up_to_two_equal_the_loop(d
     assert_matches_loop(A @ v, leaves)
 
 
+def one_token_forms(q, k, v, record):
+    """The outputs of one token's q, k, v (B, H, 1, ·) through every form: recurrent, chunked (chunks of 1 and 64)
+    and the effective matrix times v."""
+    return (
+        recurrent(q, k, v, record),
+        chunked(q, k, v, record, chunk_size=1),
+        chunked(q, k, v, record, chunk_size=64),
+        effective_matrix(q, k, record) @ v,
+    )
+
+
 @decays
 @betas
 def test_one_token_and_no_token_with_beta_up_to_two(decay, beta_kind):
@@ -278,12 +289,7 @@ def test_one_token_and_no_token_with_beta_up_to_two(decay, beta_kind):
     record = Transition(log_decay, beta)
     with torch.no_grad():
         torch.testing.assert_close(loop(q, k, v, log_decay, beta)[0], beta[..., None] * (q * k).sum(-1, True) * v)
-    for out in (
-        recurrent(q, k, v, record),
-        chunked(q, k, v, record, chunk_size=1),
-        chunked(q, k, v, record, chunk_size=64),
-        effective_matrix(q, k, record) @ v,
-    ):
+    for out in one_token_forms(q, k, v, record):
         assert_matches_loop(out, leaves)
     q, k, v, log_decay, beta = inputs(decay, True, seed=24, length=0, beta_range=r, beta_shift=shift)
     record = Transition(log_decay, beta)
@@ -347,12 +353,7 @@ def test_one_token_without_beta_is_q_dot_k_times_v_whatever_the_decay(decay):
     record = Transition(log_decay)
     with torch.no_grad():
         torch.testing.assert_close(loop(q, k, v, log_decay)[0], (q * k).sum(-1, True) * v, **TOL)
-    for out in (
-        recurrent(q, k, v, record),
-        chunked(q, k, v, record, chunk_size=1),
-        chunked(q, k, v, record, chunk_size=64),
-        effective_matrix(q, k, record) @ v,
-    ):
+    for out in one_token_forms(q, k, v, record):
         assert_matches_loop(out, leaves)
         if log_decay is not None:
             (g,) = torch.autograd.grad(out, log_decay, torch.ones_like(out), retain_graph=True, allow_unused=True)

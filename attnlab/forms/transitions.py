@@ -290,23 +290,20 @@ class _Decay(TransitionForm):
                 self.dt_bias = nn.Parameter(_mamba_dt_bias(H * d_k).view(H, d_k))
             self.A_log = nn.Parameter(torch.empty(H).uniform_(1, 16).log())
 
-    @property
-    def per_channel(self) -> bool:
-        """Whether the decay is one per key channel (``channel``, ``kda``)."""
-        return self.gate in ("channel", "kda")
-
     def delta_t(self, x: Tensor) -> Tensor:
         """Mamba's step Δ_t = softplus(x_t w + dt_bias) ≥ 0 (``mamba2``: (B, H, L); ``kda``: (B, H, L, d_k))."""
         if self.gate == "mamba2":
             return F.softplus(self.alpha_gate(x).transpose(1, 2) + self.dt_bias[:, None])
         return F.softplus(self.alpha_gate(x) + self.dt_bias[:, None, :])
 
-    def log_alpha(self, x: Tensor) -> Tensor:
-        """x (B, L, d_model) → log α ≤ 0: (B, H, L) per head, (B, H, L, d_k) per key channel (the table above)."""
+    def log_alpha(self, x: Tensor, dt: Tensor | None = None) -> Tensor:
+        """x (B, L, d_model) → log α ≤ 0: (B, H, L) per head, (B, H, L, d_k) per key channel (the table above);
+        ``dt``: the step :meth:`delta_t` of ``mamba2`` and ``kda`` when the caller has it already."""
         if self.gate in ("head", "channel"):
             return F.logsigmoid(self.alpha_gate(x)) / self.gate_normalizer
         A = self.A_log.exp()
-        return -(A[:, None] if self.gate == "mamba2" else A[:, None, None]) * self.delta_t(x)
+        dt = self.delta_t(x) if dt is None else dt
+        return -(A[:, None] if self.gate == "mamba2" else A[:, None, None]) * dt
 
 
 @register_form("retnet")
@@ -368,7 +365,7 @@ class GLA(_Decay):
         if self.gate != "mamba2":
             return q, k, Transition(self.log_alpha(x), None)
         dt = self.delta_t(x)  # (B, H, L)
-        return q, k * dt.unsqueeze(-1), Transition(-self.A_log.exp()[:, None] * dt, None)
+        return q, k * dt.unsqueeze(-1), Transition(self.log_alpha(x, dt), None)
 
 
 @register_form("deltanet")
