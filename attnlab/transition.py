@@ -24,6 +24,8 @@ GLA, per-channel gate             Yang et al. 2024, "Gated Linear Attention"    
 DeltaNet                          Schlag et al. 2021; Yang et al. 2024          None                     (B, H, L)
 Gated DeltaNet                    Yang et al. 2025, "Gated Delta Networks"      per head (B, H, L)       (B, H, L)
 Kimi Delta Attention (KDA)        Kimi Team 2025, "Kimi Linear"                 per channel (B,H,L,d_k)  (B, H, L)
+DeltaProduct (n steps a token)    Siems et al. 2025                             per head or channel      (B,H,L·n)
+RWKV-7 (+ ``low_rank`` (a, b))    Peng et al. 2025, "RWKV-7 Goose"              per channel (B,H,L,d_k)  None
 ================================  ============================================  =======================  =========
 
 With the cumulative log-decays b_t = Σ_{m≤t} log α_m (per head, or per channel (L, d_k)) and u_t the delta rule's
@@ -48,15 +50,22 @@ Four functions compute the same numbers:
 * :func:`effective_matrix`: the (L, L) matrix, O(L²) (per channel by the same halving blocks).
 
 β may lie in (0, 2) (Grazzi et al. 2025: I − β k kᵀ with ‖k‖ = 1 has the eigenvalue 1 − β ∈ (−1, 1)); nothing here
-assumes β ≤ 1. ``low_rank`` and ``householder_steps`` are reserved for RWKV-7's diagonal-plus-low-rank transition and
-DeltaProduct's several Householder steps per token: every function here refuses them (``NotImplementedError``).
+assumes β ≤ 1. Two richer transitions (:class:`Transition`'s ``householder_steps`` and ``low_rank``):
+
+* **DeltaProduct** (Siems et al. 2025): n Householder steps per token, each with its own key, value and β. It is
+  the delta rule over the L·n steps, the decay at each token's first, the output read at its last; the chunked form
+  computes P for those read rows only (C rows against a chunk's C·n steps).
+* **Diagonal plus low rank** (RWKV-7, Peng et al. 2025): M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ. With
+  u_t = a_tᵀ M_{t−1} (the state before the decay), a chunk is U = (I − A_ab)⁻¹ (A_ak V + (a ⊙ e^{b̃_{t−1}}) M₀),
+  O = (q ⊙ e^{b̃}) M₀ + P_qb U + P_qk V, the four per-channel matrices by the halving route (every factor ≤ 1)
+  (:func:`_low_rank_chunked`, :func:`_low_rank_matrix`).
 This module is the bottom layer: it imports torch and :mod:`attnlab.checks` only.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -78,6 +87,7 @@ class Transition:
 
         M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ     (delta rule)
         M_t = diag(α_t) M_{t−1} + k_t v_tᵀ                             (without β)
+        M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ                (``low_rank`` (a, b): diagonal plus low rank)
         o_t = M_tᵀ q_t
 
     i.e. the decay first (M' = diag(α_t) M_{t−1}, the rows of M, the key dimension), then the delta rule's write on
@@ -86,9 +96,19 @@ class Transition:
 
     log_decay: log α ≤ 0, per head (B, H, L) or per key channel (B, H, L, d_k), or None (α ≡ 1: linear attention);
         a token's record (:meth:`at`) holds (B, H) or (B, H, d_k).
-    beta: writing strength β (B, H, L) (a token's: (B, H)), or None (the plain sum).
-    low_rank, householder_steps: reserved for RWKV-7's diagonal-plus-low-rank term and DeltaProduct (later issue);
-        set them and every function here raises NotImplementedError in one line.
+    beta: writing strength β (B, H, L·n) (a token's: (B, H), or (B, H, n) when n > 1), or None (the plain sum).
+    low_rank: (a, b), each (B, H, L, d_k) (a token's: (B, H, d_k)), or None: the diagonal-plus-low-rank transition
+        diag(α_t) + b_t a_tᵀ, which reads the state before the decay, u_t = a_tᵀ M_{t−1}, and writes b_t u_t (the
+        transpose of RWKV-7's and fla's ``generalized_delta_rule`` S_t = S_{t−1} (diag(w_t) + a_tᵀ b_t) + v_tᵀ k_t;
+        RWKV-7's a = −κ̂, b = κ̂ ⊙ a_t, Peng et al. 2025). With β None and n = 1 only (the delta rule is its case
+        a = −α ⊙ k, b = β k).
+    householder_steps: n ≥ 1 generalized Householder steps per token (DeltaProduct, Siems et al. 2025): k and v
+        hold n keys and values per token, (B, H, L·n, ·) with token t's step s at t·n + s (a token's: (B, H, n, ·)),
+        and β one per step; the decay acts once per token, before its steps:
+
+            M ← diag(α_t) M;   M ← M + k_{t,s} (β_{t,s} (v_{t,s} − Mᵀ k_{t,s}))ᵀ for s = 1 … n;   o_t = Mᵀ q_t
+
+        n = 1 is the delta rule. q holds one query per token, (B, H, L, d_k).
     """
 
     log_decay: Tensor | None = None
@@ -102,58 +122,99 @@ class Transition:
         record (B, H, d_k) has as many axes as a sequence's per-head one; :func:`step` tells them apart by q.)"""
         return self.log_decay is not None and self.log_decay.dim() == 4
 
-    def refuse_reserved(self) -> None:
-        """Raise ``NotImplementedError`` (one line) when a reserved field is set."""
+    def _check_fields(self) -> None:
+        n = self.householder_steps
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"transition.householder_steps must be an integer >= 1, got {n!r}")
+        if n > 1 and (self.beta is None or self.low_rank is not None):
+            raise ValueError(
+                f"transition.householder_steps={n} takes a beta (one per step) and no low_rank (DeltaProduct's steps "
+                "are delta-rule steps)"
+            )
         if self.low_rank is not None:
-            raise NotImplementedError(
-                "Transition.low_rank (RWKV-7's diagonal-plus-low-rank transition) is reserved and not implemented yet"
-            )
-        if self.householder_steps != 1:
-            raise NotImplementedError(
-                f"Transition.householder_steps={self.householder_steps!r} (DeltaProduct) is reserved: only 1 is "
-                "implemented"
-            )
+            pair = self.low_rank
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                shown = f"a tuple of {len(pair)}" if isinstance(pair, tuple) else type(pair).__name__
+                raise ValueError(f"transition.low_rank must be a pair (a, b) of Tensors, got {shown}")
+            for i, t in enumerate(pair):
+                if not isinstance(t, Tensor):
+                    raise ValueError(
+                        f"transition.low_rank[{i}] must be a Tensor (low_rank is a pair (a, b) of Tensors), got "
+                        f"{type(t).__name__}"
+                    )
+            if self.beta is not None:
+                raise ValueError(
+                    "transition.low_rank takes no beta: the delta rule is its case a = -alpha * k, b = beta * k"
+                )
 
     def at(self, t: int) -> Transition:
-        """Token t's record: log_decay (B, H) or (B, H, d_k), beta (B, H)."""
-        self.refuse_reserved()
+        """Token t's record: log_decay (B, H) or (B, H, d_k), beta (B, H) (n = 1) or (B, H, n), low_rank's a and b
+        (B, H, d_k)."""
+        self._check_fields()
+        n = self.householder_steps
+        beta = self.beta
+        if beta is not None:
+            beta = beta[:, :, t] if n == 1 else beta[:, :, t * n : (t + 1) * n]
         return Transition(
             None if self.log_decay is None else self.log_decay[:, :, t],
-            None if self.beta is None else self.beta[:, :, t],
+            beta,
+            None if self.low_rank is None else (self.low_rank[0][:, :, t], self.low_rank[1][:, :, t]),
+            n,
         )
 
     def padded(self, n: int) -> Transition:
-        """The record with L padded by ``n`` tokens of log α = 0 and β = 0 (they leave the state as it was when
-        their k is 0)."""
-        self.refuse_reserved()
+        """The record with L padded by ``n`` tokens of log α = 0, β = 0 and a = b = 0 (they leave the state as it
+        was when their k is 0)."""
+        self._check_fields()
         log_decay = self.log_decay
         if log_decay is not None:
             log_decay = F.pad(log_decay, (0, 0, 0, n) if self.per_channel else (0, n))
-        return Transition(log_decay, None if self.beta is None else F.pad(self.beta, (0, n)))
+        beta = None if self.beta is None else F.pad(self.beta, (0, n * self.householder_steps))
+        low_rank = None if self.low_rank is None else tuple(F.pad(t, (0, 0, 0, n)) for t in self.low_rank)
+        return Transition(log_decay, beta, low_rank, self.householder_steps)  # type: ignore[arg-type]
 
     def check(self, q: Tensor, k: Tensor) -> None:
-        """One-line ``ValueError`` unless the record fits q, k: (B, H, L, d_k) for a sequence, with log_decay
-        (B, H, L) or (B, H, L, d_k) and beta (B, H, L); or (B, H, d_k) for one token, with log_decay (B, H) or
-        (B, H, d_k) and beta (B, H). ``NotImplementedError`` when a reserved field is set."""
-        self.refuse_reserved()
+        """One-line ``ValueError`` unless the record fits q, k: (B, H, L, d_k) for a sequence (k (B, H, L·n, d_k)),
+        with log_decay (B, H, L) or (B, H, L, d_k), beta (B, H, L·n), low_rank's a, b (B, H, L, d_k); or
+        (B, H, d_k) for one token (k (B, H, n, d_k) when n > 1), with log_decay (B, H) or (B, H, d_k), beta (B, H)
+        or (B, H, n), a, b (B, H, d_k)."""
+        self._check_fields()
+        n = self.householder_steps
         if q.dim() not in (3, 4):
             raise ValueError(f"q must be (B, H, L, d_k) or one token's (B, H, d_k), got shape {tuple(q.shape)}")
         names = "(B, H, L" if q.dim() == 4 else "(B, H"
-        if tuple(k.shape) != tuple(q.shape):
-            raise ValueError(f"k must have q's shape {names}, d_k) = {tuple(q.shape)}, got {tuple(k.shape)}")
         lead = tuple(q.shape[:-1])
-        for name, value, allowed in (
-            ("log_decay", self.log_decay, (lead, tuple(q.shape))),
-            ("beta", self.beta, (lead,)),
-        ):
+        if n == 1:
+            k_shape, beta_shape, k_names = tuple(q.shape), lead, f"q's shape {names}, d_k)"
+        elif q.dim() == 4:
+            k_shape = (*lead[:2], lead[2] * n, q.shape[-1])
+            beta_shape, k_names = k_shape[:-1], f"(B, H, L·n, d_k) with n = householder_steps = {n}"
+        else:
+            k_shape = (*lead, n, q.shape[-1])
+            beta_shape, k_names = k_shape[:-1], f"one token's (B, H, n, d_k) with n = householder_steps = {n}"
+        if tuple(k.shape) != k_shape:
+            raise ValueError(f"k must have {k_names} = {k_shape}, got {tuple(k.shape)}")
+        beta_names = f"{names})" if n == 1 else ("(B, H, L·n)" if q.dim() == 4 else "(B, H, n)")
+        fields: list[tuple[str, Any, tuple[tuple[int, ...], ...], str]] = [
+            (
+                "log_decay",
+                self.log_decay,
+                (lead, tuple(q.shape)),
+                f"{names}) = {lead} per head or {names}, d_k) = {tuple(q.shape)} per key channel",
+            ),
+            ("beta", self.beta, (beta_shape,), f"{beta_names} = {beta_shape}"),
+        ]
+        if self.low_rank is not None:
+            fields += [
+                (f"low_rank[{i}]", t, (tuple(q.shape),), f"{names}, d_k) = {tuple(q.shape)}")
+                for i, t in enumerate(self.low_rank)
+            ]
+        for name, value, allowed, expected in fields:
             if value is None:
                 continue
             if not isinstance(value, Tensor):
                 raise ValueError(f"transition.{name} must be a Tensor or None, got {type(value).__name__}")
             if tuple(value.shape) not in allowed:
-                expected = f"{names}) = {lead}"
-                if name == "log_decay":
-                    expected += f" per head or {names}, d_k) = {tuple(q.shape)} per key channel"
                 raise ValueError(f"transition.{name} must have shape {expected}, got {tuple(value.shape)}")
 
 
@@ -165,10 +226,10 @@ def _resolve(transition: Transition | None) -> Transition:
     return transition
 
 
-def _check_v(q: Tensor, v: Tensor) -> None:
-    if v.dim() != q.dim() or tuple(v.shape[:-1]) != tuple(q.shape[:-1]):
-        names = "(B, H, L, d_v)" if q.dim() == 4 else "(B, H, d_v)"
-        raise ValueError(f"v must be {names} with q's {tuple(q.shape[:-1])} before d_v, got {tuple(v.shape)}")
+def _check_v(k: Tensor, v: Tensor) -> None:
+    if v.dim() != k.dim() or tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
+        names = {4: "(B, H, L, d_v)", 3: "(B, H, d_v)"}.get(v.dim(), "k's shape with d_v last")
+        raise ValueError(f"v must be {names} with k's {tuple(k.shape[:-1])} before d_v, got {tuple(v.shape)}")
 
 
 def _check_sequence(q: Tensor, k: Tensor, v: Tensor | None, transition: Transition) -> None:
@@ -176,64 +237,78 @@ def _check_sequence(q: Tensor, k: Tensor, v: Tensor | None, transition: Transiti
         raise ValueError(f"q must be (B, H, L, d_k), got shape {tuple(q.shape)}")
     transition.check(q, k)
     if v is not None:
-        _check_v(q, v)
+        _check_v(k, v)
 
 
 # ---------------------------------------------------------------------------------------------- one token
 
 
-def _step(
-    state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor | None, beta: Tensor | None
-) -> tuple[Tensor, Tensor]:
+def _delta(state: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> Tensor:
+    """M + k (β (v − Mᵀ k))ᵀ, or M + k vᵀ without β: state (B, H, d_k, d_v), k (B, H, d_k), v (B, H, d_v)."""
+    u = v if beta is None else beta.unsqueeze(-1) * (v - torch.einsum("bhk,bhkv->bhv", k, state))
+    return state + k.unsqueeze(-1) * u.unsqueeze(-2)
+
+
+def _step(state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, record: Transition) -> tuple[Tensor, Tensor]:
     if state is None:
         state = q.new_zeros(*q.shape, v.shape[-1])
+    log_decay = record.log_decay
+    read = None
+    if record.low_rank is not None:  # u = aᵀ M_{t−1}: read before the decay
+        read = torch.einsum("bhk,bhkv->bhv", record.low_rank[0], state)
     if log_decay is not None:
         if log_decay.dim() == q.dim():  # per key channel (B, H, d_k): the rows of M
             state = state * log_decay.exp()[..., None]
         else:
             state = state * log_decay.exp()[..., None, None]
-    if beta is None:
-        u = v
-    else:
-        u = beta.unsqueeze(-1) * (v - torch.einsum("bhk,bhkv->bhv", k, state))  # (B, H, d_v)
-    state = state + k.unsqueeze(-1) * u.unsqueeze(-2)
+    if read is not None:
+        state = state + record.low_rank[1].unsqueeze(-1) * read.unsqueeze(-2)  # + b (aᵀ M_{t−1})
+    if record.householder_steps == 1:
+        state = _delta(state, k, v, record.beta)
+    else:  # DeltaProduct: the token's n steps in order
+        for s in range(record.householder_steps):
+            state = _delta(state, k[:, :, s], v[:, :, s], record.beta[:, :, s])
     return torch.einsum("bhk,bhkv->bhv", q, state), state
 
 
 def step(
     state: Tensor | None, q: Tensor, k: Tensor, v: Tensor, transition_t: Transition | None = None
 ) -> tuple[Tensor, Tensor]:
-    """One token (the form that decodes): state M (B, H, d_k, d_v) or None (the start, zeros), the token's q, k
-    (B, H, d_k), v (B, H, d_v) and record (:meth:`Transition.at`: log_decay (B, H) or (B, H, d_k), beta (B, H))
-    → (o (B, H, d_v), the new M):
+    """One token (the form that decodes): state M (B, H, d_k, d_v) or None (the start, zeros), the token's q
+    (B, H, d_k), k (B, H, d_k) and v (B, H, d_v) (with n = ``householder_steps`` > 1: k (B, H, n, d_k),
+    v (B, H, n, d_v)) and record (:meth:`Transition.at`) → (o (B, H, d_v), the new M):
 
-        M ← diag(α) M;  then M ← M + k vᵀ, or with β: M ← M + k (β (v − Mᵀ k))ᵀ;  o = Mᵀ q
+        with low_rank: u = aᵀ M;  M ← diag(α) M;  with low_rank: M ← M + b u;
+        then M ← M + k vᵀ, or with β: M ← M + k (β (v − Mᵀ k))ᵀ, n times with n steps;  o = Mᵀ q
 
     (Katharopoulos et al. 2020; Sun et al. 2023; Yang et al. 2024, GLA; Schlag et al. 2021 and Yang et al. 2024,
-    DeltaNet; Yang et al. 2025, Gated DeltaNet; Kimi Team 2025, KDA)."""
+    DeltaNet; Yang et al. 2025, Gated DeltaNet; Kimi Team 2025, KDA; Siems et al. 2025, DeltaProduct; Peng et al.
+    2025, RWKV-7)."""
     record = _resolve(transition_t)
     if q.dim() != 3:
         raise ValueError(f"q must be one token's (B, H, d_k), got shape {tuple(q.shape)}")
     record.check(q, k)
-    _check_v(q, v)
+    _check_v(k, v)
     if state is not None and tuple(state.shape) != (*q.shape, v.shape[-1]):
         raise ValueError(
             f"state must be (B, H, d_k, d_v) = {(*q.shape, v.shape[-1])} or None, got {tuple(state.shape)}"
         )
-    return _step(state, q, k, v, record.log_decay, record.beta)
+    return _step(state, q, k, v, record)
 
 
 def recurrent(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = None) -> Tensor:
-    """The form one token at a time (:func:`step` over the sequence), the reference of the others: q, k
-    (B, H, L, d_k), v (B, H, L, d_v), transition (log_decay (B, H, L) or (B, H, L, d_k), beta (B, H, L)) →
-    o (B, H, L, d_v)."""
+    """The form one token at a time (:func:`step` over the sequence), the reference of the others: q
+    (B, H, L, d_k), k (B, H, L·n, d_k), v (B, H, L·n, d_v) (n = ``householder_steps``, 1 but for DeltaProduct),
+    transition (:class:`Transition`) → o (B, H, L, d_v)."""
     transition = _resolve(transition)
     _check_sequence(q, k, v, transition)
     B, H, L, _ = q.shape
+    n = transition.householder_steps
+    if n > 1:
+        k, v = k.unflatten(2, (L, n)), v.unflatten(2, (L, n))  # (B, H, L, n, ·)
     state, outs = None, []
     for t in range(L):
-        record = transition.at(t)
-        o, state = _step(state, q[:, :, t], k[:, :, t], v[:, :, t], record.log_decay, record.beta)
+        o, state = _step(state, q[:, :, t], k[:, :, t], v[:, :, t], transition.at(t))
         outs.append(o)
     return torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1])
 
@@ -263,7 +338,7 @@ def _bounded(transition: Transition) -> Transition:
     would give −∞ − (−∞) = NaN, and float16's sums of very strong gates would overflow."""
     if transition.log_decay is None:
         return transition
-    return Transition(transition.log_decay.clamp_min(_log_floor(transition.log_decay.dtype)), transition.beta)
+    return replace(transition, log_decay=transition.log_decay.clamp_min(_log_floor(transition.log_decay.dtype)))
 
 
 def _tril(n: int, device: torch.device, diagonal: int = 0) -> Tensor:
@@ -363,14 +438,22 @@ def _solve_unit_lower(a: Tensor, rhs: Tensor) -> Tensor:
 
 
 def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None) -> Tensor:
-    """The lower-triangular map from v to the output: q, k (B, H, L, d_k), transition (log_decay (B, H, L) or
-    (B, H, L, d_k), beta (B, H, L)) → A (B, H, L, L), o = A v: P = (Q Kᵀ ⊙ Γ) per head (Sun et al. 2023; Yang et
-    al. 2024, GLA), P_ij = Σ_c q_ic k_jc exp(b_ic − b_jc) per channel (GLA; Kimi Team 2025, KDA), times T diag(β)
-    under the delta rule (Yang et al. 2024, DeltaNet's WY/UT form; Yang et al. 2025, Gated DeltaNet), signed.
-    Γ is exp of differences of the global cumulative log-decay b, exact in float64."""
+    """The lower-triangular map from v to the output: q, k (B, H, L, d_k), transition (:class:`Transition`) →
+    A (B, H, L, L), o = A v: P = (Q Kᵀ ⊙ Γ) per head (Sun et al. 2023; Yang et al. 2024, GLA), P_ij = Σ_c q_ic k_jc
+    exp(b_ic − b_jc) per channel (GLA; Kimi Team 2025, KDA), times T diag(β) under the delta rule (Yang et al. 2024,
+    DeltaNet's WY/UT form; Yang et al. 2025, Gated DeltaNet), signed; P_qk + P_qb (I − A_ab)⁻¹ A_ak with a low-rank
+    term (:func:`_low_rank_matrix`). With n = ``householder_steps`` > 1, k is (B, H, L·n, d_k) and A (B, H, L, L·n)
+    maps the L·n values (DeltaProduct). Γ is exp of differences of the global cumulative log-decay b, exact in
+    float64."""
     transition = _resolve(transition)
     _check_sequence(q, k, None, transition)
     transition = _bounded(transition)
+    n = transition.householder_steps
+    if n > 1:  # the map from the L·n values: the expanded sequence's rows at each token's last step
+        q, transition = _expanded(q, transition)
+        return effective_matrix(q, k, transition)[:, :, n - 1 :: n]
+    if transition.low_rank is not None:
+        return _low_rank_matrix(q, k, transition)
     log_decay, beta = transition.log_decay, transition.beta
     if transition.per_channel:
         b = log_decay.cumsum(-2)  # (B, H, L, d_k)
@@ -386,6 +469,119 @@ def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None)
         kk = _lower(torch.matmul(k, k.transpose(-1, -2)), b, -1)  # strictly below the diagonal
     T = _solve_unit_lower(beta.unsqueeze(-1) * kk, torch.diag_embed(beta))  # T diag(β), (B, H, L, L)
     return torch.matmul(P, T)
+
+
+# ---------------------------------------------------------------------------------------------- richer transitions
+
+
+def _step_record(transition: Transition) -> Transition:
+    """DeltaProduct's record as the delta rule's over its L·n steps: each token's log α at its first step and 0
+    (α = 1) at the others, β as it is (one per step)."""
+    n = transition.householder_steps
+    log_decay = transition.log_decay
+    if log_decay is not None:
+        first = log_decay.unsqueeze(3)  # (B, H, L, 1) or (B, H, L, 1, d_k)
+        rest = log_decay.new_zeros(*first.shape[:3], n - 1, *first.shape[4:])
+        log_decay = torch.cat([first, rest], dim=3).flatten(2, 3)
+    return Transition(log_decay, transition.beta)
+
+
+def _expanded(q: Tensor, transition: Transition) -> tuple[Tensor, Transition]:
+    """DeltaProduct's record as the delta rule over L·n steps (Siems et al. 2025; fla's ``gated_delta_product``
+    does the same): q (B, H, L, d_k) → q at each token's last step and 0 at the others (B, H, L·n, d_k), and the
+    token's log α at its first step, 0 (α = 1) at the others."""
+    n = transition.householder_steps
+    B, H, L, Dk = q.shape
+    q = torch.cat([q.new_zeros(B, H, L, n - 1, Dk), q.unsqueeze(3)], dim=3).reshape(B, H, L * n, Dk)
+    return q, _step_record(transition)
+
+
+def _channel_log_decay(transition: Transition, q: Tensor) -> Tensor:
+    """log α per key channel (B, H, L, d_k): a per-head decay repeated over d_k; 0 without one."""
+    log_decay = transition.log_decay
+    if log_decay is None:
+        return torch.zeros_like(q)
+    return log_decay if transition.per_channel else log_decay.unsqueeze(-1).expand_as(q).contiguous()
+
+
+def _low_rank_blocks(q: Tensor, k: Tensor, a: Tensor, b: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The four matrices of the diagonal-plus-low-rank form on cumulative log-decays g (…, n, d_k) (every
+    exponent a difference g_rc − g_jc ≤ 0, by :func:`_lower_channels`):
+
+        P_qk[t, j] = Σ_c q_tc k_jc e^{g_tc − g_jc},       P_qb[t, j] = Σ_c q_tc b_jc e^{g_tc − g_jc}       (j ≤ t)
+        A_ak[t, j] = Σ_c a_tc k_jc e^{g_{t−1,c} − g_jc},  A_ab[t, j] = Σ_c a_tc b_jc e^{g_{t−1,c} − g_jc}  (j < t)
+
+    (a reads the state before token t's decay, hence g_{t−1}: the rows of a shifted up by one token, taken on and
+    below the diagonal, then moved back down)."""
+    a_next = torch.cat([a[..., 1:, :], torch.zeros_like(a[..., :1, :])], dim=-2)
+    P_qk, P_qb, A_ak, A_ab = _lower_channels(torch.stack([q, q, a_next, a_next]), torch.stack([k, b, k, b]), g)
+    shift = (0, 0, 1, 0)  # row t ← row t − 1, row 0 ← 0
+    A_ak, A_ab = (F.pad(m[..., :-1, :], shift) for m in (A_ak, A_ab))
+    return P_qk, P_qb, A_ak, A_ab
+
+
+def _low_rank_matrix(q: Tensor, k: Tensor, transition: Transition) -> Tensor:
+    """The effective matrix of M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ, o_t = M_tᵀ q_t (B, H, L, L):
+    with u_t = a_tᵀ M_{t−1}, U = (I − A_ab)⁻¹ A_ak V and O = P_qb U + P_qk V (:func:`_low_rank_blocks`), so
+    A = P_qk + P_qb (I − A_ab)⁻¹ A_ak (the generalized delta rule's chunk form, Peng et al. 2025, RWKV-7; fla's
+    ``dplr``)."""
+    a, b = transition.low_rank
+    if q.shape[2] == 0:
+        return q.new_zeros(*q.shape[:2], 0, 0)
+    g = _channel_log_decay(transition, q).cumsum(-2)
+    P_qk, P_qb, A_ak, A_ab = _low_rank_blocks(q, k, a, b, g)
+    return P_qk + torch.matmul(P_qb, _solve_unit_lower(-A_ab, A_ak))
+
+
+def _low_rank_chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition, chunk_size: int) -> Tensor:
+    """:func:`chunked` for a low-rank record: within chunk n, with chunk-local cumulative log-decays g̃ (per
+    channel), g̃_{t−1} = g̃_t − log α_t, the state M₀ before the chunk and u_t = a_tᵀ M_{t−1}:
+
+        U = (I − A_ab)⁻¹ (A_ak V + (a ⊙ e^{g̃_{t−1}}) M₀)           (a unit-triangular solve, batched)
+        O = (q ⊙ e^{g̃}) M₀ + P_qb U + P_qk V
+        M ← e^{g̃_C} ⊙ M₀ + (b ⊙ e^{g̃_C − g̃})ᵀ U + (k ⊙ e^{g̃_C − g̃})ᵀ V
+
+    with the matrices of :func:`_low_rank_blocks` (every exponent ≤ 0): the generalized delta rule's chunk form
+    (Peng et al. 2025, RWKV-7; fla's ``dplr``), of which only the state's passage runs chunk by chunk."""
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    C = max(1, min(chunk_size, L))
+    pad = -L % C
+    a, b = transition.low_rank
+    log_decay = _channel_log_decay(transition, q)
+    if pad:
+        q, k, v, a, b, log_decay = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, a, b, log_decay))
+    N = (L + pad) // C
+    qc, kc, ac, bc = (t.reshape(B, H, N, C, Dk) for t in (q, k, a, b))
+    vc = v.reshape(B, H, N, C, Dv)
+    ldc = log_decay.reshape(B, H, N, C, Dk)
+    g = ldc.cumsum(-2)  # chunk-local g̃ (B, H, N, C, d_k)
+    P_qk, P_qb, A_ak, A_ab = _low_rank_blocks(qc, kc, ac, bc, g)
+    rhs = torch.cat([torch.matmul(A_ak, vc), ac * _decay_exp(g - ldc)], dim=-1)  # (B, H, N, C, d_v + d_k)
+    W = _solve_unit_lower(-A_ab, rhs)
+    W_v, W_k = W[..., :Dv].unbind(2), W[..., Dv:].unbind(2)  # N × (B, H, C, ·) (unbind: see chunked)
+    out = torch.matmul(P_qk, vc)  # (B, H, N, C, d_v): the keys' own part, batched
+    q_in = (qc * _decay_exp(g)).unbind(2)
+    to_end = _decay_exp(g[..., -1:, :] - g)
+    b_out = (bc * to_end).transpose(-1, -2).unbind(2)
+    writes_v = torch.matmul((kc * to_end).transpose(-1, -2), vc).unbind(2)  # N × (B, H, d_k, d_v)
+    carries = _decay_exp(g[..., -1, :]).unsqueeze(-1).unbind(2)  # N × (B, H, d_k, 1)
+    P_qb = P_qb.unbind(2)
+    M = None
+    outs = []
+    for i in range(N):
+        if M is None:
+            u = W_v[i]
+            o = torch.matmul(P_qb[i], u)
+        else:
+            u = W_v[i] + torch.matmul(W_k[i], M)
+            o = torch.matmul(q_in[i], M) + torch.matmul(P_qb[i], u)
+        outs.append(o)
+        if i < N - 1:
+            write = torch.matmul(b_out[i], u) + writes_v[i]
+            M = write if M is None else carries[i] * M + write
+    out = out + torch.stack(outs, dim=2)
+    return out.reshape(B, H, N * C, Dv)[:, :, :L]
 
 
 # ---------------------------------------------------------------------------------------------- linear attention
@@ -466,46 +662,81 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = Non
     _check_sequence(q, k, v, transition)
     transition = _bounded(transition)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
-    B, H, L, Dk = q.shape
+    B, H, L, _ = q.shape
     Dv = v.shape[-1]
     if L == 0:
         return v.new_zeros(B, H, 0, Dv)
+    n = transition.householder_steps
     C = max(1, min(chunk_size, L))
+    if n > 1:  # DeltaProduct: the delta rule over the L·n steps, read at each token's last
+        return _chunks(q, k, v, _step_record(transition), C, n)
+    if transition.low_rank is not None:
+        return _low_rank_chunked(q, k, v, transition, chunk_size)
     pad = -L % C
     if transition.log_decay is None and transition.beta is None:  # linear attention
         if pad:
             q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
         return _CausalLinear.apply(q.contiguous(), k.contiguous(), v.contiguous(), C)[:, :, :L]
+    return _chunks(q, k, v, transition, C)
+
+
+def _read_mask(C: int, n: int, device: torch.device) -> Tensor:
+    """(C, C·n) bool: True where step j is at or before token i's last step i·n + n − 1."""
+    return torch.arange(C * n, device=device)[None, :] <= torch.arange(C, device=device)[:, None] * n + n - 1
+
+
+def _chunks(q: Tensor, k: Tensor, v: Tensor, transition: Transition, C: int, n: int = 1) -> Tensor:
+    """The decay and delta-rule forms in chunks of C tokens (:func:`chunked`'s formulas), with n steps per token
+    (k, v (B, H, L·n, ·) and a record over the L·n steps: DeltaProduct as the delta rule over its steps, the
+    output read at each token's last step, so that P has C rows for a chunk's C·n steps and the rows of the other
+    steps, whose output no one reads, are never computed)."""
+    B, H, L, Dk = q.shape
+    Dv = v.shape[-1]
+    pad = -L % C
     channels = transition.per_channel
     if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        transition = transition.padded(pad)
+        q = F.pad(q, (0, 0, 0, pad))
+        k, v = (F.pad(t, (0, 0, 0, pad * n)) for t in (k, v))
+        transition = transition.padded(pad * n)
     log_decay, beta = transition.log_decay, transition.beta
-    N = (L + pad) // C
-    qc, kc, vc = q.reshape(B, H, N, C, Dk), k.reshape(B, H, N, C, Dk), v.reshape(B, H, N, C, Dv)
+    N, S = (L + pad) // C, C * n  # chunks; steps a chunk
+    qc, kc, vc = q.reshape(B, H, N, C, Dk), k.reshape(B, H, N, S, Dk), v.reshape(B, H, N, S, Dv)
     if log_decay is None:
         b = None
     elif channels:
-        b = log_decay.reshape(B, H, N, C, Dk).cumsum(-2)  # chunk-local b̃ (B, H, N, C, d_k)
+        b = log_decay.reshape(B, H, N, S, Dk).cumsum(-2)  # chunk-local b̃ (B, H, N, S, d_k)
     else:
-        b = log_decay.reshape(B, H, N, C).cumsum(-1)  # chunk-local b̃ (B, H, N, C)
-    if channels and beta is not None:  # P and G in one pass (they share k's factors): (2, B, H, N, C, C)
-        P, kk = _lower_channels(torch.stack([qc, kc]), kc, b).unbind(0)
-        kk = kk.tril(-1)
-    elif channels:
-        P = _lower_channels(qc, kc, b)  # (B, H, N, C, C)
-    else:
+        b = log_decay.reshape(B, H, N, S).cumsum(-1)  # chunk-local b̃ (B, H, N, S)
+    reads = slice(n - 1, None, n)  # the steps whose output is read: each token's last
+    b_read = None if b is None else (b if n == 1 else b[..., reads, :] if channels else b[..., reads])
+    if channels:
+        # q at each token's last step, 0 at the others (the per-channel P is made on the steps' square)
+        q_steps = qc if n == 1 else torch.cat([qc.new_zeros(B, H, N, C, n - 1, Dk), qc.unsqueeze(4)], 4).flatten(3, 4)
+        if beta is not None:  # P and G in one pass (they share k's factors): (2, B, H, N, S, S)
+            P, kk = _lower_channels(torch.stack([q_steps, kc]), kc, b).unbind(0)
+            kk = kk.tril(-1)
+        else:
+            P = _lower_channels(q_steps, kc, b)  # (B, H, N, S, S)
+        P = P if n == 1 else P[..., reads, :]  # (B, H, N, C, S)
+    elif n == 1:
         P = _lower(torch.matmul(qc, kc.transpose(-1, -2)), b)  # (B, H, N, C, C)
+    else:  # (B, H, N, C, S): token i against the steps j ≤ i·n + n − 1
+        hide = ~_read_mask(C, n, q.device)
+        scores = torch.matmul(qc, kc.transpose(-1, -2))
+        if b is None:
+            P = scores.masked_fill(hide, 0.0)
+        else:
+            P = scores * _decay_exp(b_read.unsqueeze(-1) - b.unsqueeze(-2), hide)
     if b is None:
         q_in, k_out, carry = qc, kc, None
     elif channels:
-        q_in = qc * _decay_exp(b)  # q ⊙ e^b̃
-        k_out = kc * _decay_exp(b[..., -1:, :] - b)  # k ⊙ e^(b̃_C − b̃)
-        carry = _decay_exp(b[..., -1, :])  # (B, H, N, d_k): e^(b̃_C)
+        q_in = qc * _decay_exp(b_read)  # q ⊙ e^b̃ (at each token's last step)
+        k_out = kc * _decay_exp(b[..., -1:, :] - b)  # k ⊙ e^(b̃_S − b̃)
+        carry = _decay_exp(b[..., -1, :])  # (B, H, N, d_k): e^(b̃_S)
     else:
-        q_in = qc * _decay_exp(b).unsqueeze(-1)  # e^b̃ q
-        k_out = kc * _decay_exp(b[..., -1:] - b).unsqueeze(-1)  # e^(b̃_C − b̃) k
-        carry = _decay_exp(b[..., -1])  # (B, H, N): e^(b̃_C)
+        q_in = qc * _decay_exp(b_read).unsqueeze(-1)  # e^b̃ q
+        k_out = kc * _decay_exp(b[..., -1:] - b).unsqueeze(-1)  # e^(b̃_S − b̃) k
+        carry = _decay_exp(b[..., -1])  # (B, H, N): e^(b̃_S)
 
     def rows(c: Tensor) -> Tensor:  # the carry as a factor of M's rows: (…, d_k, 1) per channel, (…, 1, 1) per head
         return c[..., None] if channels else c[..., None, None]
@@ -518,36 +749,36 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = Non
         writes = torch.matmul(k_out.transpose(-1, -2), vc).unbind(2)  # N × (B, H, d_k, d_v)
         carries = None if carry is None else rows(carry).unbind(2)  # N × (B, H, 1 or d_k, 1)
         states = [q.new_zeros(B, H, Dk, Dv)]
-        for n in range(N - 1):
-            M = states[-1] if carries is None else carries[n] * states[-1]
-            states.append(M + writes[n])
+        for i in range(N - 1):
+            M = states[-1] if carries is None else carries[i] * states[-1]
+            states.append(M + writes[i])
         M_before = torch.stack(states, dim=2)  # (B, H, N, d_k, d_v)
     else:
-        bc = beta.reshape(B, H, N, C)
+        bc = beta.reshape(B, H, N, S)
         if channels:
             decayed_k = kc * _decay_exp(b)
         else:
             kk = _lower(torch.matmul(kc, kc.transpose(-1, -2)), b, -1)
             decayed_k = kc if b is None else kc * _decay_exp(b).unsqueeze(-1)
-        rhs = torch.cat([vc, decayed_k], dim=-1) * bc.unsqueeze(-1)  # (B, H, N, C, d_v + d_k)
+        rhs = torch.cat([vc, decayed_k], dim=-1) * bc.unsqueeze(-1)  # (B, H, N, S, d_v + d_k)
         W = _solve_unit_lower(bc.unsqueeze(-1) * kk, rhs)
-        W_v, W_k = W[..., :Dv].unbind(2), W[..., Dv:].unbind(2)  # N × (B, H, C, ·) (unbind: see above)
-        k_outs = k_out.transpose(-1, -2).unbind(2)  # N × (B, H, d_k, C)
+        W_v, W_k = W[..., :Dv].unbind(2), W[..., Dv:].unbind(2)  # N × (B, H, S, ·) (unbind: see above)
+        k_outs = k_out.transpose(-1, -2).unbind(2)  # N × (B, H, d_k, S)
         carries = None if carry is None else rows(carry).unbind(2)
         M = None
         us, states = [], []
-        for n in range(N):
+        for i in range(N):
             if M is None:
-                u = W_v[n]
+                u = W_v[i]
                 states.append(q.new_zeros(B, H, Dk, Dv))
             else:
-                u = W_v[n] - torch.matmul(W_k[n], M)
+                u = W_v[i] - torch.matmul(W_k[i], M)
                 states.append(M)
             us.append(u)
-            if n < N - 1:
-                write = torch.matmul(k_outs[n], u)
-                M = write if M is None else (M if carries is None else carries[n] * M) + write
-        U = torch.stack(us, dim=2)  # (B, H, N, C, d_v)
+            if i < N - 1:
+                write = torch.matmul(k_outs[i], u)
+                M = write if M is None else (M if carries is None else carries[i] * M) + write
+        U = torch.stack(us, dim=2)  # (B, H, N, S, d_v)
         M_before = torch.stack(states, dim=2)
     out = torch.matmul(q_in, M_before) + torch.matmul(P, U)  # (B, H, N, C, d_v)
     return out.reshape(B, H, N * C, Dv)[:, :, :L]

@@ -5,7 +5,8 @@ in float64, values and gradients w.r.t. q, k, v, log α and β; β up to 2 (Graz
 per-channel decay first, then the delta write on the decayed state), chunk sizes 1 … 64, L = 0 and 1; the halving
 blocks of the per-channel P and G (``_lower_channels``) against Σ_c x_ic y_jc exp(b_ic − b_jc) at every leaf size;
 very strong per-channel decay (no overflow); L = 8192 in float32 against a float64 loop (with its adjoint written
-out); the reserved fields and the shape errors.
+out); the formerly reserved fields (DeltaProduct's steps, the low-rank term: in full in test_transition_rich.py)
+and the shape errors.
 """
 
 from __future__ import annotations
@@ -596,18 +597,31 @@ def test_at_and_padded_give_a_token_record_and_a_longer_one():
     assert Transition(per_head).padded(2).log_decay.shape == (B, H, L + 2)
 
 
-def _one_token(q, k, v):
-    return q[:, :, 0], k[:, :, 0], v[:, :, 0]
+def _one_token(q, k, v, n=1):
+    """Token 0's q (B, H, d_k), k and v ((B, H, ·), or its n steps' (B, H, n, ·) with ``householder_steps`` n)."""
+    if n == 1:
+        return q[:, :, 0], k[:, :, 0], v[:, :, 0]
+    return q[:, :, 0], k[:, :, :n], v[:, :, :n]
 
 
 def _token_record(tr):
-    """Token 0's record, keeping the reserved fields (``at`` itself refuses them)."""
-    first = [None if t is None else t[:, :, 0] for t in (tr.log_decay, tr.beta)]
-    return Transition(*first, low_rank=tr.low_rank, householder_steps=tr.householder_steps)
+    """Token 0's record, sliced by hand (``at`` checks the record first): log α (B, H) or (B, H, d_k), β (B, H) or
+    its n steps' (B, H, n), low_rank's a and b (B, H, d_k)."""
+    n = tr.householder_steps
+    log_decay = None if tr.log_decay is None else tr.log_decay[:, :, 0]
+    beta = None if tr.beta is None else (tr.beta[:, :, 0] if n == 1 else tr.beta[:, :, :n])
+    low_rank = None if tr.low_rank is None else tuple(t[:, :, 0] for t in tr.low_rank)
+    return Transition(log_decay, beta, low_rank=low_rank, householder_steps=n)
+
+
+def _first_step(q, k, v, tr):
+    """``step`` on token 0 from no state: its output as (B, H, 1, d_v)."""
+    o, _ = step(None, *_one_token(q, k, v, tr.householder_steps), _token_record(tr))
+    return o[:, :, None]
 
 
 CALLS = {
-    "step": lambda q, k, v, tr: step(None, *_one_token(q, k, v), _token_record(tr)),
+    "step": _first_step,
     "recurrent": lambda q, k, v, tr: recurrent(q, k, v, tr),
     "chunked": lambda q, k, v, tr: chunked(q, k, v, tr, chunk_size=4),
     "effective_matrix": lambda q, k, v, tr: effective_matrix(q, k, tr),
@@ -616,16 +630,30 @@ CALLS = {
 
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("field", ["low_rank", "householder_steps"])
-def test_reserved_fields_raise_not_implemented(call, field):
+def test_the_formerly_reserved_fields_are_computed(call, field):
+    """``low_rank`` (RWKV-7's diagonal plus low rank) and ``householder_steps`` = 2 (DeltaProduct), once refused with
+    NotImplementedError, are computed by every form: the output (``effective_matrix`` times v) is finite, has the
+    shape of the record without the field, differs from that record's output, and equals the recurrent form's
+    (``step``: on token 0). Their values against plain loops: tests/test_transition_rich.py."""
     q, k, v, log_decay, beta = (None if t is None else t.detach() for t in inputs("head", True, seed=11))
-    extra = {"low_rank": (k, k)} if field == "low_rank" else {"householder_steps": 2}
-    tr = Transition(log_decay, beta, **extra)
-    with pytest.raises(NotImplementedError) as err:
-        CALLS[call](q, k, v, tr)
-    assert "\n" not in str(err.value) and ("RWKV-7" in str(err.value) or "DeltaProduct" in str(err.value))
-    for method in (lambda: tr.at(0), lambda: tr.padded(1)):
-        with pytest.raises(NotImplementedError):
-            method()
+    plain = Transition(log_decay, beta)
+    if field == "low_rank":  # RWKV-7's a = −κ̂, b = κ̂ ⊙ iclr (iclr 0.5)
+        kappa = F.normalize(k.roll(1, dims=2), dim=-1)
+        k2, v2, tr = k, v, Transition(log_decay, low_rank=(-kappa, 0.5 * kappa))
+    else:  # two steps a token, (B, H, 2L, ·): token t's own k, v, β, then token t − 1's again
+
+        def steps(t):
+            return torch.stack([t, t.roll(1, dims=2)], dim=3).flatten(2, 3)
+
+        k2, v2, tr = steps(k), steps(v), Transition(log_decay, steps(beta.unsqueeze(-1)).squeeze(-1), None, 2)
+    out, without = CALLS[call](q, k2, v2, tr), CALLS[call](q, k, v, plain)
+    if call == "effective_matrix":
+        assert out.shape == (B, H, L, k2.shape[2])
+        out, without = out @ v2, without @ v
+    assert out.shape == without.shape and torch.isfinite(out).all()
+    assert (out - without).abs().max() > 1e-3, "the field changes nothing"
+    expected = recurrent(q, k2, v2, tr)[:, :, : out.shape[2]]
+    torch.testing.assert_close(out, expected, **TOL)
 
 
 SHAPE_ERRORS = {
