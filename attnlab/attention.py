@@ -262,13 +262,14 @@ class MultiHeadAttention(nn.Module):
             )
         self.layer = check_int("layer", layer, minimum=1)
         form_name = form_for(config)
-        maps = form_class(form_name).query_maps(config)  # differential attention: two maps per head
-        self.query_heads, self.key_heads = maps * H, maps * G  # Hq, Gk
+        kind = form_class(form_name)  # differential attention: two maps per head; DeltaProduct: n keys and values
+        self.query_heads, self.key_heads = kind.query_maps(config) * H, kind.key_maps(config) * G  # Hq, Gk
+        self.value_heads = kind.value_maps(config) * G  # Gv
 
         # projections
         self.q_proj = nn.Linear(d_model, self.query_heads * self.d_k, bias=bias)
         self.k_proj = nn.Linear(d_model, self.key_heads * self.d_k, bias=bias)
-        self.v_proj = nn.Linear(d_model, G * self.d_v, bias=bias)
+        self.v_proj = nn.Linear(d_model, self.value_heads * self.d_v, bias=bias)
         self.out_proj = nn.Linear(H * self.d_v, d_model, bias=bias)
 
         # the token mixer
@@ -286,7 +287,7 @@ class MultiHeadAttention(nn.Module):
         if self.short_conv is not None:
             self.q_conv = ShortConvolution(self.query_heads * self.d_k, self.short_conv)
             self.k_conv = ShortConvolution(self.key_heads * self.d_k, self.short_conv)
-            self.v_conv = ShortConvolution(G * self.d_v, self.short_conv)
+            self.v_conv = ShortConvolution(self.value_heads * self.d_v, self.short_conv)
 
         shown = "none (every key visible)" if config.mask is None else mask_text(config.mask)
         self.form.check_mask(self.mask_form, shown)
@@ -370,8 +371,9 @@ class MultiHeadAttention(nn.Module):
         self, x: Tensor, key_value: Tensor | None = None, offset: int = 0, cache: Any = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, Lq, d_model), key_value (B, Lk, d_model) or None → q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k),
-        v (B, G, Lk, d_v): the projections, the short convolution (one token with ``cache``'s buffers when
-        decoding), then QK-norm and rotary positions (``offset``: the tokens before these)."""
+        v (B, Gv, Lk, d_v) (Gv = G but for DeltaProduct's n·G): the projections, the short convolution (one token
+        with ``cache``'s buffers when decoding), then QK-norm and rotary positions (``offset``: the tokens before
+        these)."""
         kv = x if key_value is None else key_value
         B, Lq, _ = x.shape
         Lk = kv.shape[1]
@@ -386,7 +388,7 @@ class MultiHeadAttention(nn.Module):
                 cache.conv = [buffer for _, buffer in steps]
         q = q.view(B, Lq, self.query_heads, self.d_k).transpose(1, 2)  # (B, Hq, Lq, d_k)
         k = k.view(B, Lk, self.key_heads, self.d_k).transpose(1, 2)  # (B, Gk, Lk, d_k)
-        v = v.view(B, Lk, self.num_kv_heads, self.d_v).transpose(1, 2)  # (B, G, Lk, d_v)
+        v = v.view(B, Lk, self.value_heads, self.d_v).transpose(1, 2)  # (B, Gv, Lk, d_v)
         return (*self.transform_qk(q, k, offset), v)
 
     def transform_qk(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -412,7 +414,7 @@ class MultiHeadAttention(nn.Module):
         k − 1 inputs."""
         size = self.form.state_size(length)
         if self.short_conv is not None:
-            channels = (self.query_heads + self.key_heads) * self.d_k + self.num_kv_heads * self.d_v
+            channels = (self.query_heads + self.key_heads) * self.d_k + self.value_heads * self.d_v
             size += (self.short_conv - 1) * channels
         return int(size)
 
@@ -470,7 +472,7 @@ class MultiHeadAttention(nn.Module):
         pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
         inputs = self.form.prepare(q, k, v, x, pm)
         o = backend.compute(self.spec, inputs, self.dropout if self.training else 0.0)
-        return AttentionOutput(self.merge(self.form.output(o)), o.weights, o.logits)
+        return AttentionOutput(self.merge(self.form.output(o, inputs)), o.weights, o.logits)
 
     def attend(
         self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None

@@ -98,7 +98,8 @@ def test_a_recurrent_state_does_not_grow_with_the_context_and_is_the_size_report
     sizes = cache_sizes(_encoder(options, "sinusoidal"), 20)
     assert len(set(sizes)) == 1 and sizes[0][0] == sizes[0][1], sizes
     if {"decay", "delta"} & form_class(setting.form).tags:
-        conv = 0 if short_conv is None else 3 * (2 * 8 + 1 * 8 + 1 * 4)  # (k − 1) × (q H·d_k, k G·d_k, v G·d_v)
+        n = setting.params.get("householder_steps", 2) if setting.form == "deltaproduct" else 1  # keys, values a token
+        conv = 0 if short_conv is None else 3 * (2 * 8 + n * 8 + n * 4)  # (k − 1) × (q H·d_k, k n·G·d_k, v n·G·d_v)
         assert sizes[0][0] == 3 * 2 * (2 * 8 * 4 + conv) * 8  # B × layers × (H·d_k·d_v + conv) floats × 8 bytes
 
 

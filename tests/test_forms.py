@@ -92,10 +92,12 @@ def grads_of(layer: MultiHeadAttention, out: torch.Tensor, x: torch.Tensor) -> d
 
 class PlainRecurrence:
     """A backend written here from the recurrence's definition, for a form whose inputs carry a transition record
-    (decay α_t per head or per key channel, writing strength β_t): for each token t, over an explicit state matrix
-    M (d_k × d_v per head) that starts at 0,
+    (decay α_t per head or per key channel, writing strength β_t, a low-rank pair (a_t, b_t), n Householder steps
+    per token): for each token t, over an explicit state matrix M (d_k × d_v per head) that starts at 0,
 
         M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ     (without β: M_t = diag(α_t) M_{t−1} + k_t v_tᵀ)
+        M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ               (a low-rank pair: RWKV-7)
+        M ← diag(α_t) M, then M ← (I − β_s k_s k_sᵀ) M + β_s k_s v_sᵀ for each of the token's n steps (DeltaProduct)
         z_t = M_tᵀ q_t
 
     (α ≡ 1 without a decay; a per-head α is α·I). It reads the form's prepared q, k, v and record (the maps and
@@ -105,21 +107,28 @@ class PlainRecurrence:
         q, k, v, record = inputs.q, inputs.k, inputs.v, inputs.transition
         assert record is not None and dropout == 0.0
         B, H, n, d_k = q.shape
+        steps = record.householder_steps
         eye = torch.eye(d_k, dtype=q.dtype)
         M = q.new_zeros(B, H, d_k, v.shape[-1])
         outs = []
         for t in range(n):
-            kt, vt = k[:, :, t], v[:, :, t]  # (B, H, d_k), (B, H, d_v)
+            G = eye.expand(B, H, d_k, d_k)
             if record.log_decay is not None:
                 alpha = record.log_decay[:, :, t].exp()  # (B, H) or (B, H, d_k)
-                diag = alpha[..., None] * eye if alpha.dim() == 3 else alpha[..., None, None] * eye
-                M = diag @ M
-            write = torch.einsum("bhi,bhj->bhij", kt, vt)
-            if record.beta is None:
-                M = M + write
-            else:
-                beta = record.beta[:, :, t, None, None]
-                M = (eye - beta * torch.einsum("bhi,bhj->bhij", kt, kt)) @ M + beta * write
+                G = alpha[..., None] * eye if alpha.dim() == 3 else alpha[..., None, None] * eye
+            if record.low_rank is not None:
+                a, b = record.low_rank[0][:, :, t], record.low_rank[1][:, :, t]
+                G = G + torch.einsum("bhi,bhj->bhij", b, a)
+            M = G @ M
+            for s in range(steps):
+                i = t * steps + s
+                kt, vt = k[:, :, i], v[:, :, i]  # (B, H, d_k), (B, H, d_v)
+                write = torch.einsum("bhi,bhj->bhij", kt, vt)
+                if record.beta is None:
+                    M = M + write
+                else:
+                    beta = record.beta[:, :, i, None, None]
+                    M = (eye - beta * torch.einsum("bhi,bhj->bhij", kt, kt)) @ M + beta * write
             outs.append(torch.einsum("bhij,bhi->bhj", M, q[:, :, t]))
         return FormOutput(torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, v.shape[-1]))
 
@@ -213,7 +222,8 @@ def test_the_state_size_does_not_grow_with_the_length_and_is_what_decoding_carri
     reported = {layer.state_size(length) for length in (1, L, 100_000)}
     assert len(reported) == 1
     if {"decay", "delta"} & form_class(setting.form).tags:
-        conv = 2 * (HEADS * D_K + 1 * D_K + 1 * D_V)  # (k − 1) × the q (H·d_k), k (G·d_k) and v (G·d_v) channels
+        n = setting.params.get("householder_steps", 2) if setting.form == "deltaproduct" else 1  # keys, values a token
+        conv = 2 * (HEADS * D_K + n * D_K + n * D_V)  # (k − 1) × the q (H·d_k), k (n·G·d_k) and v (n·G·d_v) channels
         assert reported == {HEADS * D_K * D_V + conv} and layer.form.state_size(L) == HEADS * D_K * D_V
     x, cache = randn(3, L, D_MODEL, seed=5), LayerCache()
     with torch.no_grad():

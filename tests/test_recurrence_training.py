@@ -37,7 +37,7 @@ SETTINGS = [s for s in RECURRENT_SETTINGS if s.form in PRESETS]
 # a per-sequence label), so every registered task allows one.
 CAUSAL_TASKS = list_tasks()
 # the settings trained on every one of those tasks (the others train on ListOps)
-ON_EVERY_TASK = ("kda", "gla_channel")
+ON_EVERY_TASK = ("kda", "gla_channel", "deltaproduct", "rwkv7")
 RUNS = [
     *((s, "listops") for s in SETTINGS if s.label not in ON_EVERY_TASK),
     *((s, task) for s in SETTINGS if s.label in ON_EVERY_TASK for task in CAUSAL_TASKS),
@@ -59,10 +59,11 @@ def preset_short_conv(form: str) -> int | None:
     return OmegaConf.select(OmegaConf.load(CONF_DIR / "variant" / f"{form}.yaml"), "model.short_conv")
 
 
-def state_floats(short_conv: int | None) -> int:
+def state_floats(short_conv: int | None, steps: int = 1) -> int:
     """A decay or delta-rule layer's decoding state per sequence: one d_k × d_v matrix per head, plus the short
-    convolution's last k − 1 inputs of q, k and v (H·d_k channels each)."""
-    return H * D_K * D_K + (0 if short_conv is None else (short_conv - 1) * 3 * H * D_K)
+    convolution's last k − 1 inputs of q, k and v (H·d_k channels each; DeltaProduct projects ``steps`` keys and
+    values per token)."""
+    return H * D_K * D_K + (0 if short_conv is None else (short_conv - 1) * (1 + 2 * steps) * H * D_K)
 
 
 def test_the_runs_cover_every_setting_and_every_task():
@@ -84,7 +85,8 @@ def test_every_setting_trains_causally_and_kda_and_channel_gla_on_every_task(tmp
     assert settings["mask"] == {"name": "causal"}
     assert settings["score_params"].items() >= setting.params.items()  # the setting reached the layer
     assert settings["short_conv"] == preset_short_conv(setting.form)
-    assert summary["state_size"] == [state_floats(settings["short_conv"])]  # whatever the length
+    steps = settings["score_params"].get("householder_steps", 1)
+    assert summary["state_size"] == [state_floats(settings["short_conv"], steps)]  # whatever the length
     assert math.isfinite(summary["metrics"]["train/loss"]) and math.isfinite(summary["metrics"]["test/loss"])
     assert math.isfinite(summary["metrics"]["attn/row_mass"])  # the diagnostics read the effective matrix
 
@@ -109,7 +111,7 @@ def test_a_users_form_in_one_module_trains_through_imports(tmp_path):
     assert summary["state_size"] == [state_floats(None)]
 
 
-@pytest.mark.parametrize("variant", ["gated_deltanet", "kda"])
+@pytest.mark.parametrize("variant", ["gated_deltanet", "kda", "deltaproduct", "rwkv7"])
 def test_a_hybrid_with_one_softmax_layer_in_four_trains(tmp_path, variant):
     """``model.pattern=GGGS``: three layers of the variant (G) and one scaled_dot softmax layer (S), as Qwen3-Next
     and OLMo Hybrid run Gated DeltaNet and Kimi Linear runs KDA (with MLA where this has scaled_dot)."""
@@ -120,7 +122,7 @@ def test_a_hybrid_with_one_softmax_layer_in_four_trains(tmp_path, variant):
     assert [layer.get("score") for layer in summary["layers"]] == [variant, variant, variant, None]
     assert all(layer["short_conv"] == 4 for layer in summary["layers"][:3])
     assert summary["layers"][3] == {"mask": {"name": "causal"}}  # a softmax scaled_dot layer, as the defaults
-    assert summary["state_size"][:3] == [state_floats(4)] * 3
+    assert summary["state_size"][:3] == [state_floats(4, 2 if variant == "deltaproduct" else 1)] * 3
     assert math.isfinite(summary["metrics"]["train/loss"])
 
 

@@ -24,9 +24,11 @@ form                   computes                                    O(L) / decodi
                        any normalizer: :mod:`attnlab.forms.softmax`)
 ``linear``             φ(q)·φ(k), row-sum normaliser or none        state S, z                   linear, recurrent
 ``retnet``, ``gla``,   one transition record (decay in log space,  state M (d_k × d_v per head)  decay / delta,
-``deltanet``,          per head or per key channel; β): the        (:mod:`attnlab.transition`)   recurrent
-``gated_deltanet``,    decay and delta-rule forms
-``kda``
+``deltanet``,          per head or per key channel; β; n            (:mod:`attnlab.transition`)   recurrent
+``gated_deltanet``,    Householder steps a token; a low-rank term):
+``kda``,               the decay and delta-rule forms
+``deltaproduct``,
+``rwkv7``
 =====================  ==========================================  ============================  =====================
 
 A layer's form is chosen by its :class:`~attnlab.config.AttentionConfig` (:func:`form_for`): the form that

@@ -117,6 +117,18 @@ class Form(nn.Module):
         """How many query and key heads the layer projects per head (differential attention's 2; default 1)."""
         return 1
 
+    @classmethod
+    def key_maps(cls, config: AttentionConfig) -> int:
+        """How many key heads the layer projects per key/value head (default :meth:`query_maps`; DeltaProduct's n
+        keys per token)."""
+        return cls.query_maps(config)
+
+    @classmethod
+    def value_maps(cls, config: AttentionConfig) -> int:
+        """How many value heads the layer projects per key/value head (default 1; DeltaProduct's n values per
+        token)."""
+        return 1
+
     @property
     def query_heads(self) -> int:
         """Hq, the query heads the layer projects (2H for differential attention)."""
@@ -169,8 +181,10 @@ class Form(nn.Module):
 
     # ---------------------------------------------------------------------------------------------- after
 
-    def output(self, out: FormOutput) -> Tensor:
-        """z → each head's output before the head gate and ``out_proj`` (B, H, Lq, d_v). Default: z."""
+    def output(self, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:
+        """z → each head's output before the head gate and ``out_proj`` (B, H, Lq, d_v). Default: z. ``inputs``:
+        what a backend computed z from (None when decoding: a form whose output transform reads its inputs, like
+        RWKV-7's bonus, applies it in :meth:`step`)."""
         return out.z
 
     # ---------------------------------------------------------------------------------------------- decoding

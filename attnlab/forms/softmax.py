@@ -249,7 +249,7 @@ class SoftmaxForm(Form):
         dropped = F.dropout(weights, dropout) if dropout > 0 else weights
         return FormOutput(self.mix_values(dropped, v), weights, logits)  # z (B, H, Lq, d_v)
 
-    def output(self, out: FormOutput) -> Tensor:
+    def output(self, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:
         """z → each head's output: differential attention's sub-norm of z₁ − λ z₂, scaled by (1 − λ_init)
         (fused, :class:`DifferentialHeads`, when the backend gave the two maps apart); z otherwise."""
         if not self.differential:

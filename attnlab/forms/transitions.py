@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -165,25 +166,40 @@ class TransitionForm(Form):
                 f"variant {self.name} is causal only: call it with a causal mask (an attnlab causal Mask, AND key "
                 f"padding at most), not mask={form}"
             )
+        k, v = self.per_step(k), self.per_step(v)
         q, k, step = self.inputs(q, expand_heads(k, self.num_heads), x)
         if mask.keys is not None:  # a padded token is no token: it writes nothing (k = 0) and forgets nothing (α = 1)
             real = mask.keys.transpose(-1, -2).to(k.dtype)  # (B, 1, L, 1)
-            k = k * real
+            n = step.householder_steps
+            k = k * (real if n == 1 else real.repeat_interleave(n, dim=2))
             log_decay = step.log_decay
             if log_decay is not None:
                 log_decay = log_decay * (real if log_decay.dim() == 4 else real[..., 0])
-            step = Transition(log_decay, step.beta)
+            low_rank = step.low_rank
+            if low_rank is not None:  # and changes nothing (a = b = 0)
+                low_rank = (low_rank[0] * real, low_rank[1] * real)
+            step = replace(step, log_decay=log_decay, low_rank=low_rank)
         return FormInputs(q, k, expand_heads(v, self.num_heads), mask, step)
+
+    def per_step(self, t: Tensor) -> Tensor:
+        """The layer's k (B, Gk, L, d_k) or v (B, Gv, L, d_v) → one key or value per step of the transition
+        (B, G, L·n, ·): as they are (n = 1) but for DeltaProduct's n per token."""
+        return t
 
     # ---------------------------------------------------------------------------------------------- forms
 
     def parallel(self, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
         """The effective matrix (:func:`~attnlab.transition.effective_matrix`) as logits and (masked) weights."""
         v, pm = inputs.v, inputs.mask
-        logits = transition.effective_matrix(inputs.q, inputs.k, inputs.transition)  # (B, H, L, L)
+        logits = transition.effective_matrix(inputs.q, inputs.k, inputs.transition)  # (B, H, L, L·n)
+        n = inputs.transition.householder_steps
+        steps = logits if n > 1 else None  # DeltaProduct: the map from the L·n values; its weights sum each token's
+        if steps is not None:
+            logits = steps.unflatten(-1, (-1, n)).sum(-1)  # (B, H, L, L)
         low_precision = logits.dtype in (torch.float16, torch.bfloat16)
         weights = self.normalizer(logits.float() if low_precision else logits, pm.allowed).to(v.dtype)
-        dropped = F.dropout(weights, dropout) if dropout > 0 else weights
+        mapping = weights if steps is None else steps.to(v.dtype)
+        dropped = F.dropout(mapping, dropout) if dropout > 0 else mapping
         return FormOutput(torch.matmul(dropped, v), weights, logits)
 
     def chunked(self, inputs: FormInputs, chunk_size: int) -> Tensor:
@@ -192,7 +208,7 @@ class TransitionForm(Form):
     def recurrent(self, inputs: FormInputs) -> Tensor:
         return transition.recurrent(inputs.q, inputs.k, inputs.v, inputs.transition)
 
-    def output(self, out: FormOutput) -> Tensor:
+    def output(self, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:
         """z (B, H, L, d_v) → each head normalised over d_v (``output_norm``)."""
         return out.z if self.output_norm is None else self.output_norm(out.z)
 
@@ -200,9 +216,12 @@ class TransitionForm(Form):
 
     def step(self, state: Any, q: Tensor, k: Tensor, v: Tensor, x: Tensor, position: int) -> tuple[Tensor, Any]:
         """The state M (B, H, d_k, d_v), one token (:func:`~attnlab.transition.step`)."""
+        k, v = self.per_step(k), self.per_step(v)
         q, k, record = self.inputs(q, expand_heads(k, self.num_heads), x)
         v = expand_heads(v, self.num_heads)
-        z, state = transition.step(state, q[:, :, 0], k[:, :, 0], v[:, :, 0], record.at(0))
+        if record.householder_steps == 1:
+            k, v = k[:, :, 0], v[:, :, 0]  # (B, H, d_k), (B, H, d_v); with n steps (B, H, n, ·) as they are
+        z, state = transition.step(state, q[:, :, 0], k, v, record.at(0))
         return z.unsqueeze(2), state  # (B, H, 1, d_v)
 
     def prefill(
