@@ -66,9 +66,10 @@ def default_variants() -> tuple[str, ...]:
     """The card's default variants, read from the form registry now: one per family (:data:`FAMILIES`), the newest
     registered form of each, families in the order their first form was registered; the softmax form is shown as
     the default config's score (``scaled_dot``). The built-ins give softmax, linear attention, a decay form and a
-    delta rule: ``scaled_dot, linear, gla, kda`` (Kimi Delta Attention, tagged ``decay`` and ``delta``, is the newest
-    delta rule, registered after ``gated_deltanet``); a form registered later (a user's module) stands for its
-    family, or for a family of its own. A form's named settings (:attr:`attnlab.forms.Form.settings`: ``gla``'s
+    delta rule: ``scaled_dot, linear, gla, rwkv7`` (RWKV-7, tagged ``decay`` and ``delta``, is the newest delta rule,
+    registered after ``kda`` and ``deltaproduct``: the built-in modules of attnlab/forms register in name order
+    after softmax, linear and transitions); a form registered later (a user's module) stands for its family, or for
+    a family of its own. A form's named settings (:attr:`attnlab.forms.Form.settings`: ``gla``'s
     ``gate``, the delta rules' ``beta_range``) are its ``variant.params``, which the card's trailing overrides set
     for every variant of a card: ``python -m attnlab.card --variants kda,gated_deltanet --out card/beta2
     variant.params.beta_range=2``."""

@@ -342,6 +342,7 @@ def test_issue_31_goals_are_judged_on_a_full_plan_and_labelled_in_a_quick_one():
 
 
 ISSUE_42_ROWS = ("gla_channel", "gla_mamba2", "deltanet_beta2", "gated_deltanet_beta2", "kda", "kda_beta2")
+ISSUE_43_ROWS = ("deltaproduct", "deltaproduct_beta2", "rwkv7")
 
 
 def test_the_linear_and_decode_sections_bench_every_recurrent_setting_from_the_registry(monkeypatch):
@@ -376,7 +377,41 @@ def test_every_goal_names_a_benched_row():
     rows = set(RECURRENT_SETTINGS)
     assert {name for _, names, _, _ in RECURRENT_GOALS for name in names} <= rows
     assert {name for pair in BETA_GOAL[1] for name in pair} <= rows
-    assert {name for _, names, _ in DECODE_GOALS if names for name in names} == set(ISSUE_42_ROWS)
+    assert {name for _, names, _ in DECODE_GOALS if names for name in names} == set(ISSUE_42_ROWS + ISSUE_43_ROWS)
+
+
+def test_issue_43_goals_judge_deltaproduct_and_rwkv7_and_a_missing_row_is_not_measured():
+    """Issue 43's goals from a synthetic results dict: at the longer linear length, deltaproduct (n = 2) and rwkv7
+    each ≤ 2.0× scaled_dot causal (43a, 43b; equal is met), and at the longest decode context each new row ≤ 1/3 of
+    softmax's time per token (43c); a row the run did not measure is "not measured"."""
+    plan = quick_plan()
+    plan.quick = False
+    short, long = plan.target_linear_lengths
+    ratios = {"scaled_dot": 1.0, "deltaproduct": 2.0, "rwkv7": 2.1}
+    linear = [
+        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "median_ms": 100.0 * ratio, "memory_ratio": 0.4}
+        | {"peak_mb": 10.0, "backend": "sdpa" if name == "scaled_dot" else "chunked"}
+        for n in (short, long)
+        for name, ratio in ratios.items()
+    ]
+    per_token = {"scaled_dot": 1.0, "deltaproduct": 0.3, "rwkv7": 0.5}
+    decode = [
+        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "tokens_per_s": 1000 / ratio, "bytes_per_seq": 4096}
+        for n in plan.decode_contexts
+        for name, ratio in per_token.items()
+    ]
+    by_id: dict[str, dict[str, dict]] = {}
+    for t in evaluate_targets(plan, {"linear": linear, "decode": decode}):
+        by_id.setdefault(t["id"], {})[t["what"].split()[0]] = t
+    met = {tid: {name: t["met"] for name, t in by_id[tid].items()} for tid in ("43a", "43b", "43c")}
+    assert met == {
+        "43a": {"deltaproduct": True},  # 2.0 ≤ 2.0
+        "43b": {"rwkv7": False},
+        "43c": {"deltaproduct": True, "deltaproduct_beta2": None, "rwkv7": False},
+    }
+    assert [t["limit"] for tid in ("43a", "43b") for t in by_id[tid].values()] == [2.0, 2.0]
+    assert all(f"(L={long}" in t["what"] for tid in ("43a", "43b") for t in by_id[tid].values())
+    assert by_id["43c"]["deltaproduct_beta2"]["note"] == "not measured"
 
 
 def test_issue_42_goals_are_judged_on_a_full_plan_and_a_missing_row_is_not_measured():

@@ -149,16 +149,18 @@ def test_the_card_command_is_a_tuned_sweep_per_task(tmp_path: Path) -> None:
     assert set(card.CARD_TASKS) <= set(__import__("attnlab.tasks", fromlist=["list_tasks"]).list_tasks())
 
 
-def test_the_default_card_lists_one_form_per_family_from_the_registry_kda_among_them() -> None:
-    """The newest registered form of each family: Kimi Delta Attention (``kda``, tagged decay and delta, registered
-    after gated_deltanet) stands for the delta rules; each is a variant the card's command line takes; a form's
-    settings (gla's gates, the delta rules' beta_range) are its variant.params, set by the card's overrides."""
-    from attnlab.forms import form_class, form_settings
+def test_the_default_card_lists_one_form_per_family_from_the_registry_rwkv7_among_them() -> None:
+    """The newest registered form of each family: RWKV-7 (``rwkv7``, tagged decay and delta, registered after kda
+    and deltaproduct, in attnlab/forms/rwkv7.py) stands for the delta rules; each is a variant the card's command
+    line takes; a form's settings (gla's gates, the delta rules' beta_range) are its variant.params, set by the
+    card's overrides."""
+    from attnlab.forms import form_class, form_settings, list_forms
     from attnlab.training.config import CONF_DIR, group_choices
 
     variants = card.default_variants()
-    assert "kda" in variants and variants == ("scaled_dot", "linear", "gla", "kda")
-    assert {"decay", "delta"} <= form_class("kda").tags
+    assert variants == ("scaled_dot", "linear", "gla", "rwkv7")
+    assert {"decay", "delta"} <= form_class("rwkv7").tags and {"decay", "delta"} <= form_class("kda").tags
+    assert list_forms().index("kda") < list_forms().index("deltaproduct") < list_forms().index("rwkv7")
     assert set(variants) <= set(group_choices(CONF_DIR, "variant"))
     settings = {s.label: s for s in form_settings("recurrent")}
     assert settings["gla_channel"].params == {"gate": "channel"} and settings["kda_beta2"].params == {"beta_range": 2}

@@ -27,13 +27,14 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
   T5 kernels against scaled_dot, the additive kernels against the naive (B, H, L, L, d_a) form.
 * ``linear``: causal training steps of linear attention and the decay/delta-rule forms, each at its defaults and
   at each of its named settings (from the registry: retnet, gla, gla_channel, gla_mamba2, deltanet,
-  deltanet_beta2, gated_deltanet, gated_deltanet_beta2, kda, kda_beta2; the ``chunked`` backend) against causal
-  softmax (SDPA) at L from 256 to 4096, 4096 tokens per batch. Goals at L 4096: issue 27's for linear attention,
-  issue 31's (31f: retnet, gla, deltanet, gated_deltanet ≤ 1.0×), issue 42's (42a: gla_channel ≤ 1.5×, 42b: kda
-  ≤ 1.5×, 42c: gla_mamba2 ≤ 1.0×; 42d: each β ∈ (0, 2) row ≤ 1.05× its β ∈ (0, 1) row, the run-to-run noise).
+  deltanet_beta2, gated_deltanet, gated_deltanet_beta2, kda, kda_beta2, deltaproduct, deltaproduct_beta2, rwkv7;
+  the ``chunked`` backend) against causal softmax (SDPA) at L from 256 to 4096, 4096 tokens per batch. Goals at
+  L 4096: issue 27's for linear attention, issue 31's (31f: retnet, gla, deltanet, gated_deltanet ≤ 1.0×), issue
+  42's (42a: gla_channel ≤ 1.5×, 42b: kda ≤ 1.5×, 42c: gla_mamba2 ≤ 1.0×; 42d: each β ∈ (0, 2) row ≤ 1.05× its
+  β ∈ (0, 1) row, the run-to-run noise), issue 43's (43a: deltaproduct, n = 2, ≤ 2.0×; 43b: rwkv7 ≤ 2.0×).
 * ``decode``: one token at a time with a key/value cache against the recurrent rows' state: each ≤ 1/3 of
-  softmax's time per token at the longest context (42e for issue 42's rows, 28a for the others; 28b: a constant
-  state).
+  softmax's time per token at the longest context (42e for issue 42's rows, 43c for issue 43's, 28a for the
+  others; 28b: a constant state).
 * ``diagnostics``: real Lightning training of the default config (``attnlab.train.run``, logger none) with the
   attention diagnostics callback on and off, interleaved, whole-run wall times.
 * ``additive_memory``: peak memory of the additive score's forward + backward against the naive form that

@@ -428,13 +428,15 @@ LINEAR_GOALS: tuple[tuple[str, str, int, float], ...] = (
 # The recurrent rows' goals: (target id, the rows (labels of RECURRENT_SETTINGS) it was set for, index into the
 # plan's ``target_linear_lengths``, limit on step ÷ scaled_dot causal (SDPA) in the same rounds), at the longer
 # length (4096 in the full plan). Issue 31's (31f) for the four decay and delta-rule forms of its time; issue 42's
-# for its new rows: per-channel GLA (42a) and KDA (42b) ≤ 1.5, Mamba-2's gate ≤ 1.0 (42c). A row that was not
-# measured is reported as such.
+# for its new rows: per-channel GLA (42a) and KDA (42b) ≤ 1.5, Mamba-2's gate ≤ 1.0 (42c); issue 43's: DeltaProduct
+# with n = 2 Householder steps (43a) and RWKV-7 (43b) ≤ 2.0. A row that was not measured is reported as such.
 RECURRENT_GOALS: tuple[tuple[str, tuple[str, ...], int, float], ...] = (
     ("31f", ("retnet", "gla", "deltanet", "gated_deltanet"), 1, 1.0),
     ("42a", ("gla_channel",), 1, 1.5),
     ("42b", ("kda",), 1, 1.5),
     ("42c", ("gla_mamba2",), 1, 1.0),
+    ("43a", ("deltaproduct",), 1, 2.0),
+    ("43b", ("rwkv7",), 1, 2.0),
 )
 # Issue 42's goal for β ∈ (0, 2) (42d): (target id, (row, the row it is compared with), index into
 # ``target_linear_lengths``, limit on the row's median step ÷ the other's, timed in the same interleaved rounds).
@@ -454,11 +456,12 @@ DECODE_MODELS: Mapping[str, AttentionConfig] = _Models({"scaled_dot": _SOFTMAX_C
 # The decoding goals: at the longest context, each model's time per decoded token ≤ 1/3 of softmax's with its key/value
 # cache (≥ 3× its tokens/s). (target id, rows it was set for, or None: every row but softmax that no other goal
 # names). Issue 28's (28a) for linear attention, the four forms of its time and any form or setting registered later;
-# issue 42's (42e) for its new rows.
+# issue 42's (42e) and issue 43's (43c) for their new rows.
 DECODE_GOAL = 1 / 3
 DECODE_GOALS: tuple[tuple[str, tuple[str, ...] | None, float], ...] = (
     ("28a", None, DECODE_GOAL),
     ("42e", ("gla_channel", "gla_mamba2", "deltanet_beta2", "gated_deltanet_beta2", "kda", "kda_beta2"), DECODE_GOAL),
+    ("43c", ("deltaproduct", "deltaproduct_beta2", "rwkv7"), DECODE_GOAL),
 )
 
 
