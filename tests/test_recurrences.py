@@ -1,15 +1,17 @@
-"""Decay and delta-rule attention (:mod:`attnlab.recurrences`: RetNet, GLA, DeltaNet, Gated DeltaNet, KDA): the
-three forms (``recurrent_form``, ``chunked_form``, ``effective_matrix``), their closed forms, long sequences, and the
-layers built on them (the ``chunked``, ``recurrent`` and ``eager`` backends, refusals, the state size), against
-references written plainly here (an explicit state matrix updated one token at a time, explicit loops over i and
-j), in float64, values and gradients.
+"""Decay and delta-rule attention (:mod:`attnlab.recurrences`: RetNet, GLA, DeltaNet, Gated DeltaNet, KDA; and the
+forms of :mod:`attnlab.forms`: DeltaProduct, RWKV-7): the three forms (``recurrent_form``, ``chunked_form``,
+``effective_matrix``), their closed forms, long sequences, and the layers built on them (the ``chunked``,
+``recurrent`` and ``eager`` backends, refusals, the state size), against references written plainly here (an explicit
+state matrix updated one token at a time, explicit loops over i and j), in float64, values and gradients.
 
 The layers tested are every recurrent form of the registry beside linear attention, at its defaults and at each of
 its named settings (:data:`SCORES`: the labels of ``form_settings("recurrent")``: gla, gla_channel, gla_mamba2,
-deltanet_beta2, …, kda, kda_beta2): the built-ins' maps and gates (GLA's per-head and per-channel gates, Mamba-2's
-and KDA's, β = r·σ) are written out here from their papers, reading the parameters from the module by name, and
-rotary positions likewise; a form registered later is tested against its own maps and gates (``form.maps``,
-``form.gates``) through the plain recurrence, output norm and projection.
+deltanet_beta2, …, kda, kda_beta2, deltaproduct, deltaproduct_beta2, rwkv7): the built-ins' maps and gates (GLA's
+per-head and per-channel gates, Mamba-2's and KDA's, β = r·σ, DeltaProduct's n keys, values and β per token,
+RWKV-7's decay, in-context learning rate, removal and replacement keys, GroupNorm and bonus) are written out here
+from their papers, reading the parameters from the module by name, and rotary positions likewise; a form
+registered later is tested against its own maps and gates (``form.maps``, ``form.gates``) through the plain
+recurrence, output norm and projection.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from conftest import assert_same, grads, randn
 from helpers import RECURRENT_FORMS, RECURRENT_SETTINGS, conv_loop, randomize_
 
 import attnlab
+from attnlab import transition
 from attnlab.config import AttentionConfig
 from attnlab.forms import LayerSizes, build_form, form_class, form_names_with
 from attnlab.masks import build_mask
@@ -40,19 +43,28 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # every recurrent form of the registry beside linear attention (tested in tests/test_linear_attention.py), at its
 # defaults and at each of its named settings, by label (FormSetting: label, form, params), in registration order: the
 # built-ins retnet, gla, gla_channel, gla_mamba2, deltanet, deltanet_beta2, gated_deltanet, gated_deltanet_beta2, kda,
-# kda_beta2, and any form registered before collection
+# kda_beta2, deltaproduct, deltaproduct_beta2, rwkv7, and any form registered before collection
 SETTINGS = {s.label: s for s in RECURRENT_SETTINGS if s.form not in form_names_with("linear")}
 SCORES = list(SETTINGS)
 # the forms whose maps and gates this file writes out (written_gates, layer_inputs_reference); any other is read from
 # the form
-WRITTEN_OUT = ("retnet", "gla", "deltanet", "gated_deltanet", "kda")
-DEFAULT_GATE = {"gla": "head", "gated_deltanet": "head", "kda": "kda"}  # the forms with a decay gate: its default
-DELTA_FORMS = ("deltanet", "gated_deltanet", "kda")
+WRITTEN_OUT = ("retnet", "gla", "deltanet", "gated_deltanet", "kda", "deltaproduct", "rwkv7")
+# the forms with a decay gate: its default (deltaproduct's may also be "none": no decay)
+DEFAULT_GATE = {"gla": "head", "gated_deltanet": "head", "kda": "kda", "deltaproduct": "head"}
+DELTA_FORMS = ("deltanet", "gated_deltanet", "kda", "deltaproduct")  # q/|q|, k/|k| and β = r σ(x w_h + b_h)
+# RWKV-7's (Peng et al. 2025) decay: log w = −e^{−0.5} σ(·), w ∈ (e^{−e^{−0.5}}, 1)
+RWKV7_DECAY_SCALE = math.exp(-0.5)
+
+
+def householder_steps(name, params):
+    """n, the generalized Householder steps per token of the form ``name`` with the variant's ``params``
+    (DeltaProduct's ``householder_steps``, 2 by default; 1 for every other form)."""
+    return params.get("householder_steps", 2) if name == "deltaproduct" else 1
 
 
 def build(name, d_k, heads, d_v=None, d_model=6, params=None):
-    """The form ``name`` (retnet, gla, deltanet, gated_deltanet, kda) with the variant's ``params`` for a layer of
-    these sizes, causal."""
+    """The form ``name`` (retnet, gla, deltanet, gated_deltanet, kda, deltaproduct, rwkv7) with the variant's
+    ``params`` for a layer of these sizes, causal."""
     sizes = LayerSizes(d_model, heads, heads, d_k, d_v or d_k)
     config = AttentionConfig(score=name, score_params=params or {}, normalizer="none", mask="causal")
     return build_form(name, sizes, config)
@@ -67,7 +79,7 @@ def weights_of(form, q, k, x):
 # --------------------------------------------------------------------------------------------- the plain reference
 
 
-def reference_form(q, k, v, log_alpha=None, beta=None):
+def reference_form(q, k, v, log_alpha=None, beta=None, removal=None):
     """The recurrence written from its definition, for each (b, h) one token at a time, over an explicit state
     matrix M (d_k × d_v) that starts at 0:
 
@@ -78,27 +90,65 @@ def reference_form(q, k, v, log_alpha=None, beta=None):
     with α_t = exp(log_alpha_t) (α ≡ 1 when ``log_alpha`` is None) and the plain sum when ``beta`` is None; a
     decay per key channel (log_alpha (B, H, L, d_k)) scales the rows of M, before the delta rule writes.
     q, k (B, H, L, d_k), v (B, H, L, d_v), log_alpha, beta (B, H, L) or None → (o (B, H, L, d_v), the last
-    states (B, H, d_k, d_v)). Calls nothing of attnlab."""
+    states (B, H, d_k, d_v)). Calls nothing of attnlab.
+
+    DeltaProduct (Siems et al. 2025): k (B, H, L, n, d_k), v (B, H, L, n, d_v) and β (B, H, L, n) hold n keys,
+    values and β per token; the decay acts once per token, then its n delta-rule steps in order:
+
+        M ← diag(α_t) M;   M ← (I − β_{t,s} k_{t,s} k_{t,s}ᵀ) M + β_{t,s} k_{t,s} v_{t,s}ᵀ  (s = 1 … n);   o_t = Mᵀ q_t
+
+    RWKV-7 (Peng et al. 2025, eq. 17 transposed: M = wkvᵀ), ``removal`` = (κ̂, a) (B, H, L, d_k) and no β: the
+    removal reads the state before the decay,
+
+        M_t = diag(w_t) M_{t−1} − (a_t ⊙ κ̂_t)(κ̂_tᵀ M_{t−1}) + k̃_t v_tᵀ     (k: the replacement keys k̃)."""
     Bn, Hn, Ln, dk = q.shape
-    dv = v.shape[-1]
+    if k.dim() == 4:  # one key, value and β per token: n = 1
+        k, v = k[:, :, :, None], v[:, :, :, None]
+        beta = None if beta is None else beta[..., None]
+    n, dv = k.shape[3], v.shape[-1]
     eye = torch.eye(dk, dtype=q.dtype)
     outs, last = [], []
     for b in range(Bn):
         for h in range(Hn):
             M = torch.zeros(dk, dv, dtype=q.dtype)
             for t in range(Ln):
-                kt, vt = k[b, h, t], v[b, h, t]
                 alpha = 1.0 if log_alpha is None else torch.exp(log_alpha[b, h, t])
                 if log_alpha is not None and alpha.dim() == 1:  # per key channel: diag(α_t) M
                     alpha = alpha[:, None]
-                if beta is None:
-                    M = alpha * M + torch.outer(kt, vt)
-                else:
-                    bt = beta[b, h, t]
-                    M = (eye - bt * torch.outer(kt, kt)) @ (alpha * M) + bt * torch.outer(kt, vt)
+                if removal is None:
+                    M = alpha * M
+                else:  # (the right-hand side reads M_{t−1})
+                    kappa, rate = removal[0][b, h, t], removal[1][b, h, t]
+                    M = alpha * M - torch.outer(rate * kappa, kappa @ M)
+                for s in range(n):
+                    kt, vt = k[b, h, t, s], v[b, h, t, s]
+                    if beta is None:
+                        M = M + torch.outer(kt, vt)
+                    else:
+                        bt = beta[b, h, t, s]
+                        M = (eye - bt * torch.outer(kt, kt)) @ M + bt * torch.outer(kt, vt)
                 outs.append(M.T @ q[b, h, t])
             last.append(M)
     return torch.stack(outs).reshape(Bn, Hn, Ln, dv), torch.stack(last).reshape(Bn, Hn, dk, dv)
+
+
+def reference_matrix(q, k, log_alpha=None, beta=None, removal=None):
+    """The effective matrix of :func:`reference_form` (its arguments but v): the outputs are linear in the values,
+    o_i = Σ_c A_ic v_c, so the outputs for the one-hot values v_c = e_c are A row by row. (B, H, L, L), or
+    (B, H, L, L·n) with n steps per token (k (B, H, L, n, d_k)), token j's step s at column j·n + s."""
+    Bn, Hn, Ln = q.shape[:3]
+    if k.dim() == 4:
+        one_hot = torch.eye(Ln, dtype=q.dtype)  # value j = e_j
+    else:
+        n = k.shape[3]
+        one_hot = torch.eye(Ln * n, dtype=q.dtype).reshape(Ln, n, Ln * n)  # value (j, s) = e_{j·n+s}
+    return reference_form(q, k, one_hot.expand(Bn, Hn, *one_hot.shape), log_alpha, beta, removal)[0]
+
+
+def per_token(A, n):
+    """DeltaProduct's weights: an (L, L·n) map summed over each token's n steps → (L, L)."""
+    Ln = A.shape[-2]
+    return torch.stack([A[..., j * n : (j + 1) * n].sum(-1) for j in range(Ln)], dim=-1)
 
 
 def plain_sigmoid(z):
@@ -138,14 +188,19 @@ def plain_rope(t, base=10000.0):
 def written_gates(form, name, params, x):
     """The gates of the form ``name`` built with the variant's ``params``, written out from the papers with its
     parameters read by name: x (B, L, d_model) → log α ((B, H, L) per head, (B, H, L, d_k) per key channel, or None),
-    β (B, H, L) or None, and the factor Δ (B, H, L) of Mamba-2's write on k (k ← Δ k; None elsewhere).
+    β (B, H, L), or (B, H, L, n) for DeltaProduct's n steps per token, or None, and the factor Δ (B, H, L) of
+    Mamba-2's write on k (k ← Δ k; None elsewhere).
 
     * head (GLA's scalar gate; Gated DeltaNet): log α = log σ(x w_h + b_h) / τ (``alpha_gate.proj``);
     * channel (GLA, Yang et al. 2024): log α = log σ(x W₁ W₂ + b) / τ per key channel (``alpha_gate.down``, ``.up``);
     * mamba2 (Dao & Gu 2024): Δ = softplus(x w_h + dt_bias_h), log α = −exp(A_log_h) Δ (``alpha_gate``, ``dt_bias``,
       ``A_log``), and on gla (no delta rule) the write scaled by Δ: k ← Δ k (Mamba's B̄ = Δ B);
     * kda (Kimi Team 2025): log α = −exp(A_log_h) softplus(x W₁ W₂ + dt_bias_hc) per key channel;
-    * β = r σ(x w_h + b_h) (``beta_gate.proj``), r = ``beta_range`` (1, or 2: Grazzi et al. 2025);
+    * none (DeltaProduct without its gate): no decay, log α None;
+    * β = r σ(x w_h + b_h) (``beta_gate.proj``), r = ``beta_range`` (1, or 2: Grazzi et al. 2025); DeltaProduct's
+      ``beta_gate.proj`` has H·n outputs, head-major then step: β_{h,t,s} = r σ(x_t w_{h·n+s} + b_{h·n+s});
+    * rwkv7 (Peng et al. 2025, eq. 16): log w = −e^{−0.5} σ(w₀ + tanh(x W_w1) W_w2) per key channel
+      (``w_lora.down``, ``w_lora.up`` with its bias w₀), head-major; no β (its a_t: :func:`written_rwkv7`);
 
     τ = ``gate_normalizer`` (16 unless the params set it); retnet: its fixed log γ_h as the form gives them (their
     values: test_retnet_effective_matrix_…)."""
@@ -169,15 +224,43 @@ def written_gates(form, name, params, x):
             log_alpha = -torch.exp(form.A_log)[:, None] * dt
             if name == "gla":  # a delta-rule form writes with its β instead
                 k_factor = dt
-        else:
-            assert gate == "kda", gate
+        elif gate == "kda":
             down, up = form.alpha_gate.down, form.alpha_gate.up
             z = (x @ down.weight.T @ up.weight.T).reshape(Bn, Ln, heads, d_k) + form.dt_bias  # dt_bias (H, d_k)
             log_alpha = -torch.exp(form.A_log)[:, None, None] * plain_softplus(z).transpose(1, 2)
+        else:
+            assert (name, gate) == ("deltaproduct", "none"), (name, gate)
     if name in DELTA_FORMS:
         lin = form.beta_gate.proj
-        beta = params.get("beta_range", 1) * plain_sigmoid(x @ lin.weight.T + lin.bias).transpose(1, 2)
+        n = householder_steps(name, params)
+        beta = params.get("beta_range", 1) * plain_sigmoid(x @ lin.weight.T + lin.bias)  # (B, L, H·n)
+        if name == "deltaproduct":  # output h·n + s is head h's step s
+            beta = torch.stack([beta[..., [h * n + s for s in range(n)]] for h in range(heads)], dim=1)
+        else:
+            beta = beta.transpose(1, 2)
+    if name == "rwkv7":
+        down, up = form.w_lora.down, form.w_lora.up
+        d = torch.tanh(x @ down.weight.T) @ up.weight.T + up.bias  # (B, L, H·d_k), head by head
+        log_alpha = (-RWKV7_DECAY_SCALE * plain_sigmoid(d)).reshape(Bn, Ln, heads, d_k).transpose(1, 2)
     return log_alpha, beta, k_factor
+
+
+def written_rwkv7(form, k, x):
+    """RWKV-7's keys and in-context learning rate (Peng et al. 2025, §4), its parameters read by name: k
+    (B, H, L, d_k) (the layer's key, its heads repeated for the query heads), x (B, L, d_model) →
+
+    * a_t = σ(a₀ + x W_a1 W_a2) per key channel (``a_lora.down``, ``a_lora.up`` with its bias a₀; no activation);
+    * κ̂_t = κ_t / |κ_t|, κ_t = k_t ⊙ ξ_h (``k_k``): the removal key;
+    * k̃_t = k_t ⊙ (1 + (a_t − 1) ⊙ α_h) (``k_a``): the replacement key,
+
+    each (B, H, L, d_k): → (k̃, κ̂, a)."""
+    Bn, Ln, _ = x.shape
+    heads, d_k = form.num_heads, form.d_k
+    down, up = form.a_lora.down, form.a_lora.up
+    a = plain_sigmoid(x @ down.weight.T @ up.weight.T + up.bias).reshape(Bn, Ln, heads, d_k).transpose(1, 2)
+    kappa = unit(k * form.k_k[:, None, :])
+    k_tilde = k * (1 + (a - 1) * form.k_a[:, None, :])
+    return k_tilde, kappa, a
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -394,29 +477,55 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
     """retnet: k/√d_k, log γ_h; gla: k/√d_k and its gate (head: log σ(x w_h + b_h)/16; channel: log σ(x W₁ W₂ +
     b)/16 per key channel, W₁ W₂ of rank 16; mamba2: −exp(A_log_h) softplus(x w_h + dt_bias_h), and k·Δ); deltanet:
     q/|q|, k/|k|, β = r σ(x w_h + b_h) (r = 2 for beta2); gated_deltanet: both gates; kda: q/|q|, k/|k|, β and
-    −exp(A_log_h) softplus(x W₁ W₂ + dt_bias) per key channel, W₁ W₂ of rank d_v (:func:`written_gates`). Each
-    setting keeps the state H·d_k·d_v and its weights are the effective matrix of its inputs (a form registered
-    later: those two only)."""
+    −exp(A_log_h) softplus(x W₁ W₂ + dt_bias) per key channel, W₁ W₂ of rank d_v; deltaproduct: Gated DeltaNet's,
+    with n keys (each normalised) and n β per token; rwkv7: r and k as they are, log w_t per key channel, k̃ and the
+    low rank (−κ̂, κ̂ ⊙ a_t) (:func:`written_gates`, :func:`written_rwkv7`). Each setting keeps the state H·d_k·d_v
+    and its weights are the effective matrix of its inputs (a form registered later: those two only)."""
     d_model = 6
     setting = SETTINGS[score]
     name, params = setting.form, setting.params
+    n = householder_steps(name, params)
     q, k, *_ = form_inputs(60, decay=False, delta=False)
+    if n > 1:  # the form reads n keys per token (the layer's per_step): token t's step s at t·n + s
+        k = randn(B, H, L * n, D_K, seed=64)
     x = randn(B, L, d_model, seed=61)
     form = randomize_(build(name, D_K, H, d_v=D_V, d_model=d_model, params=params).double(), seed=62, scale=0.5)
     assert form.state_size(L) == H * D_K * D_V
     q2, k2, record = form.inputs(q, k, x)
     la, beta = record.log_decay, record.beta
-    torch.testing.assert_close(weights_of(form, q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
+    assert record.householder_steps == n
+    if n == 1 and record.low_rank is None:  # (attnlab.recurrences' effective_matrix knows log α and β only)
+        torch.testing.assert_close(weights_of(form, q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
     if name not in WRITTEN_OUT:
         return
     expected_la, expected_beta, k_factor = written_gates(form, name, params, x)
+    removal = None
     if name in DELTA_FORMS:
         torch.testing.assert_close(q2, unit(q), rtol=1e-14, atol=1e-15)
-        torch.testing.assert_close(k2, unit(k), rtol=1e-14, atol=1e-15)
-        assert beta.shape == (B, H, L)
+        torch.testing.assert_close(k2, unit(k), rtol=1e-14, atol=1e-15)  # each step's key on its own
+        assert beta.shape == (B, H, L * n)
+        if n > 1:  # one β per step, token t's step s at t·n + s
+            assert expected_beta.shape == (B, H, L, n)
+            expected_beta = expected_beta.reshape(B, H, L * n)
         torch.testing.assert_close(beta, expected_beta, rtol=1e-14, atol=1e-15)
         if params.get("beta_range", 1) == 2:
             assert beta.max() > 1.0, "β = 2σ(·) never went above 1 here"
+        assert record.low_rank is None
+    elif name == "rwkv7":  # r and k as the layer projects them (no scaling), k̃, and the removal (−κ̂, κ̂ ⊙ a_t)
+        k_tilde, kappa, rate = written_rwkv7(form, k, x)
+        torch.testing.assert_close(q2, q, rtol=0, atol=0)
+        torch.testing.assert_close(k2, k_tilde, rtol=1e-14, atol=1e-15)
+        assert beta is None and record.low_rank is not None
+        torch.testing.assert_close(record.low_rank[0], -kappa, rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(record.low_rank[1], kappa * rate, rtol=1e-14, atol=1e-15)
+        removal = (kappa, rate)
+        assert ((rate > 0) & (rate < 1)).all()
+        assert ((la < 0) & (la > -RWKV7_DECAY_SCALE)).all(), "log w_t is not in (−e^{−0.5}, 0)"
+        rank = params.get("decay_rank", 32)  # max(32, …): 32 at these sizes
+        assert form.w_lora.down.weight.shape == (rank, d_model) and form.w_lora.down.bias is None
+        assert form.w_lora.up.weight.shape == (H * D_K, rank) and form.w_lora.up.bias is not None
+        assert form.a_lora.down.weight.shape == (params.get("a_rank", 32), d_model)
+        assert form.k_k.shape == form.k_a.shape == form.r_k.shape == (H, D_K)
     else:
         torch.testing.assert_close(q2, q, rtol=0, atol=0)
         scaled = k / math.sqrt(D_K) if k_factor is None else k / math.sqrt(D_K) * k_factor[..., None]
@@ -427,6 +536,15 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
     else:
         assert la.shape == expected_la.shape
         torch.testing.assert_close(la, expected_la, rtol=1e-13, atol=1e-15)
+    if n > 1:  # the weights: the plain recurrence's matrix of these inputs, (L, L·n) with n steps per token
+        steps = unit(k).reshape(B, H, L, n, D_K)  # token t's step s (row t·n + s) at [t, s]
+        expected = reference_matrix(unit(q), steps, expected_la, expected_beta.reshape(B, H, L, n))
+    elif removal is not None:
+        expected = reference_matrix(q, k_tilde, expected_la, None, removal)
+    if n > 1 or removal is not None:
+        A = transition.effective_matrix(q2, k2, record)
+        assert A.shape == (B, H, L, L * n)
+        torch.testing.assert_close(A, expected, rtol=1e-10, atol=1e-10)
     gate = params.get("gate", DEFAULT_GATE.get(name))
     if gate in ("channel", "kda"):  # per key channel, through a map of rank 16 (GLA) or d_v (KDA)
         assert la.shape == (B, H, L, D_K)
@@ -476,10 +594,30 @@ REFUSED_PARAMS = {
     "gated_deltanet_beta_range_string": ("gated_deltanet", {"beta_range": "2"}, ["beta_range", "1, 2", "'2'"]),
     "gla_beta_range": ("gla", {"beta_range": 2}, ["beta_range", "gate", "gate_normalizer", "gate_rank"]),
     "deltanet_gate": ("deltanet", {"gate": "kda"}, ["'gate'", "beta_range"]),
+    "deltaproduct_householder_steps_0": ("deltaproduct", {"householder_steps": 0}, ["householder_steps", ">= 1", "0"]),
+    "deltaproduct_householder_steps_1.5": (
+        "deltaproduct",
+        {"householder_steps": 1.5},
+        ["householder_steps", "integer", "1.5"],
+    ),
+    # gate=none (no decay) is one of DeltaProduct's allowed gates: the refusal has to name it with the others
+    "deltaproduct_gate_bogus": (
+        "deltaproduct",
+        {"gate": "bogus"},
+        ["gate", "none", "head", "channel", "mamba2", "kda", "'bogus'"],
+    ),
+    "deltaproduct_beta_range_3": ("deltaproduct", {"beta_range": 3}, ["beta_range", "1, 2", "3"]),
+    "rwkv7_decay_rank_0": ("rwkv7", {"decay_rank": 0}, ["decay_rank", ">= 1", "0"]),
+    "rwkv7_a_rank_0": ("rwkv7", {"a_rank": 0}, ["a_rank", ">= 1", "0"]),
+    "rwkv7_gate": ("rwkv7", {"gate": "head"}, ["'gate'", "output_norm", "decay_rank", "a_rank"]),
+    "rwkv7_output_norm_bogus": ("rwkv7", {"output_norm": "bogus"}, ["output_norm", "groupnorm", "rmsnorm", "bogus"]),
 }
 
 
-@pytest.mark.parametrize(("score", "params", "words"), list(REFUSED_PARAMS.values()), ids=list(REFUSED_PARAMS))
+@pytest.mark.parametrize(
+    ("score", "params", "words"),
+    [pytest.param(*case, id=key) for key, case in REFUSED_PARAMS.items()],
+)
 def test_a_bad_gate_or_beta_parameter_is_refused_in_one_line_naming_the_allowed_values(score, params, words):
     with pytest.raises(ValueError) as info:
         attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, config=recurrent_config(score, score_params=params))
@@ -589,11 +727,15 @@ def causal_and_padding(keys):
 
 def layer_inputs_reference(mha, x, keys=None):
     """The layer's projections (and short convolutions, rotary positions, grouped key/value heads repeated), then
-    the score's maps and gates written out (:func:`written_gates`, with the variant's params of the layer's config):
-    → q', k' (with padded keys written as 0), v, log α or None, β or None (B, H, L, ·)."""
+    the score's maps and gates written out (:func:`written_gates`, :func:`written_rwkv7`, with the variant's params
+    of the layer's config): → q', k' (with padded keys written as 0), v, log α or None, β or None (B, H, L, ·), and
+    RWKV-7's removal (κ̂, a_t) (a_t = 0 at a padded token) or None. DeltaProduct: k' (B, H, L, n, d_k), v
+    (B, H, L, n, d_v) and β (B, H, L, n), the layer's n·G key and value heads read step-major (head s·G + g is step s
+    of key/value head g). RWKV-7: q' = r and k' = k̃ (its replacement key)."""
     name = mha.config.score
+    params = mha.config.score_params
     q, k, v = (x @ lin.weight.T + lin.bias for lin in (mha.q_proj, mha.k_proj, mha.v_proj))
-    if mha.short_conv is not None:
+    if mha.short_conv is not None:  # (DeltaProduct's: over its n·G key and value heads' channels)
         q = conv_loop(q, mha.q_conv.conv.weight)
         k = conv_loop(k, mha.k_conv.conv.weight)
         v = conv_loop(v, mha.v_conv.conv.weight)
@@ -603,32 +745,47 @@ def layer_inputs_reference(mha, x, keys=None):
         return t.reshape(Bn, Ln, -1, d).transpose(1, 2)
 
     q, k, v = split(q, HEAD_K), split(k, HEAD_K), split(v, HEAD_V)
-    if mha.config.rope is not None:
+    if mha.config.rope is not None:  # (each of DeltaProduct's n keys of a token at the token's position)
         assert mha.config.rope == {}, "the plain rope is written for the defaults (base 10000, every pair)"
         q, k = plain_rope(q), plain_rope(k)
+    n = householder_steps(name, params)
+    if name == "deltaproduct":  # n·G heads, step-major → (B, G, L, n, ·): [.., g, t, s] = head s·G + g at token t
+        G = k.shape[1] // n
+        assert v.shape[1] == k.shape[1] == n * mha.num_kv_heads
+        k = torch.stack([k[:, s * G : (s + 1) * G] for s in range(n)], dim=3)
+        v = torch.stack([v[:, s * G : (s + 1) * G] for s in range(n)], dim=3)
     heads = mha.num_heads
     assert q.shape[1] == heads and heads % k.shape[1] == 0
     group = heads // k.shape[1]  # query heads per key/value head (GQA, Ainslie et al. 2023: consecutive groups)
     kv_head = [h // group for h in range(heads)]  # query head h reads key/value head h // group
     k, v = k[:, kv_head], v[:, kv_head]
+    real = None if keys is None else keys[:, None, :].to(k.dtype)  # (B, 1, L): 1 at a real token
+
+    def written(t):  # 0 at a padded token: t (B, H, L, ...)
+        return t if real is None else t * real.reshape(*real.shape, *[1] * (t.dim() - 3))
+
     if name not in WRITTEN_OUT:  # a form registered later: its own maps and gates
         q, k = mha.form.maps(q, k)
         log_alpha, beta = mha.form.gates(x)
         if keys is not None:
-            k = k * keys[:, None, :, None].to(k.dtype)
+            k = written(k)
             log_alpha = None if log_alpha is None else padded_gate(log_alpha, keys)
-        return q, k, v, log_alpha, beta
-    log_alpha, beta, k_factor = written_gates(mha.form, name, mha.config.score_params, x)
-    if name in DELTA_FORMS:
+        return q, k, v, log_alpha, beta, None
+    log_alpha, beta, k_factor = written_gates(mha.form, name, params, x)
+    removal = None
+    if name == "rwkv7":  # r as it is, the replacement key k̃ writes; a padded token removes nothing (a_t = 0)
+        k, kappa, rate = written_rwkv7(mha.form, k, x)
+        removal = (kappa, written(rate))
+    elif name in DELTA_FORMS:
         q, k = unit(q), unit(k)
     else:
         k = k / math.sqrt(HEAD_K)
     if k_factor is not None:  # Mamba-2's write: k ← Δ k
         k = k * k_factor[..., None]
     if keys is not None:
-        k = k * keys[:, None, :, None].to(k.dtype)  # a padded key writes nothing
+        k = written(k)  # a padded key writes nothing (each of its n steps)
         log_alpha = None if log_alpha is None else padded_gate(log_alpha, keys)  # and forgets nothing
-    return q, k, v, log_alpha, beta
+    return q, k, v, log_alpha, beta, removal
 
 
 def padded_gate(log_alpha, keys):
@@ -641,11 +798,20 @@ def padded_gate(log_alpha, keys):
 def layer_reference(mha, x, keys=None):
     """The whole layer written out: :func:`layer_inputs_reference`, the plain recurrence, each head's output norm
     (groupnorm, retnet's default: LayerNorm over d_v with its affine weights, ε = 1e-5; rmsnorm, the others':
-    RMSNorm, ε = 1e-6; or none), the output projection."""
-    q, k, v, log_alpha, beta = layer_inputs_reference(mha, x, keys)
-    z, _ = reference_form(q, k, v, log_alpha, beta)  # (B, H, L, d_v)
+    RMSNorm, ε = 1e-6; or none), the output projection. RWKV-7: its ``ln_x`` for groupnorm (its default: a GroupNorm
+    with a group per head and an affine weight per channel, ε = d_v·1e-5), then the bonus (r_t · (ρ_h ⊙ k̃_t)) v_t
+    after the norm (ρ: ``r_k``)."""
+    q, k, v, log_alpha, beta, removal = layer_inputs_reference(mha, x, keys)
+    z, _ = reference_form(q, k, v, log_alpha, beta, removal)  # (B, H, L, d_v)
     norm = mha.form.output_norm
-    if mha.form.output_norm_name == "groupnorm":
+    if mha.config.score == "rwkv7" and mha.form.output_norm_name == "groupnorm":
+        assert norm is None
+        ln, heads = mha.form.ln_x, mha.num_heads
+        mean = z.mean(-1, keepdim=True)
+        var = ((z - mean) ** 2).mean(-1, keepdim=True)
+        weight, bias = ln.weight.reshape(heads, 1, HEAD_V), ln.bias.reshape(heads, 1, HEAD_V)  # head h's channels
+        z = (z - mean) / torch.sqrt(var + HEAD_V * 1e-5) * weight + bias
+    elif mha.form.output_norm_name == "groupnorm":
         mean = z.mean(-1, keepdim=True)
         var = ((z - mean) ** 2).mean(-1, keepdim=True)
         z = (z - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias
@@ -653,6 +819,8 @@ def layer_reference(mha, x, keys=None):
         z = z / torch.sqrt((z * z).mean(-1, keepdim=True) + 1e-6) * norm.weight
     else:
         assert norm is None
+    if mha.config.score == "rwkv7":  # the bonus u_t, after the norm (k = k̃: 0 at a padded token)
+        z = z + (q * k * mha.form.r_k[:, None, :]).sum(-1, keepdim=True) * v
     Bn, Ln, _ = x.shape
     return z.transpose(1, 2).reshape(Bn, Ln, -1) @ mha.out_proj.weight.T + mha.out_proj.bias
 
@@ -712,8 +880,13 @@ def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, option)
     if keys is not None:  # rows 0 and 1 of sequence 1 see no key: z = 0, normed (a LayerNorm gives its bias)
         out = layers["auto"](x, mask=mask)[0]
         norm = auto.form.output_norm
-        zero = norm.bias if auto.form.output_norm_name == "groupnorm" else torch.zeros(HEAD_V, dtype=torch.float64)
-        empty_row = zero.repeat(auto.num_heads) @ auto.out_proj.weight.T + auto.out_proj.bias
+        if score == "rwkv7":  # its own GroupNorm ln_x, a bias per channel; no bonus (k̃ = 0 at a padded token)
+            zero = auto.form.ln_x.bias
+        elif auto.form.output_norm_name == "groupnorm":
+            zero = norm.bias.repeat(auto.num_heads)
+        else:
+            zero = torch.zeros(auto.num_heads * HEAD_V, dtype=torch.float64)
+        empty_row = zero @ auto.out_proj.weight.T + auto.out_proj.bias
         torch.testing.assert_close(out[1, :2], empty_row.expand(2, D_MODEL), rtol=0, atol=1e-12)
 
 
@@ -721,14 +894,23 @@ def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, option)
 @pytest.mark.parametrize("score", SCORES)
 def test_the_weights_a_layer_returns_are_the_effective_matrix_of_its_inputs(score, masking):
     """need_weights=True runs eager and returns (B, H, L, L) = effective_matrix of the score's q', k', log α, β
-    (padded keys as k = 0); signed for the delta rule; and the output is those weights applied to v."""
+    (padded keys as k = 0); signed for the delta rule; and the output is those weights applied to v (through the
+    output norm and projection). DeltaProduct's and RWKV-7's records are not attnlab.recurrences' (n steps per
+    token; a low-rank term), so their matrix is the plain recurrence's (:func:`reference_matrix`): RWKV-7's is that
+    of wkv (before its GroupNorm and bonus); DeltaProduct's weights sum each token's n columns of the (L, L·n) map
+    from the n values per token, which is what its output applies."""
     mha = recurrent_mha(score, seed=2)
     x = randn(2, LAYER_L, D_MODEL, seed=81).requires_grad_()
     keys = None if masking == "causal" else PADDED_KEYS
     mask = CAUSAL if keys is None else causal_and_padding(keys)
     out, weights = mha(x, mask=mask, need_weights=True)
-    q, k, _, log_alpha, beta = layer_inputs_reference(mha, x, keys)
-    expected = effective_matrix(q, k, log_alpha, beta)
+    q, k, _, log_alpha, beta, removal = layer_inputs_reference(mha, x, keys)
+    if SETTINGS[score].form in ("deltaproduct", "rwkv7"):
+        expected = reference_matrix(q, k, log_alpha, beta, removal)
+        if k.dim() == 5:  # (L, L·n) → (L, L)
+            expected = per_token(expected, k.shape[3])
+    else:
+        expected = effective_matrix(q, k, log_alpha, beta)
     assert weights is not None and weights.shape == (2, HEADS, LAYER_L, LAYER_L)
     assert (weights.triu(1) == 0).all()
     assert_same(weights, expected, [x, *mha.parameters()], atol=ATOL)
@@ -739,7 +921,7 @@ def test_the_weights_a_layer_returns_are_the_effective_matrix_of_its_inputs(scor
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 11, 64])
-@pytest.mark.parametrize("score", ["gated_deltanet", "gla_channel", "gla_mamba2", "kda_beta2"])
+@pytest.mark.parametrize("score", ["gated_deltanet", "gla_channel", "gla_mamba2", "kda_beta2", "deltaproduct", "rwkv7"])
 def test_the_chunked_layer_does_not_depend_on_the_chunk_size(score, chunk):
     mha = recurrent_mha(score, seed=3, chunk=chunk)
     x = randn(2, LAYER_L, D_MODEL, seed=82).requires_grad_()
@@ -759,6 +941,26 @@ LAYER_VARIANTS = {
     "gated_deltanet_mamba2_gate": ("gated_deltanet", {"score_params": {"gate": "mamba2"}}),  # no k·Δ: β writes
     "gated_deltanet_channel_gate_beta2": ("gated_deltanet_beta2", {"score_params": {"gate": "channel"}}),
     "kda_head_gate": ("kda", {"score_params": {"gate": "head"}}),
+    # DeltaProduct: three steps per token with one key/value head (the step-major layout, repeated for the query
+    # heads), rotary positions on each step's key and short convolutions over the n·G heads' channels
+    "deltaproduct_n3_mamba2_gqa_rope_conv": (
+        "deltaproduct",
+        {"score_params": {"householder_steps": 3, "gate": "mamba2"}, "num_kv_heads": 1, "rope": True, "short_conv": 3},
+    ),
+    "deltaproduct_kda_gate_rank2_beta2": ("deltaproduct_beta2", {"score_params": {"gate": "kda", "gate_rank": 2}}),
+    "deltaproduct_channel_gate_tau4_groupnorm": (
+        "deltaproduct",
+        {"score_params": {"gate": "channel", "gate_normalizer": 4.0, "output_norm": "groupnorm"}},
+    ),
+    "deltaproduct_n1_no_gate": ("deltaproduct", {"score_params": {"householder_steps": 1, "gate": "none"}}),
+    "rwkv7_rmsnorm_gqa_conv": (
+        "rwkv7",
+        {"score_params": {"output_norm": "rmsnorm"}, "num_kv_heads": 1, "short_conv": 2},
+    ),
+    "rwkv7_no_norm_ranks_2_3_rope": (
+        "rwkv7",
+        {"score_params": {"output_norm": None, "decay_rank": 2, "a_rank": 3}, "rope": True},
+    ),
 }
 
 
@@ -778,6 +980,106 @@ def test_layer_options_reach_every_backend(score, options):
         torch.testing.assert_close(out, expected, rtol=ATOL, atol=ATOL)
         for name, g in named_grads(layers[backend], out, x).items():
             torch.testing.assert_close(g, expected_grads[name], rtol=ATOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+# --------------------------------------------------------------------------------------------- DeltaProduct, RWKV-7
+
+
+@pytest.mark.parametrize("gate", ["head", "mamba2"])
+def test_deltaproduct_with_one_householder_step_is_gated_deltanet(gate):
+    """Siems et al. 2025: n_h = 1 is Gated DeltaNet. A ``deltaproduct`` layer with householder_steps=1 has the
+    parameters of a ``gated_deltanet`` layer of the same sizes (the same names and shapes: its state_dict loads
+    strictly) and, loaded with them, gives exactly its output, gradients and weights on every backend (with one
+    key/value head for two query heads, rotary positions, a short convolution and key padding)."""
+    options = {"num_kv_heads": 1, "rope": True, "short_conv": 3}
+    x = randn(2, LAYER_L, D_MODEL, seed=90).requires_grad_()
+    mask = causal_and_padding(PADDED_KEYS)
+    for backend in ("chunked", "recurrent", "eager"):
+        gdn = recurrent_mha("gated_deltanet", seed=13, backend=backend, score_params={"gate": gate}, **options)
+        torch.manual_seed(14)
+        config = recurrent_config(
+            "deltaproduct", backend, score_params={"householder_steps": 1, "gate": gate}, **options
+        )
+        dp = attnlab.MultiHeadAttention(D_MODEL, HEADS, HEAD_K, d_v=HEAD_V, config=config).double()
+        assert type(dp.form).__name__ == "DeltaProduct" and dp.form.householder_steps == 1
+        dp.load_state_dict(gdn.state_dict())  # strict: the same parameters
+        assert [n for n, _ in dp.named_parameters()] == [n for n, _ in gdn.named_parameters()]
+        out, expected = dp(x, mask=mask)[0], gdn(x, mask=mask)[0]
+        assert torch.equal(out, expected), f"{backend}: {(out - expected).abs().max()}"
+        got_grads, expected_grads = named_grads(dp, out, x), named_grads(gdn, expected, x)
+        for name, g in got_grads.items():
+            assert torch.equal(g, expected_grads[name]), f"{backend}: d/d{name}"
+    weights, expected_weights = dp(x, mask=mask, need_weights=True)[1], gdn(x, mask=mask, need_weights=True)[1]
+    assert torch.equal(weights, expected_weights)
+
+
+def test_deltaproduct_without_its_gate_has_no_decay():
+    """``gate=none``: no decay parameters, a record without log α, and every backend gives the plain recurrence of
+    its n delta-rule steps per token with α ≡ 1 (values and gradients, with key padding)."""
+    options = {"score_params": {"gate": "none", "householder_steps": 3}}
+    layers = {
+        b: recurrent_mha("deltaproduct", seed=15, backend=b, **options) for b in ("chunked", "recurrent", "eager")
+    }
+    mha = layers["eager"]
+    names = [n for n, _ in mha.named_parameters()]
+    assert not [n for n in names if any(w in n for w in ("alpha_gate", "A_log", "dt_bias"))], names
+    x = randn(2, LAYER_L, D_MODEL, seed=93).requires_grad_()
+    mask = causal_and_padding(PADDED_KEYS)
+    inputs = mha.form.prepare(*mha.project(x), x, mask)
+    assert inputs.transition.log_decay is None and inputs.transition.householder_steps == 3
+    _, k, v, log_alpha, beta, _ = layer_inputs_reference(mha, x, PADDED_KEYS)
+    assert log_alpha is None and k.shape == (2, HEADS, LAYER_L, 3, HEAD_K) and beta.shape == (2, HEADS, LAYER_L, 3)
+    assert v.shape == (2, HEADS, LAYER_L, 3, HEAD_V)
+    for layer in layers.values():
+        assert_same(layer(x, mask=mask)[0], layer_reference(layer, x, PADDED_KEYS), [x, *layer.parameters()], atol=ATOL)
+
+
+def test_rwkv7_starts_as_its_papers_code_initialises_it():
+    """RWKV-7's code (BlinkDL/RWKV-LM, RWKV-v7's time mixing ``RWKV_Tmix_x070``, its first layer: ratio_0_to_1 = 0)
+    with C = H·d_k channels, linear_c = c/(C − 1) − 1/2 and zigzag_c = z|z|, z = ((c mod d_k) − (d_k − 1)/2) /
+    ((d_k − 1)/2): ξ = k_k = 0.71 − 0.1·linear, α = k_a = 1.02, ρ = r_k = −0.04; the low-rank maps start at their
+    biases (W₁ = 0, W₂ orthogonal with gain 0.1), w₀ = −6 + 6·c/(C − 1) + 0.5 + 2.5·zigzag and a₀ = −0.19 +
+    0.3·zigzag + 0.4·linear; so at first, whatever x, the decay w_t = exp(−e^{−0.5} σ(w₀)) lies in (e^{−e^{−0.5}}, 1)
+    and a_t = σ(a₀) in (0, 1). ln_x: a GroupNorm of one group per head, ε = d_v·1e-5 (the code's 64e-5 at d_v = 64),
+    weight 1, bias 0."""
+    heads, d_k, d_model = 3, 4, 6
+    channels = heads * d_k
+    torch.manual_seed(91)
+    form = build("rwkv7", d_k, heads, d_v=D_V, d_model=d_model)  # float32, as built
+    linear = torch.tensor([c / (channels - 1) - 0.5 for c in range(channels)], dtype=torch.float64)
+    half = (d_k - 1) / 2
+    zigzag = torch.tensor([((c % d_k) - half) / half for c in range(channels)], dtype=torch.float64)
+    zigzag = zigzag * zigzag.abs()
+    ramp = torch.tensor([c / (channels - 1) for c in range(channels)], dtype=torch.float64)
+    w0, a0 = -6 + 6 * ramp + 0.5 + 2.5 * zigzag, -0.19 + 0.3 * zigzag + 0.4 * linear
+
+    def close(got, expected):
+        torch.testing.assert_close(got.detach().double(), expected, rtol=0, atol=1e-6)
+
+    close(form.k_k, (0.71 - 0.1 * linear).reshape(heads, d_k))
+    close(form.k_a, torch.full((heads, d_k), 1.02, dtype=torch.float64))
+    close(form.r_k, torch.full((heads, d_k), -0.04, dtype=torch.float64))
+    close(form.w_lora.up.bias, w0)
+    close(form.a_lora.up.bias, a0)
+    for lora in (form.w_lora, form.a_lora):
+        assert not lora.down.weight.any() and lora.down.bias is None
+        up = lora.up.weight.detach().double()  # (C, rank), C ≤ rank here: orthogonal rows of norm 0.1
+        assert up.shape == (channels, 32)
+        close(up @ up.T, 0.01 * torch.eye(channels, dtype=torch.float64))
+    ln = form.ln_x
+    assert form.output_norm is None and ln.num_groups == heads and ln.num_channels == heads * D_V
+    assert ln.eps == pytest.approx(D_V * 1e-5)
+    assert (ln.weight == 1).all() and not ln.bias.any()
+    x = 3 * randn(2, 7, d_model, seed=92).float()
+    r, k = randn(2, heads, 7, d_k, seed=94).float(), randn(2, heads, 7, d_k, seed=95).float()
+    _, _, record = form.inputs(r, k, x)
+    w = torch.exp(record.log_decay.detach().double())
+    assert ((w > math.exp(-RWKV7_DECAY_SCALE)) & (w < 1)).all()
+    close(w, torch.exp(-RWKV7_DECAY_SCALE * plain_sigmoid(w0)).reshape(heads, 1, d_k).expand(2, heads, 7, d_k))
+    a = plain_sigmoid(a0)
+    assert ((a > 0) & (a < 1)).all()
+    kappa = -record.low_rank[0].detach().double()  # b = κ̂ ⊙ a_t with a_t = σ(a₀) for every x
+    close(record.low_rank[1], kappa * a.reshape(heads, 1, d_k))
 
 
 def test_an_encoder_with_padding_runs_the_chunked_form_as_its_eager_path():
@@ -913,7 +1215,13 @@ def test_the_state_size_is_one_matrix_per_head_whatever_the_length(score):
     for length in (0, 1, LAYER_L, 100_000):
         assert mha.state_size(length) == HEADS * HEAD_K * HEAD_V == mha.form.state_size(0)
     conv = recurrent_mha(score, seed=7, short_conv=4)
-    channels = 2 * HEADS * HEAD_K + HEADS * HEAD_V  # q and k (H·d_k each), v (H·d_v)
+    # q and k (H·d_k each), v (H·d_v); DeltaProduct's layer projects n·G key and value heads (n keys and values per
+    # token), so its short convolutions carry n·H·d_k and n·H·d_v channels of k and v (its state is still one
+    # matrix per head: the n steps of a token update the same M)
+    setting = SETTINGS[score]
+    n = householder_steps(setting.form, setting.params)
+    channels = HEADS * HEAD_K + n * (HEADS * HEAD_K + HEADS * HEAD_V)
+    assert conv.k_proj.out_features == n * HEADS * HEAD_K and conv.v_proj.out_features == n * HEADS * HEAD_V
     for length in (1, LAYER_L, 100_000):
         assert conv.state_size(length) == HEADS * HEAD_K * HEAD_V + 3 * channels
 
@@ -925,6 +1233,7 @@ def test_every_registered_recurrent_form_is_tested_here():
     assert set(RECURRENT_FORMS) <= set(SCORES)
     assert set(WRITTEN_OUT) <= set(SCORES)
     builtin = {"gla_channel", "gla_mamba2", "deltanet_beta2", "gated_deltanet_beta2", "kda", "kda_beta2"}
+    builtin |= {"deltaproduct", "deltaproduct_beta2", "rwkv7"}
     assert builtin <= set(SCORES), builtin - set(SCORES)
     assert all(SETTINGS[label].form in WRITTEN_OUT for label in builtin)
 

@@ -23,6 +23,7 @@ or ``recurrent`` for that.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -150,9 +151,11 @@ def _float(inputs: FormInputs) -> FormInputs:
     """The inputs in float32 (the transition record too)."""
     record = inputs.transition
     if record is not None:
-        record = transition.Transition(
-            None if record.log_decay is None else record.log_decay.float(),
-            None if record.beta is None else record.beta.float(),
+        record = replace(
+            record,
+            log_decay=None if record.log_decay is None else record.log_decay.float(),
+            beta=None if record.beta is None else record.beta.float(),
+            low_rank=None if record.low_rank is None else (record.low_rank[0].float(), record.low_rank[1].float()),
         )
     return FormInputs(inputs.q.float(), inputs.k.float(), inputs.v.float(), inputs.mask, record)
 

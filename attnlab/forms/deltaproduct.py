@@ -19,7 +19,7 @@ from torch import Tensor
 from attnlab.checks import check_choice, check_int
 from attnlab.config import AttentionConfig
 from attnlab.forms.base import register_form
-from attnlab.forms.transitions import BETA_RANGES, GatedDeltaNet, _Gate
+from attnlab.forms.transitions import BETA_RANGES, GATES, GatedDeltaNet, _Gate
 from attnlab.transition import Transition
 
 __all__ = ["DeltaProduct"]
@@ -72,6 +72,7 @@ class DeltaProduct(GatedDeltaNet):
         self.householder_steps = check_int("householder_steps", householder_steps, minimum=1)
         self.beta_range = check_choice("beta_range", beta_range, BETA_RANGES)
         self.beta_gate = _Gate(self.d_model, self.num_heads * self.householder_steps)
+        gate = check_choice("gate", "head" if gate is None else gate, (*GATES, "none"))
         if gate == "none":
             self.gate = "none"
         else:
