@@ -62,7 +62,7 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -38,9 +38,10 @@ ORDER = [
     "gated_deltanet",
     "gla_channel",
     "kda",
+    "deltaproduct",
 ]
-# colour cycle C0–C9, then black (the 11th model would repeat C0 = scaled_dot); a marker each
-STYLE = {m: (f"C{i}" if i < 10 else "k", "os^vDP*Xhp<"[i]) for i, m in enumerate(ORDER)}
+# colour cycle C0–C9, then black and crimson (an 11th model would repeat C0 = scaled_dot); a marker each
+STYLE = {m: (([f"C{i}" for i in range(10)] + ["k", "crimson"])[i], "os^vDP*Xhp<>"[i]) for i, m in enumerate(ORDER)}
 
 
 def model(row: dict[str, str]) -> str:

@@ -2,10 +2,10 @@
 # The recall-state trade-off (issue 28): MQAR at three rungs of growing pairs and length, (4, 12), (8, 24) and
 # (16, 48) tokens (2 per pair, 1 query per pair: seq_len=null), at two widths (d_model 16 and 32, one head, so the
 # per-layer state of a fixed-state form is d_model^2), for softmax, sliding-window softmax, linear attention (elu,
-# taylor), Based, RetNet, GLA (scalar and per-channel gate), DeltaNet, Gated DeltaNet and KDA. Every model has
+# taylor), Based, RetNet, GLA (scalar and per-channel gate), DeltaNet, Gated DeltaNet, KDA and DeltaProduct (n = 2). Every model has
 # Zoology's short convolution (width 4; Based its own 3). Stage 1: each model's learning rate from {3e-3, 1e-2, 3e-2} on the hardest rung at d_model 32,
 # seed 0 (best_lr.py: best val/acc_best, then fewest steps to 99 %). Stage 2: each model at its learning rate on
-# every rung and width, seeds 0-2: 198 runs. About 50 min on 2 CPU cores; MODELS="kda gla_channel" runs only those
+# every rung and width, seeds 0-2: 216 runs. About 90 min on 2 CPU cores; MODELS="kda gla_channel" runs only those
 # models and merges their rows into summary.csv and lr_grid.csv (the other models' rows kept). Run folders go to $RUNS (default
 # outputs/recall_state, the grid's in outputs/recall_state_grid); summary.csv, the grid's lr_grid.csv and the
 # dashboard are written at the end.
@@ -24,8 +24,9 @@ declare -A MODEL=(
   [gated_deltanet]="variant=gated_deltanet model.short_conv=4"
   [gla_channel]="variant=gla variant.params.gate=channel model.short_conv=4"
   [kda]="variant=kda model.short_conv=4"
+  [deltaproduct]="variant=deltaproduct model.short_conv=4"
 )
-ORDER="scaled_dot window linear_elu linear_taylor based retnet gla deltanet gated_deltanet gla_channel kda"
+ORDER="scaled_dot window linear_elu linear_taylor based retnet gla deltanet gated_deltanet gla_channel kda deltaproduct"
 # MODELS="kda gla_channel": run only these; their rows replace theirs in summary.csv and lr_grid.csv, the other
 # models' rows are kept (merge.py)
 ORDER=${MODELS:-$ORDER}
