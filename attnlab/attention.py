@@ -1,6 +1,6 @@
 """Multi-head attention: one pipeline for every token mixer (:mod:`attnlab.forms`),
 
-    x → project              q = x W_Q, k = x W_K, v = x W_V      (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, G, Lk, d_v)
+    x → project              q = x W_Q, k = x W_K, v = x W_V      (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, Gv, Lk, d_v)
                              (+ short convolution), QK-norm, rotary positions
       → form.prepare         the form's inputs: its gates and transition record, the mask shaped for its heads
       → backend.compute      z from those inputs (:mod:`attnlab.backends`: eager = the form's quadratic form)
@@ -30,7 +30,7 @@ from attnlab.backends import Backend, Conditions, LayerSpec, build_backend, chec
 from attnlab.checks import check_int, check_prob, default_d_k
 from attnlab.config import AttentionConfig
 from attnlab.config import _mask_text as mask_text
-from attnlab.forms import FormOutput, LayerSizes, build_form, form_class, form_for
+from attnlab.forms import FormOutput, LayerSizes, build_form, form_class, form_for, form_output
 from attnlab.forms.softmax import DifferentialHeads, lambda_init
 from attnlab.masks import Mask, PreparedMask, build_mask, mask_form, prepare_mask
 from attnlab.positions import RotaryEmbedding
@@ -468,11 +468,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(
                 f"variant {self.config.score} is self-attention only: its state runs over x itself (no key_value)"
             )
-        q, k, v = self.project(x, key_value)  # (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, G, Lk, d_v)
+        q, k, v = self.project(x, key_value)  # (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, Gv, Lk, d_v)
         pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
         inputs = self.form.prepare(q, k, v, x, pm)
         o = backend.compute(self.spec, inputs, self.dropout if self.training else 0.0)
-        return AttentionOutput(self.merge(self.form.output(o, inputs)), o.weights, o.logits)
+        return AttentionOutput(self.merge(form_output(self.form, o, inputs)), o.weights, o.logits)
 
     def attend(
         self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
@@ -490,7 +490,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, offset=t, cache=cache)
         z, cache.state = self.form.step(cache.state, q, k, v, x, t)  # (B, H, 1, d_v)
         cache.length = t + 1
-        return self.merge(self.form.output(FormOutput(z)))
+        return self.merge(form_output(self.form, FormOutput(z)))
 
     def extra_repr(self) -> str:
         extra = [f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, d_v={self.d_v}"]

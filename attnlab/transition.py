@@ -54,7 +54,8 @@ assumes β ≤ 1. Two richer transitions (:class:`Transition`'s ``householder_st
 
 * **DeltaProduct** (Siems et al. 2025): n Householder steps per token, each with its own key, value and β. It is
   the delta rule over the L·n steps, the decay at each token's first, the output read at its last; the chunked form
-  computes P for those read rows only (C rows against a chunk's C·n steps).
+  and the effective matrix keep P's read rows only (C rows against a chunk's C·n steps; with a per-head decay or
+  none they are the only rows computed, with a per-channel one the halving blocks make the steps' square first).
 * **Diagonal plus low rank** (RWKV-7, Peng et al. 2025): M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ. With
   u_t = a_tᵀ M_{t−1} (the state before the decay), a chunk is U = (I − A_ab)⁻¹ (A_ak V + (a ⊙ e^{b̃_{t−1}}) M₀),
   O = (q ⊙ e^{b̃}) M₀ + P_qb U + P_qk V, the four per-channel matrices by the halving route (every factor ≤ 1)
@@ -451,7 +452,6 @@ def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None)
     n = transition.householder_steps
     if n > 1:  # the map from the L·n values: the expanded sequence's rows at each token's last step
         q, transition = _expanded(q, transition)
-        return effective_matrix(q, k, transition)[:, :, n - 1 :: n]
     if transition.low_rank is not None:
         return _low_rank_matrix(q, k, transition)
     log_decay, beta = transition.log_decay, transition.beta
@@ -461,6 +461,8 @@ def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None)
     else:
         b = None if log_decay is None else log_decay.cumsum(-1)
         P = _lower(torch.matmul(q, k.transpose(-1, -2)), b)  # (B, H, L, L)
+    if n > 1:  # only the read rows (the others' q is 0): (B, H, L, L·n)
+        P = P[:, :, n - 1 :: n]
     if beta is None:
         return P
     if transition.per_channel:
@@ -645,8 +647,10 @@ class _CausalLinear(torch.autograd.Function):
 
 def chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition | None = None, chunk_size: int = 64) -> Tensor:
     """The form in chunks of C = min(``chunk_size``, L) tokens (the last chunk padded with k = 0, which writes
-    nothing): q, k (B, H, L, d_k), v (B, H, L, d_v), transition (log_decay (B, H, L) or (B, H, L, d_k), beta
-    (B, H, L)) → o (B, H, L, d_v); L = 0 gives (B, H, 0, d_v).
+    nothing): q (B, H, L, d_k), k (B, H, L·n, d_k), v (B, H, L·n, d_v) (n = ``householder_steps``, 1 but for
+    DeltaProduct), transition (:class:`Transition`: log_decay (B, H, L) or (B, H, L, d_k), beta (B, H, L·n),
+    low_rank) → o (B, H, L, d_v); L = 0 gives (B, H, 0, d_v). A low-rank record is :func:`_low_rank_chunked`;
+    DeltaProduct's n steps are the delta rule over the L·n steps, read at each token's last (:func:`_chunks`).
 
     Linear attention (no decay, no β; Katharopoulos et al. 2020) is :class:`_CausalLinear` (the un-normalised
     causal form, a hand-written backward, no second derivative). Otherwise, within chunk n, with the chunk-local
@@ -688,8 +692,9 @@ def _read_mask(C: int, n: int, device: torch.device) -> Tensor:
 def _chunks(q: Tensor, k: Tensor, v: Tensor, transition: Transition, C: int, n: int = 1) -> Tensor:
     """The decay and delta-rule forms in chunks of C tokens (:func:`chunked`'s formulas), with n steps per token
     (k, v (B, H, L·n, ·) and a record over the L·n steps: DeltaProduct as the delta rule over its steps, the
-    output read at each token's last step, so that P has C rows for a chunk's C·n steps and the rows of the other
-    steps, whose output no one reads, are never computed)."""
+    output read at each token's last step, so that P has C rows for a chunk's C·n steps: with a per-head decay or
+    none the rows of the other steps, whose output no one reads, are never computed; a per-channel P is made on the
+    steps' square by the halving blocks, then its read rows taken)."""
     B, H, L, Dk = q.shape
     Dv = v.shape[-1]
     pad = -L % C

@@ -113,14 +113,14 @@ def test_quick_bench_writes_json_and_csv_with_positive_ratios(tmp_path):
     assert [len(by_id[f"31{c}"]) for c in "abcde"] == [1] * 5  # issue 31's tighter variant limits
     assert len(by_id["31f"]) == 4  # the four decay/delta forms it was set for, against causal softmax
     assert [len(by_id[f"42{c}"]) for c in "abcd"] == [1, 1, 1, 3]  # issue 42's rows, and each β ∈ (0, 2) row
-    assert {t["what"].split()[0] for t in by_id["42e"]} == set(RECURRENT_SETTINGS) - {
-        t["what"].split()[0] for t in by_id["28a"]
-    }
+    assert [len(by_id[f"43{c}"]) for c in "ab"] == [1, 1]  # issue 43's deltaproduct and rwkv7
+    decoded = {t["what"].split()[0] for tid in ("42e", "43c") for t in by_id[tid]}
+    assert decoded == set(RECURRENT_SETTINGS) - {t["what"].split()[0] for t in by_id["28a"]}
     assert len(by_id["16c"]) == 2 and len(by_id["16b"]) == 1  # the bare block stacks' goals
     assert {r["variant"] for r in results["blocks"]} == {"scaled_dot", "relative_position", "t5_bias", "additive",
                                                           "additive_chunked", "additive_naive"}  # fmt: skip
     judged = ("1", "2", "3", "4", "7", "8", "16a", "16b", "16c", "31a", "31b", "31c", "31d", "31e", "31f", "42a", "42b")
-    judged += ("42c", "42d", "42e", "28a", "28b")
+    judged += ("42c", "42d", "42e", "43a", "43b", "43c", "28a", "28b")
     assert all(t["met"] == "" for tid in judged for t in by_id[tid])  # not judged
     assert results["additive_memory"]["max_rel_diff"] < 1e-4
     assert results["diagnostics"]["wall_with_s"] and results["diagnostics"]["wall_without_s"]

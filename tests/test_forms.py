@@ -310,3 +310,34 @@ def test_a_users_form_in_one_module_is_registered_computed_and_tested(user_form)
 
     assert RECURRENT_FORMS[-1] == USER_FORM and USER_FORM in LINEAR_MODELS and USER_FORM in DECODE_MODELS
     assert USER_FORM in default_variants()
+
+
+def test_a_users_form_whose_output_takes_out_alone_still_runs():
+    """``Form.output(out)`` as user forms wrote it before the hook took the inputs (RWKV-7's bonus reads them): the
+    layer passes ``inputs`` only to an override that takes them, so an old form's output transform still runs."""
+    from attnlab.forms import Form, register_form
+
+    class Halved(Form):
+        """Every visible key alike, then its output halved by the old-style hook."""
+
+        def parallel(self, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
+            w = torch.ones(*inputs.q.shape[:3], inputs.k.shape[2], dtype=inputs.q.dtype)
+            w = w / w.shape[-1]
+            return FormOutput(torch.matmul(w, inputs.v), w, w)
+
+        def output(self, out: FormOutput) -> torch.Tensor:  # the pre-inputs signature
+            return out.z / 2
+
+        def state_size(self, length: int) -> int:
+            return 0
+
+    try:
+        register_form("test_halved_output")(Halved)
+        layer = MultiHeadAttention(8, 2, config=AttentionConfig(score="test_halved_output", normalizer="none")).double()
+        x = randn(1, 5, 8, seed=3)
+        v = layer.project(x)[2]
+        expected = layer.merge(v.mean(dim=2, keepdim=True).expand(-1, -1, 5, -1) / 2)
+        torch.testing.assert_close(layer(x)[0], expected)
+    finally:
+        attnlab.forms._FORMS._entries.pop("test_halved_output", None)
+        attnlab.forms._ORDER.remove("test_halved_output")

@@ -23,7 +23,6 @@ or ``recurrent`` for that.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -148,16 +147,8 @@ class _Linear(Backend):
 
 
 def _float(inputs: FormInputs) -> FormInputs:
-    """The inputs in float32 (the transition record too)."""
-    record = inputs.transition
-    if record is not None:
-        record = replace(
-            record,
-            log_decay=None if record.log_decay is None else record.log_decay.float(),
-            beta=None if record.beta is None else record.beta.float(),
-            low_rank=None if record.low_rank is None else (record.low_rank[0].float(), record.low_rank[1].float()),
-        )
-    return FormInputs(inputs.q.float(), inputs.k.float(), inputs.v.float(), inputs.mask, record)
+    """The inputs in float32 (the transition record too: :meth:`~attnlab.forms.FormInputs.float`)."""
+    return inputs.float()
 
 
 @register_backend("chunked")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -27,6 +28,7 @@ __all__ = [
     "form_class",
     "form_for",
     "form_names_with",
+    "form_output",
     "form_settings",
     "list_forms",
     "register_form",
@@ -54,7 +56,7 @@ class LayerSizes:
 
 @dataclass(frozen=True)
 class FormInputs:
-    """What a backend computes z from: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v) as the form
+    """What a backend computes z from: q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, Gv, Lk, d_v) as the form
     prepared them (a transition form's: H heads each, its maps applied, padded keys zeroed), the prepared mask,
     and a transition form's :class:`~attnlab.transition.Transition` (decay, β)."""
 
@@ -63,6 +65,18 @@ class FormInputs:
     v: Tensor
     mask: PreparedMask | None = None
     transition: Transition | None = None
+
+    def float(self) -> FormInputs:
+        """The inputs in float32, the transition record's tensors too (every field kept)."""
+
+        def f(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.float()
+
+        record = self.transition
+        if record is not None:
+            low_rank = None if record.low_rank is None else (record.low_rank[0].float(), record.low_rank[1].float())
+            record = replace(record, log_decay=f(record.log_decay), beta=f(record.beta), low_rank=low_rank)
+        return FormInputs(self.q.float(), self.k.float(), self.v.float(), self.mask, record)
 
 
 @dataclass(frozen=True)
@@ -136,8 +150,8 @@ class Form(nn.Module):
 
     @property
     def key_heads(self) -> int:
-        """Gk, the key heads the layer projects."""
-        return self.sizes.num_kv_heads
+        """Gk, the key heads the layer projects (:meth:`key_maps` per key/value head)."""
+        return type(self).key_maps(self.config) * self.sizes.num_kv_heads
 
     def check_mask(self, form: str, shown: str) -> None:
         """Raise ValueError (one line) when the layer's configured mask (``form``: none, causal, padding,
@@ -149,7 +163,7 @@ class Form(nn.Module):
             )
 
     def prepare(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, mask: PreparedMask | None) -> FormInputs:
-        """The layer's q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, G, Lk, d_v), its input x (B, Lq, d_model)
+        """The layer's q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k), v (B, Gv, Lk, d_v), its input x (B, Lq, d_model)
         and the prepared mask → this form's inputs. Default: as they are."""
         return FormInputs(q, k, v, mask)
 
@@ -184,7 +198,8 @@ class Form(nn.Module):
     def output(self, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:
         """z → each head's output before the head gate and ``out_proj`` (B, H, Lq, d_v). Default: z. ``inputs``:
         what a backend computed z from (None when decoding: a form whose output transform reads its inputs, like
-        RWKV-7's bonus, applies it in :meth:`step`)."""
+        RWKV-7's bonus, applies it in :meth:`step`). An override may take ``out`` alone, as before 0.9
+        (:func:`form_output` passes the inputs only to one that takes them)."""
         return out.z
 
     # ---------------------------------------------------------------------------------------------- decoding
@@ -209,6 +224,19 @@ class Form(nn.Module):
         """A decoding state as if ``length`` tokens had been decoded, random but scaled like a real one (the
         bench's decode section times the tokens after it)."""
         raise NotImplementedError(f"form {self.name} has no token-by-token form")
+
+
+def form_output(form: Form, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:
+    """``form.output(out, inputs)``, or ``form.output(out)`` for a form whose override takes no ``inputs`` (a
+    user's form written for ``output(out)``)."""
+    takes = _OUTPUT_TAKES_INPUTS.get(type(form))
+    if takes is None:
+        takes = "inputs" in inspect.signature(type(form).output).parameters
+        _OUTPUT_TAKES_INPUTS[type(form)] = takes
+    return form.output(out, inputs) if takes else form.output(out)
+
+
+_OUTPUT_TAKES_INPUTS: dict[type, bool] = {}
 
 
 # ---------------------------------------------------------------------------------------------- the registry

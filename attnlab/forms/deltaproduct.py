@@ -3,8 +3,9 @@
 Gated DeltaNet (:class:`~attnlab.forms.transitions.GatedDeltaNet`) multiplies the state by one generalized
 Householder matrix I − β k kᵀ per token, whose eigenvalues are 1 (d_k − 1 times) and 1 − β: a diagonal-like
 transition that cannot compose permutations (Merrill et al. 2024; Grazzi et al. 2025). DeltaProduct takes n of them
-per token, each with its own key, value and β, so that a token's transition is a product of n reflections-like
-factors, enough to represent any permutation of n + 1 elements' state (Siems et al. 2025, §3). The transition
+per token, each with its own key, value and β, so that a token's transition is a product of n generalized
+Householder factors; with β ∈ (0, 2) (``beta_range=2``: reflections at β = 2) a product of n of them can represent
+any permutation of n + 1 elements (Siems et al. 2025, §3). The transition
 record is :class:`~attnlab.transition.Transition` with ``householder_steps = n``; :mod:`attnlab.transition`
 computes it exactly, chunked, as the delta rule over the L·n steps read at each token's last.
 """
@@ -35,10 +36,11 @@ class DeltaProduct(GatedDeltaNet):
     Products", eq. 4 with the gate of §3.3): with n = ``householder_steps`` keys k_{t,s}, values v_{t,s} and
     β_{t,s} per token (the layer projects n·G key and value heads; k L2-normalised per step),
 
-        M_t = α_t (Π_{s=n..1} (I − β_{t,s} k_{t,s} k_{t,s}ᵀ)) M_{t−1}
+        M_t = (Π_{s=n..1} (I − β_{t,s} k_{t,s} k_{t,s}ᵀ)) Diag(α_t) M_{t−1}
               + Σ_s (Π_{s' = n..s+1} (I − β_{t,s'} k_{t,s'} k_{t,s'}ᵀ)) β_{t,s} k_{t,s} v_{t,s}ᵀ,     o_t = M_tᵀ q_t,
 
-    i.e. the decay, then n delta-rule steps in order. n = 1 is Gated DeltaNet (same parameters, same output), and
+    i.e. the decay, then n delta-rule steps in order (with a per-head gate Diag(α_t) is the paper's scalar α_t, which
+    commutes with the product). n = 1 is Gated DeltaNet (same parameters, same output), and
     the decay is optional (``gate=none``: DeltaProduct without the gate).
 
     Args:

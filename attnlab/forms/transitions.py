@@ -191,7 +191,9 @@ class TransitionForm(Form):
     def parallel(self, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
         """The effective matrix (:func:`~attnlab.transition.effective_matrix`) as logits and (masked) weights."""
         v, pm = inputs.v, inputs.mask
-        logits = transition.effective_matrix(inputs.q, inputs.k, inputs.transition)  # (B, H, L, L·n)
+        # half precision in float32 (as the O(L) backends): a sequence's cumulative log-decays lose the differences
+        exact = inputs.float() if v.dtype in (torch.float16, torch.bfloat16) else inputs
+        logits = transition.effective_matrix(exact.q, exact.k, exact.transition)  # (B, H, L, L·n)
         n = inputs.transition.householder_steps
         steps = logits if n > 1 else None  # DeltaProduct: the map from the L·n values; its weights sum each token's
         if steps is not None:

@@ -47,7 +47,11 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
     if cfg.diagnostics.enabled:  # the probe runs the eager path: weights and logits of every layer, float32
         # (with diagnostics.heads, the repeated-token probe's too, while the first probe's are held)
         probes = 2 if cfg.diagnostics.get("heads") and getattr(datamodule, "no_token_probe", None) is None else 1
-        needs.append((probes * cfg.diagnostics.probe_size * heads * length**2 * 8 * layers, "the diagnostics probe"))
+        # (DeltaProduct's effective matrix is over its L·n steps: n² the floats)
+        steps = max((getattr(a.form, "householder_steps", 1) for a in attention_layers), default=1)
+        needs.append(
+            (probes * cfg.diagnostics.probe_size * heads * (length * steps) ** 2 * 8 * layers, "the diagnostics probe")
+        )
     fused = all(
         (
             attention.uses_fast_path
