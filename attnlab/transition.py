@@ -492,10 +492,13 @@ def _expanded(q: Tensor, transition: Transition) -> tuple[Tensor, Transition]:
     """DeltaProduct's record as the delta rule over L·n steps (Siems et al. 2025; fla's ``gated_delta_product``
     does the same): q (B, H, L, d_k) → q at each token's last step and 0 at the others (B, H, L·n, d_k), and the
     token's log α at its first step, 0 (α = 1) at the others."""
-    n = transition.householder_steps
-    B, H, L, Dk = q.shape
-    q = torch.cat([q.new_zeros(B, H, L, n - 1, Dk), q.unsqueeze(3)], dim=3).reshape(B, H, L * n, Dk)
-    return q, _step_record(transition)
+    return _at_last_step(q, transition.householder_steps), _step_record(transition)
+
+
+def _at_last_step(q: Tensor, n: int) -> Tensor:
+    """q (…, L, d) → (…, L·n, d): each token's q at its last step, 0 at its others."""
+    zeros = q.new_zeros(*q.shape[:-1], n - 1, q.shape[-1])
+    return torch.cat([zeros, q.unsqueeze(-2)], dim=-2).flatten(-3, -2)
 
 
 def _channel_log_decay(transition: Transition, q: Tensor) -> Tensor:
@@ -716,7 +719,7 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, transition: Transition, C: int, n: 
     b_read = None if b is None else (b if n == 1 else b[..., reads, :] if channels else b[..., reads])
     if channels:
         # q at each token's last step, 0 at the others (the per-channel P is made on the steps' square)
-        q_steps = qc if n == 1 else torch.cat([qc.new_zeros(B, H, N, C, n - 1, Dk), qc.unsqueeze(4)], 4).flatten(3, 4)
+        q_steps = qc if n == 1 else _at_last_step(qc, n)
         if beta is not None:  # P and G in one pass (they share k's factors): (2, B, H, N, S, S)
             P, kk = _lower_channels(torch.stack([q_steps, kc]), kc, b).unbind(0)
             kk = kk.tril(-1)

@@ -380,29 +380,41 @@ def test_every_goal_names_a_benched_row():
     assert {name for _, names, _ in DECODE_GOALS if names for name in names} == set(ISSUE_42_ROWS + ISSUE_43_ROWS)
 
 
+def synthetic_rows(plan, ratios: dict[str, float], per_token: dict[str, float]) -> tuple[list[dict], list[dict]]:
+    """The linear section's rows (each model's step ÷ scaled_dot at both target lengths) and the decode section's
+    (each model's time per token ÷ softmax's at every context) of a made-up run."""
+    linear = [
+        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "median_ms": 100.0 * ratio, "memory_ratio": 0.4}
+        | {"peak_mb": 10.0, "backend": "sdpa" if name == "scaled_dot" else "chunked"}
+        for n in plan.target_linear_lengths
+        for name, ratio in ratios.items()
+    ]
+    decode = [
+        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "tokens_per_s": 1000 / ratio, "bytes_per_seq": 4096}
+        for n in plan.decode_contexts
+        for name, ratio in per_token.items()
+    ]
+    return linear, decode
+
+
+def targets_by_id(plan, linear: list[dict], decode: list[dict]) -> dict[str, dict[str, dict]]:
+    """The goals evaluated on those rows: target id → the row's name → the target."""
+    by_id: dict[str, dict[str, dict]] = {}
+    for t in evaluate_targets(plan, {"linear": linear, "decode": decode}):
+        by_id.setdefault(t["id"], {})[t["what"].split()[0]] = t
+    return by_id
+
+
 def test_issue_43_goals_judge_deltaproduct_and_rwkv7_and_a_missing_row_is_not_measured():
     """Issue 43's goals from a synthetic results dict: at the longer linear length, deltaproduct (n = 2) and rwkv7
     each ≤ 2.0× scaled_dot causal (43a, 43b; equal is met), and at the longest decode context each new row ≤ 1/3 of
     softmax's time per token (43c); a row the run did not measure is "not measured"."""
     plan = quick_plan()
     plan.quick = False
-    short, long = plan.target_linear_lengths
+    long = plan.target_linear_lengths[1]
     ratios = {"scaled_dot": 1.0, "deltaproduct": 2.0, "rwkv7": 2.1}
-    linear = [
-        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "median_ms": 100.0 * ratio, "memory_ratio": 0.4}
-        | {"peak_mb": 10.0, "backend": "sdpa" if name == "scaled_dot" else "chunked"}
-        for n in (short, long)
-        for name, ratio in ratios.items()
-    ]
     per_token = {"scaled_dot": 1.0, "deltaproduct": 0.3, "rwkv7": 0.5}
-    decode = [
-        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "tokens_per_s": 1000 / ratio, "bytes_per_seq": 4096}
-        for n in plan.decode_contexts
-        for name, ratio in per_token.items()
-    ]
-    by_id: dict[str, dict[str, dict]] = {}
-    for t in evaluate_targets(plan, {"linear": linear, "decode": decode}):
-        by_id.setdefault(t["id"], {})[t["what"].split()[0]] = t
+    by_id = targets_by_id(plan, *synthetic_rows(plan, ratios, per_token))
     met = {tid: {name: t["met"] for name, t in by_id[tid].items()} for tid in ("43a", "43b", "43c")}
     assert met == {
         "43a": {"deltaproduct": True},  # 2.0 ≤ 2.0
@@ -422,27 +434,15 @@ def test_issue_42_goals_are_judged_on_a_full_plan_and_a_missing_row_is_not_measu
     and a row the run did not measure gives "not measured" (met None), not a crash."""
     plan = quick_plan()
     plan.quick = False
-    short, long = plan.target_linear_lengths
+    long = plan.target_linear_lengths[1]
     ratios = {"scaled_dot": 1.0, "linear_elu": 0.4, "linear_taylor": 1.1, "retnet": 0.5, "gla": 0.5}
     ratios |= {"gla_channel": 1.6, "gla_mamba2": 0.9, "deltanet": 0.7, "deltanet_beta2": 0.7 * 1.04}
     ratios |= {"gated_deltanet": 0.8, "gated_deltanet_beta2": 0.8 * 1.06, "kda": 1.5, "kda_beta2": 1.5}
-    linear = [
-        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "median_ms": 100.0 * ratio, "memory_ratio": 0.4}
-        | {"peak_mb": 10.0, "backend": "sdpa" if name == "scaled_dot" else "chunked"}
-        for n in (short, long)
-        for name, ratio in ratios.items()
-    ]
     longest, shortest = max(plan.decode_contexts), min(plan.decode_contexts)
     per_token = {name: 0.2 for name in ratios if name not in ("scaled_dot", "linear_taylor")}
     per_token |= {"scaled_dot": 1.0, "gla_channel": 0.34, "kda": 1 / 3}
-    decode = [
-        {"variant": name, "length": n, "ratio_scaled_dot": ratio, "tokens_per_s": 1000 / ratio, "bytes_per_seq": 4096}
-        for n in plan.decode_contexts
-        for name, ratio in per_token.items()
-    ]
-    by_id: dict[str, dict[str, dict]] = {}
-    for t in evaluate_targets(plan, {"linear": linear, "decode": decode}):
-        by_id.setdefault(t["id"], {})[t["what"].split()[0]] = t
+    linear, decode = synthetic_rows(plan, ratios, per_token)
+    by_id = targets_by_id(plan, linear, decode)
     met = {tid: {name: t["met"] for name, t in by_id[tid].items()} for tid in ("42a", "42b", "42c", "42d", "42e")}
     assert met == {
         "42a": {"gla_channel": False},
@@ -468,9 +468,7 @@ def test_issue_42_goals_are_judged_on_a_full_plan_and_a_missing_row_is_not_measu
     # the shortest (its memory goal has nothing to compare with)
     linear = [r for r in linear if r["variant"] != "kda_beta2"]
     decode = [r for r in decode if (r["variant"], r["length"]) not in (("kda", longest), ("gla_mamba2", shortest))]
-    by_id = {}
-    for t in evaluate_targets(plan, {"linear": linear, "decode": decode}):
-        by_id.setdefault(t["id"], {})[t["what"].split()[0]] = t
+    by_id = targets_by_id(plan, linear, decode)
     for t in (by_id["42d"]["kda_beta2"], by_id["42e"]["kda"], by_id["28b"]["gla_mamba2"]):
         assert (t["value"], t["met"], t["note"]) == (None, None, "not measured")
     assert by_id["42d"]["deltanet_beta2"]["met"] is True and by_id["42e"]["kda_beta2"]["met"] is True

@@ -140,15 +140,10 @@ class _Linear(Backend):
         if v.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(device):
             # the running sums in float32, as the softmax normalizes half-precision logits in float32
             with torch.autocast(device, enabled=False):
-                z = self.run(spec, _float(inputs))
+                z = self.run(spec, inputs.float())
         else:
             z = self.run(spec, inputs)  # (B, H, Lq, d_v)
         return FormOutput(z.to(v.dtype))
-
-
-def _float(inputs: FormInputs) -> FormInputs:
-    """The inputs in float32 (the transition record too: :meth:`~attnlab.forms.FormInputs.float`)."""
-    return inputs.float()
 
 
 @register_backend("chunked")

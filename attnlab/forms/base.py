@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,13 +70,14 @@ class FormInputs:
     def float(self) -> FormInputs:
         """The inputs in float32, the transition record's tensors too (every field kept)."""
 
-        def f(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.float()
-
         record = self.transition
         if record is not None:
-            low_rank = None if record.low_rank is None else (record.low_rank[0].float(), record.low_rank[1].float())
-            record = replace(record, log_decay=f(record.log_decay), beta=f(record.beta), low_rank=low_rank)
+            record = replace(
+                record,
+                log_decay=None if record.log_decay is None else record.log_decay.float(),
+                beta=None if record.beta is None else record.beta.float(),
+                low_rank=None if record.low_rank is None else tuple(t.float() for t in record.low_rank),
+            )
         return FormInputs(self.q.float(), self.k.float(), self.v.float(), self.mask, record)
 
 
@@ -229,14 +231,12 @@ class Form(nn.Module):
 def form_output(form: Form, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:
     """``form.output(out, inputs)``, or ``form.output(out)`` for a form whose override takes no ``inputs`` (a
     user's form written for ``output(out)``)."""
-    takes = _OUTPUT_TAKES_INPUTS.get(type(form))
-    if takes is None:
-        takes = "inputs" in inspect.signature(type(form).output).parameters
-        _OUTPUT_TAKES_INPUTS[type(form)] = takes
-    return form.output(out, inputs) if takes else form.output(out)
+    return form.output(out, inputs) if _output_takes_inputs(type(form)) else form.output(out)
 
 
-_OUTPUT_TAKES_INPUTS: dict[type, bool] = {}
+@functools.cache
+def _output_takes_inputs(cls: type[Form]) -> bool:
+    return "inputs" in inspect.signature(cls.output).parameters
 
 
 # ---------------------------------------------------------------------------------------------- the registry

@@ -141,8 +141,8 @@ class RWKV7(TransitionForm):
         if self.ln_x is not None:
             B, H, L, d_v = z.shape
             z = self.ln_x(z.transpose(1, 2).reshape(B * L, H * d_v)).view(B, L, H, d_v).transpose(1, 2)
-        elif self.output_norm is not None:
-            z = self.output_norm(z)
+        else:  # ``rmsnorm`` or none, as the other forms
+            z = super().output(FormOutput(z))
         return z + (r * k_tilde * self.r_k[:, None, :]).sum(-1, keepdim=True) * v
 
     def output(self, out: FormOutput, inputs: FormInputs | None = None) -> Tensor:

@@ -170,8 +170,7 @@ class TransitionForm(Form):
         q, k, step = self.inputs(q, expand_heads(k, self.num_heads), x)
         if mask.keys is not None:  # a padded token is no token: it writes nothing (k = 0) and forgets nothing (α = 1)
             real = mask.keys.transpose(-1, -2).to(k.dtype)  # (B, 1, L, 1)
-            n = step.householder_steps
-            k = k * (real if n == 1 else real.repeat_interleave(n, dim=2))
+            k = k * real.repeat_interleave(step.householder_steps, dim=2)  # each of a token's n steps
             log_decay = step.log_decay
             if log_decay is not None:
                 log_decay = log_decay * (real if log_decay.dim() == 4 else real[..., 0])
