@@ -5,13 +5,15 @@
       → form.prepare         the form's inputs: its gates and transition record, the mask shaped for its heads
       → backend.compute      z from those inputs (:mod:`attnlab.backends`: eager = the form's quadratic form)
       → form.output          per-head output transform (output norm, differential sub-norm)  (B, H, Lq, d_v)
+      → output gate          z_h ← z_h ⊙ σ(x W_g)_h, headwise or elementwise (Qiu et al. 2025), when configured
       → merge                out = concat_h(head_gate_h · z_h) W_O   (B, Lq, d_model)
 
 H query heads and G key/value heads (``num_kv_heads``: G = H is multi-head, G = 1 multi-query (Shazeer 2019), a
 divisor of H grouped-query attention (Ainslie et al. 2023)); query head h reads key/value head h // (H / G). The
 layer owns the projections, the short convolution, the q/k transforms and the merge; the form owns everything
 between (:class:`~attnlab.forms.softmax.SoftmaxForm`'s score, position bias, soft-cap, normalizer and differential
-maps; a transition form's gates); the backend, chosen per call by :func:`~attnlab.backends.choose_backend` (or forced
+maps; a transition form's gates; a form that projects its own inputs, like multi-head latent attention, also the
+projection); the backend, chosen per call by :func:`~attnlab.backends.choose_backend` (or forced
 with ``backend=``), computes z from the form's inputs and a frozen :class:`~attnlab.backends.LayerSpec`. Decoding is
 :meth:`MultiHeadAttention.step`: the same projection, then the form's one-token step.
 """
@@ -50,8 +52,9 @@ __all__ = [
 QK_NORMS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
 LAYER_FIELDS = frozenset(
-    {"d_k", "d_v", "num_kv_heads", "qk_norm", "rope", "short_conv", "mask", "backend", "backend_params"}
-)
+    {"d_k", "d_v", "num_kv_heads", "qk_norm", "rope", "short_conv", "short_conv_residual", "output_gate", "mask",
+     "backend", "backend_params"}
+)  # fmt: skip
 """The :class:`~attnlab.config.AttentionConfig` fields the layer itself computes (projection, q/k transforms, the
 mask, the choice of backend). Every other field is the form's (:attr:`~attnlab.forms.Form.config_fields`); one that
 neither owns is a feature every backend refuses until it is taught it (:class:`~attnlab.backends.LayerSpec`)."""
@@ -61,19 +64,21 @@ class ShortConvolution(nn.Module):
     """A depthwise causal convolution of width k over the sequence, one filter per channel, no bias (the short
     convolution that Zoology, Based and fla put on q, k and v): x (B, L, C) → y (B, L, C) with
     y_t = Σ_{m<k} w_m ⊙ x_{t−k+1+m} (``conv.weight`` (C, 1, k) is w; zeros before the start), so output t reads
-    inputs t−k+1 … t only."""
+    inputs t−k+1 … t only. ``residual``: y_t = x_t + Σ_m w_m ⊙ x_{t−k+1+m}, a Canon layer (Allen-Zhu 2025, "Physics
+    of Language Models: Part 4.1", §3: kernel 4, residual, no activation, no bias)."""
 
-    def __init__(self, channels: int, width: int) -> None:
+    def __init__(self, channels: int, width: int, residual: bool = False) -> None:
         super().__init__()
         self.width = width
+        self.residual = bool(residual)
         self.conv = nn.Conv1d(channels, channels, width, groups=channels, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, L, C) → (B, L, C) (L = 0 gives the empty sequence back)."""
         if x.shape[1] == 0:  # (conv1d refuses an input shorter than its kernel, which k − 1 zeros are at L = 0)
             return x
-        y = self.conv(F.pad(x.transpose(1, 2), (self.width - 1, 0)))  # left padding only: causal
-        return y.transpose(1, 2)
+        y = self.conv(F.pad(x.transpose(1, 2), (self.width - 1, 0))).transpose(1, 2)  # left padding only: causal
+        return x + y if self.residual else y
 
     def step(self, x: Tensor, buffer: Tensor | None) -> tuple[Tensor, Tensor]:
         """One new input x (B, 1, C), given the last k − 1 (B, k − 1, C) or None (the start) → (y (B, 1, C), the
@@ -82,16 +87,21 @@ class ShortConvolution(nn.Module):
             buffer = x.new_zeros(x.shape[0], self.width - 1, x.shape[-1])
         window = torch.cat([buffer, x], dim=1)  # (B, k, C)
         y = torch.einsum("bkc,ck->bc", window, self.conv.weight[:, 0]).unsqueeze(1)
-        return y, window[:, 1:]
+        return (x + y if self.residual else y), window[:, 1:]
+
+    def extra_repr(self) -> str:
+        return "residual" if self.residual else ""
 
 
 class AttentionOutput(NamedTuple):
     """out (B, Lq, d_model); weights w (B, H, Lq, Lk), signed for differential attention; logits e (B, Hq, Lq, Lk),
-    what the normalizer sees (score + position bias, soft-capped); Hq = 2H for differential attention."""
+    what the normalizer sees (score + position bias, soft-capped); Hq = 2H for differential attention; gate: the
+    output gate's σ(x W_g) (B, H, Lq, 1) headwise or (B, H, Lq, d_v) elementwise, None without one."""
 
     out: Tensor
     weights: Tensor
     logits: Tensor
+    gate: Tensor | None = None
 
 
 _OPTION_DEFAULTS: dict[str, Any] = {
@@ -105,6 +115,8 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "normalizer_params": None,
     "differential": False,
     "short_conv": None,
+    "short_conv_residual": False,
+    "output_gate": None,
     "mask": None,
     "backend": "auto",
     "backend_params": None,
@@ -158,6 +170,9 @@ def config_from_options(
     * ``differential``: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
       λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init);
       q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
+    * ``short_conv``: k ≥ 1, a causal depthwise convolution of width k on q, k and v after their projections;
+      ``short_conv_residual``: it adds its input back (Canon-B).
+    * ``output_gate``: ``headwise`` or ``elementwise``: z_h ← z_h ⊙ σ(x W_g) before ``out_proj`` (Qiu et al. 2025).
     * ``backend``: ``auto`` or a registered backend (:mod:`attnlab.backends`), refused in one line where it cannot
       compute this configuration.
 
@@ -190,6 +205,8 @@ def config_from_options(
         d_v=d_v,
         differential=opts["differential"],
         short_conv=opts["short_conv"],
+        short_conv_residual=opts["short_conv_residual"],
+        output_gate=opts["output_gate"],
         mask=opts["mask"],
         backend=opts["backend"],
         backend_params=opts["backend_params"] or {},
@@ -266,28 +283,36 @@ class MultiHeadAttention(nn.Module):
         self.query_heads, self.key_heads = kind.query_maps(config) * H, kind.key_maps(config) * G  # Hq, Gk
         self.value_heads = kind.value_maps(config) * G  # Gv
 
-        # projections
-        self.q_proj = nn.Linear(d_model, self.query_heads * self.d_k, bias=bias)
-        self.k_proj = nn.Linear(d_model, self.key_heads * self.d_k, bias=bias)
-        self.v_proj = nn.Linear(d_model, self.value_heads * self.d_v, bias=bias)
+        # projections (a form that projects its own inputs, like MLA's latent, builds them itself: Form.projects)
+        if not kind.projects:
+            self.q_proj = nn.Linear(d_model, self.query_heads * self.d_k, bias=bias)
+            self.k_proj = nn.Linear(d_model, self.key_heads * self.d_k, bias=bias)
+            self.v_proj = nn.Linear(d_model, self.value_heads * self.d_v, bias=bias)
         self.out_proj = nn.Linear(H * self.d_v, d_model, bias=bias)
 
         # the token mixer
-        sizes = LayerSizes(d_model, H, G, self.d_k, self.d_v, self.layer, self.dropout)
+        sizes = LayerSizes(d_model, H, G, self.d_k, self.d_v, self.layer, self.dropout, bias)
         self.form = build_form(form_name, sizes, config, **{k: m for k, m in built.items() if k != "rope"})
+
+        # the gated output (Qiu et al. 2025): one gate per head, or per channel, from the layer's input
+        self.output_gate = config.output_gate
+        if self.output_gate is not None:
+            self.g_proj = nn.Linear(d_model, H * (self.d_v if self.output_gate == "elementwise" else 1), bias=bias)
 
         # q/k transforms
         self.qk_norm = config.qk_norm
         self.q_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
         self.k_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
-        self.rope = built.get("rope") or (None if config.rope is None else RotaryEmbedding(self.d_k, **config.rope))
+        rope = built.get("rope") or (None if config.rope is None else RotaryEmbedding(self.d_k, **config.rope))
+        self.rope = None if kind.projects else rope  # (a form that projects applies its own rotary positions)
 
-        # short convolutions on the projections (causal, depthwise)
+        # short convolutions on the projections (causal, depthwise; with a residual: Canon-B)
         self.short_conv = config.short_conv
         if self.short_conv is not None:
-            self.q_conv = ShortConvolution(self.query_heads * self.d_k, self.short_conv)
-            self.k_conv = ShortConvolution(self.key_heads * self.d_k, self.short_conv)
-            self.v_conv = ShortConvolution(self.value_heads * self.d_v, self.short_conv)
+            residual = config.short_conv_residual
+            self.q_conv = ShortConvolution(self.query_heads * self.d_k, self.short_conv, residual)
+            self.k_conv = ShortConvolution(self.key_heads * self.d_k, self.short_conv, residual)
+            self.v_conv = ShortConvolution(self.value_heads * self.d_v, self.short_conv, residual)
 
         shown = "none (every key visible)" if config.mask is None else mask_text(config.mask)
         self.form.check_mask(self.mask_form, shown)
@@ -373,8 +398,11 @@ class MultiHeadAttention(nn.Module):
         """x (B, Lq, d_model), key_value (B, Lk, d_model) or None → q (B, Hq, Lq, d_k), k (B, Gk, Lk, d_k),
         v (B, Gv, Lk, d_v) (Gv = G but for DeltaProduct's n·G): the projections, the short convolution (one token
         with ``cache``'s buffers when decoding), then QK-norm and rotary positions (``offset``: the tokens before
-        these)."""
+        these). A form that projects its own inputs (:attr:`~attnlab.forms.Form.projects`: multi-head latent
+        attention) computes them instead (:meth:`~attnlab.forms.Form.project`; decoding, in its own form)."""
         kv = x if key_value is None else key_value
+        if self.form.projects:
+            return self.form.project(x, kv, offset, decoding=cache is not None)
         B, Lq, _ = x.shape
         Lk = kv.shape[1]
         q, k, v = self.q_proj(x), self.k_proj(kv), self.v_proj(kv)  # (B, L, channels)
@@ -400,6 +428,15 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q, offset), self.rope(k, offset)
         return q, k
 
+    def gate_values(self, x: Tensor) -> Tensor | None:
+        """The output gate σ(x W_g) for the layer's input x (B, Lq, d_model) → (B, H, Lq, 1) headwise or
+        (B, H, Lq, d_v) elementwise (head h's channels are W_g's outputs h·d_v … (h+1)·d_v − 1); None without
+        one (Qiu et al. 2025, "Gated Attention for Large Language Models", eq. 5 at their position G1)."""
+        if self.output_gate is None:
+            return None
+        B, Lq, _ = x.shape
+        return torch.sigmoid(self.g_proj(x)).view(B, Lq, self.num_heads, -1).transpose(1, 2)
+
     def merge(self, z: Tensor) -> Tensor:
         """z (B, H, Lq, d_v), each head after the form's output transform → (B, Lq, d_model): a head gate
         (:attr:`head_gate`, (H,)) scales each head, then ``out_proj`` of the heads side by side."""
@@ -413,7 +450,7 @@ class MultiHeadAttention(nn.Module):
         state_size`: a key/value cache, or a recurrent form's fixed state), plus the short convolutions' last
         k − 1 inputs."""
         size = self.form.state_size(length)
-        if self.short_conv is not None:
+        if self.short_conv is not None and not self.form.projects:
             channels = (self.query_heads + self.key_heads) * self.d_k + self.value_heads * self.d_v
             size += (self.short_conv - 1) * channels
         return int(size)
@@ -472,7 +509,9 @@ class MultiHeadAttention(nn.Module):
         pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
         inputs = self.form.prepare(q, k, v, x, pm)
         o = backend.compute(self.spec, inputs, self.dropout if self.training else 0.0)
-        return AttentionOutput(self.merge(form_output(self.form, o, inputs)), o.weights, o.logits)
+        z = form_output(self.form, o, inputs)  # (B, H, Lq, d_v)
+        gate = self.gate_values(x)
+        return AttentionOutput(self.merge(z if gate is None else z * gate), o.weights, o.logits, gate)
 
     def attend(
         self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
@@ -490,7 +529,9 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, offset=t, cache=cache)
         z, cache.state = self.form.step(cache.state, q, k, v, x, t)  # (B, H, 1, d_v)
         cache.length = t + 1
-        return self.merge(form_output(self.form, FormOutput(z)))
+        z = form_output(self.form, FormOutput(z))
+        gate = self.gate_values(x)
+        return self.merge(z if gate is None else z * gate)
 
     def extra_repr(self) -> str:
         extra = [f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, d_v={self.d_v}"]
@@ -499,7 +540,9 @@ class MultiHeadAttention(nn.Module):
         if self.qk_norm:
             extra.append(f"qk_norm={self.qk_norm}")
         if self.short_conv is not None:
-            extra.append(f"short_conv={self.short_conv}")
+            extra.append(f"short_conv={self.short_conv}" + (" (residual)" if self.config.short_conv_residual else ""))
+        if self.output_gate is not None:
+            extra.append(f"output_gate={self.output_gate}")
         if self.config.backend != "auto":
             extra.append(f"backend={self.config.backend}")
         return ", ".join(extra)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from attnlab.checks import check_int, check_number
 from attnlab.heads import HEAD_SCORES, dilution, head_scores, rank_residual
-from attnlab.metrics import attention_stats, flatten_stats
+from attnlab.metrics import attention_stats, flatten_stats, gate_stats
 from attnlab.runs import atomic_open
 
 __all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_attention_maps"]
@@ -182,9 +182,12 @@ class AttentionDiagnostics(L.Callback):
                 )
                 for r, layer, key_mask in zip(records, encoder.layers, masks, strict=True)
             ]
+            keep = None if encoder.pad_id is None else tokens != encoder.pad_id
+            for stats, r in zip(per_layer, records, strict=True):
+                if r.gate is not None:  # the gated output (Qiu et al. 2025): its mean per head
+                    stats.update(gate_stats(r.gate, keep))
             ranks: dict[str, list[float]] = {"rank_residual": [], "rank_residual_attn": []}  # one per layer
             if self.heads:
-                keep = None if encoder.pad_id is None else tokens != encoder.pad_id
                 for stats, r, key_mask in zip(per_layer, records, masks, strict=True):
                     stats.update(dilution(r.weights, key_mask, self.near_keys))
                 for layer, x, r in zip(encoder.layers, inputs, records, strict=True):

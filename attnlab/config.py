@@ -36,6 +36,7 @@ from attnlab.scores import _PRESETS, _SCORES, is_preset, list_presets, register_
 __all__ = [
     "DEFAULT_LAYER_KINDS",
     "FIELDS",
+    "OUTPUT_GATES",
     "SETTING_FIELDS",
     "AttentionConfig",
     "build_preset",
@@ -87,6 +88,11 @@ class AttentionConfig:
         differential: differential attention, two maps per head (``model.differential``).
         short_conv: k ≥ 1: a depthwise causal convolution of width k on each channel of q, k and v after their
             projections (Zoology, Based and fla give every linear mixer one), or None (off) (``model.short_conv``).
+        short_conv_residual: the short convolution adds its input back, q ← q + conv(q) (and k, v): Allen-Zhu 2025's
+            Canon-B, which ``model.canon`` with B sets (``attention.short_conv_residual``); needs ``short_conv``.
+        output_gate: the gated output of Qiu et al. 2025 (Qwen3-Next): z_h ← z_h ⊙ σ(x W_g) after the form's output
+            and before ``out_proj``, ``headwise`` (one scalar per head and token) or ``elementwise`` (one per
+            channel), on every form; None (off) (``attention.output_gate``).
         backend: what computes the layer (``attention.backend``): ``auto`` (the first backend of
             :func:`~attnlab.backends.list_backends` that supports it) or a backend's name, which is then refused
             in one line where it cannot compute this configuration.
@@ -109,6 +115,8 @@ class AttentionConfig:
     d_v: int | None = None
     differential: bool = False
     short_conv: int | None = None
+    short_conv_residual: bool = False
+    output_gate: str | None = None
     backend: str = "auto"
     backend_params: dict[str, Any] = field(default_factory=dict)
 
@@ -157,6 +165,14 @@ class AttentionConfig:
             put("short_conv", None)
         if self.short_conv is not None:
             put("short_conv", check_int("short_conv", self.short_conv, minimum=1))
+        if not isinstance(self.short_conv_residual, bool):
+            raise ValueError(f"short_conv_residual must be true or false, got {self.short_conv_residual!r}")
+        if self.short_conv_residual and self.short_conv is None:
+            raise ValueError("short_conv_residual=true needs a short convolution: set short_conv (the width, e.g. 4)")
+        if self.output_gate in ("none", ""):
+            put("output_gate", None)
+        if self.output_gate not in (None, *OUTPUT_GATES):
+            raise ValueError(f"output_gate must be null, headwise or elementwise, got {self.output_gate!r}")
 
     # ------------------------------------------------------------------------------------------ views
 
@@ -218,6 +234,9 @@ class AttentionConfig:
                 parts.append(f"{key}={_short(value)}")
         return " · ".join(parts)
 
+
+OUTPUT_GATES: tuple[str, ...] = ("headwise", "elementwise")
+"""The gated output's forms (:attr:`AttentionConfig.output_gate`): one gate per head and token, or per channel."""
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig))
 """The fields of :class:`AttentionConfig`, in order."""

@@ -18,7 +18,8 @@ without a position bias                    so far (preallocated, doubled when fu
                                            window reads the keys of its window
 =========================================  =====================================================  ============
 
-plus, with ``short_conv=k``, the last k − 1 projections of q, k and v. Refused in one line: a position bias or a
+plus, with ``short_conv=k``, the last k − 1 projections of q, k and v, and with Canon layers (``canon``), the last
+k − 1 inputs of each. Refused in one line: a position bias or a
 score with a value term (their per-query tables), differential attention, positional feature maps (cosformer),
 and a mask that is not causal (or a causal window); so are tokens of another shape than (B,) per step or (B, L) per
 sequence, and a cache fed another batch size than it holds. Decoding runs without gradients' bookkeeping where you
@@ -46,13 +47,14 @@ class LayerCache:
     length: int = 0  # tokens seen
     conv: list[Tensor] = field(default_factory=list)  # the last k − 1 projections of q, k, v (B, k − 1, channels)
     batch_size: int | None = None  # the sequences it holds (B), from its first token on
+    block: dict[str, Tensor] = field(default_factory=dict)  # the Canon layers' last k − 1 inputs (A, C, D)
 
     def nbytes(self) -> int:
         """Bytes this cache holds now (a key/value cache counts the tokens seen, not its spare capacity)."""
         state = self.state
         total = state.nbytes() if hasattr(state, "nbytes") and not isinstance(state, Tensor) else 0
         tensors = list(state) if isinstance(state, tuple) else [state] if isinstance(state, Tensor) else []
-        for t in [*tensors, *self.conv]:
+        for t in [*tensors, *self.conv, *self.block.values()]:
             if t is not None:
                 total += t.numel() * t.element_size()
         return total
@@ -124,7 +126,7 @@ def encoder_step(encoder: Any, tokens: Tensor, cache: list[LayerCache]) -> Tenso
     if encoder.pos is not None:
         h = h + encoder.pos(position + 1)[position:]
     for layer, layer_cache in zip(encoder.layers, cache, strict=True):
-        h = layer.block(h, lambda u, attn=layer.self_attn, c=layer_cache: attn.step(u, c))
+        h = layer.block(h, lambda u, attn=layer.self_attn, c=layer_cache: attn.step(u, c), cache=layer_cache)
     return encoder.norm(h)[:, 0]
 
 

@@ -5,6 +5,12 @@
     post-LN: h = LN(h + Drop(MHA(h)));  h = LN(h + Drop(FFN(h)))
     out = LN_final(h_N) for pre-LN (post-LN outputs are already normalised)
 
+Canon layers (Allen-Zhu 2025, "Physics of Language Models: Part 4.1"): ``canon="ABCD"`` or any subset puts a causal
+depthwise convolution of width ``canon_width`` (4) with a residual, h ← h + conv(h), at the paper's points: A on the
+attention's input (after the norm, pre-LN), B on q, k and v inside the attention (the layer's short convolution with
+a residual: :attr:`~attnlab.config.AttentionConfig.short_conv_residual`), C on the feed-forward's input, D inside
+the feed-forward after its first linear map (before the GELU).
+
 Positional encodings: ``sinusoidal`` (Vaswani §3.5), ``learned`` (a table of ``max_len`` vectors), ``rope``
 (rotary positions applied to q and k in every layer, no absolute table) or ``none`` (for relative-position scores
 and biases, which carry position themselves). Token embeddings are not scaled by √d_model: nn.Embedding starts at
@@ -20,13 +26,14 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import AttentionOutput, MultiHeadAttention
+from attnlab.attention import AttentionOutput, MultiHeadAttention, ShortConvolution
 from attnlab.checks import check_choice, check_int, default_d_k
 from attnlab.config import AttentionConfig
 from attnlab.masks import AllOf, Mask, Padding, PreparedMask, build_mask, mask_form, prepare_mask
 from attnlab.positions import LearnedPositionalEncoding, SinusoidalPositionalEncoding
 
 __all__ = [
+    "CANON_POINTS",
     "POSITIONAL_ENCODINGS",
     "Encoder",
     "EncoderLayer",
@@ -61,6 +68,38 @@ def _dropout(x: Tensor, p: float) -> Tensor:
     return F.dropout(x, p) if p > 0.0 else x
 
 
+CANON_POINTS = "ABCD"
+"""Canon layers' points (Allen-Zhu 2025): A before the attention, B on q/k/v, C before the MLP, D inside the MLP."""
+
+
+def canon_points(canon: str | None, name: str = "canon") -> str:
+    """``canon`` (a subset of ``ABCD`` in any order, or None / "" for none) as the points in order (``"CA"`` →
+    ``"AC"``); anything else is one line naming ``name`` and what is allowed."""
+    if canon is None or canon == "":
+        return ""
+    if not isinstance(canon, str) or set(canon) - set(CANON_POINTS) or len(set(canon)) != len(canon):
+        raise ValueError(
+            f"{name} must be null or a subset of {CANON_POINTS} without repeats (A before attention, B on q/k/v, "
+            f"C before the MLP, D inside it; e.g. ABCD or AC), got {canon!r}"
+        )
+    return "".join(p for p in CANON_POINTS if p in canon)
+
+
+def with_canon_b(config: AttentionConfig, width: int, where: str = "the attention") -> AttentionConfig:
+    """``config`` with Canon-B: the short convolution of width ``width`` on q, k, v with a residual. A config that
+    already has it is returned as it is; one with another short convolution is refused in one line."""
+    if config.short_conv == width and config.short_conv_residual:
+        return config
+    if config.short_conv is not None:
+        residual = " (with a residual)" if config.short_conv_residual else " (without a residual)"
+        raise ValueError(
+            f"canon B puts a residual short convolution of width {width} on q, k, v, but {where} already has "
+            f"short_conv={config.short_conv}{residual}: leave B out of canon (model.canon), or set short_conv "
+            "to null (model.short_conv=null)"
+        )
+    return config.replace(short_conv=width, short_conv_residual=True)
+
+
 def as_attention_config(attention: AttentionConfig | Mapping[str, Any]) -> AttentionConfig:
     """``attention`` as an :class:`~attnlab.config.AttentionConfig`: a config as it is, or one built from its fields
     given as a mapping (a user's script, or the hyperparameters of a saved module, which hold plain data)."""
@@ -77,7 +116,9 @@ class EncoderLayer(nn.Module):
     ``attention`` (an :class:`~attnlab.config.AttentionConfig`, or its fields as a mapping), or built from
     ``score``, ``score_params`` and ``attention_options`` as :class:`~attnlab.attention.MultiHeadAttention`'s
     keyword arguments. :meth:`block` is the layer's wiring around any token mixer (:meth:`forward` gives it the
-    attention; decoding, one token's step)."""
+    attention; decoding, one token's step). ``canon``: Canon layers of width ``canon_width`` at any of the points
+    A, B, C, D (module docstring): ``canon_a`` (d_model), ``canon_c`` (d_model), ``canon_d`` (d_ff), and B in the
+    attention's config."""
 
     def __init__(
         self,
@@ -94,13 +135,21 @@ class EncoderLayer(nn.Module):
         *,
         attention: AttentionConfig | Mapping[str, Any] | None = None,
         layer: int = 1,
+        canon: str | None = None,
+        canon_width: int = 4,
         **attention_options: Any,
     ) -> None:
         super().__init__()
         d_ff = 4 * d_model if d_ff is None else d_ff
+        self.canon = canon = canon_points(canon)
+        self.canon_width = width = check_int("canon_width", canon_width, minimum=1)
         if attention is None:
             d_k = default_d_k(d_model, num_heads, d_k)
             options = {**attention_options, **(score_params or {})}
+            if "B" in canon:
+                if options.get("short_conv") not in (None, width) or options.get("short_conv_residual") is False:
+                    with_canon_b(AttentionConfig(short_conv=options.get("short_conv")), width, f"layer {layer}")
+                options |= {"short_conv": width, "short_conv_residual": True}
             self.self_attn = MultiHeadAttention(
                 d_model, num_heads, d_k, d_v, score=score, bias=bias, dropout=dropout, layer=layer, **options
             )
@@ -108,6 +157,8 @@ class EncoderLayer(nn.Module):
             if score is not None or score_params or attention_options:
                 raise ValueError("give attention= (an AttentionConfig) or the attention options, not both")
             attention = as_attention_config(attention)
+            if "B" in canon:
+                attention = with_canon_b(attention, width, f"layer {layer}'s attention")
             d_k = attention.d_k or d_k  # a layer's own d_k first
             self.self_attn = MultiHeadAttention(
                 d_model, num_heads, d_k, d_v, bias=bias, dropout=dropout, config=attention, layer=layer
@@ -117,6 +168,9 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.dropout = float(dropout)
         self.norm_first = norm_first
+        self.canon_a = ShortConvolution(d_model, width, residual=True) if "A" in canon else None
+        self.canon_c = ShortConvolution(d_model, width, residual=True) if "C" in canon else None
+        self.canon_d = ShortConvolution(d_ff, width, residual=True) if "D" in canon else None
 
     def _attn(self, h: Tensor, mask: PreparedMask | None, need_weights: bool) -> tuple[Tensor, AttentionOutput | None]:
         if need_weights:
@@ -143,17 +197,35 @@ class EncoderLayer(nn.Module):
 
         return self.block(x, attend), records[0]
 
-    def block(self, x: Tensor, mix: Callable[[Tensor], Tensor]) -> Tensor:
+    def block(self, x: Tensor, mix: Callable[[Tensor], Tensor], cache: Any = None) -> Tensor:
         """x (B, L, d_model) → the layer's output with ``mix`` as its token mixer: the residual wiring, norms and
         feed-forward of :meth:`forward` around ``mix`` (B, L, d_model) → (B, L, d_model), which is called once, on
-        ``norm1(x)`` pre-LN and on ``x`` itself post-LN. Dropout (on the mixer's output and the feed-forward's) only
-        in training mode, as in :meth:`forward`."""
+        ``norm1(x)`` pre-LN and on ``x`` itself post-LN (after Canon-A when the layer has it). Dropout (on the
+        mixer's output and the feed-forward's) only in training mode, as in :meth:`forward`. ``cache``: decoding
+        one token (L = 1), the layer's :class:`~attnlab.decode.LayerCache`, whose ``block`` buffers the Canon
+        layers' last k − 1 inputs."""
         drop = self.dropout if self.training else 0.0
         if self.norm_first:
-            x = x + _dropout(mix(self.norm1(x)), drop)
-            return x + _dropout(self.ff(self.norm2(x)), drop)
-        x = self.norm1(x + _dropout(mix(x), drop))
-        return self.norm2(x + _dropout(self.ff(x), drop))
+            x = x + _dropout(mix(self._canon(self.canon_a, self.norm1(x), cache, "A")), drop)
+            return x + _dropout(self.feed_forward(self._canon(self.canon_c, self.norm2(x), cache, "C"), cache), drop)
+        x = self.norm1(x + _dropout(mix(self._canon(self.canon_a, x, cache, "A")), drop))
+        return self.norm2(x + _dropout(self.feed_forward(self._canon(self.canon_c, x, cache, "C"), cache), drop))
+
+    def feed_forward(self, h: Tensor, cache: Any = None) -> Tensor:
+        """h (B, L, d_model) → W₂ GELU(Canon-D(W₁ h)) (B, L, d_model); Canon-D only when the layer has it."""
+        up = self._canon(self.canon_d, self.ff[0](h), cache, "D")  # (B, L, d_ff)
+        return self.ff[2](self.ff[1](up))
+
+    @staticmethod
+    def _canon(conv: ShortConvolution | None, h: Tensor, cache: Any, point: str) -> Tensor:
+        """Canon layer ``conv`` on h (B, L, C), or h when the layer has none; decoding, one token with the cache's
+        buffer for ``point``."""
+        if conv is None:
+            return h
+        if cache is None:
+            return conv(h)
+        y, cache.block[point] = conv.step(h, cache.block.get(point))
+        return y
 
 
 def _causal_and_padding(mask: Mask) -> tuple[Mask, list[Mask]] | None:
@@ -196,6 +268,7 @@ class Encoder(nn.Module):
         rope: :class:`~attnlab.positions.RotaryEmbedding` parameters (``base``, ``fraction``) for ``rope``.
         dropout: on attention weights, residual branches and the embedding.
         norm_first: pre-LN (default) or post-LN.
+        canon: Canon layers at any of the points ``ABCD`` (module docstring), or None; canon_width: their width.
         **attention_options: the other attention stages, as in :class:`~attnlab.attention.MultiHeadAttention` (the
             fields of :class:`~attnlab.config.AttentionConfig`); layer l (from 1) gets ``layer=l``.
     """
@@ -221,6 +294,8 @@ class Encoder(nn.Module):
         *,
         attention: AttentionLike | Sequence[AttentionLike] | None = None,
         rope: Mapping[str, Any] | None = None,
+        canon: str | None = None,
+        canon_width: int = 4,
         **attention_options: Any,
     ) -> None:
         super().__init__()
@@ -240,11 +315,17 @@ class Encoder(nn.Module):
         configs = self._layer_configs(
             num_layers, attention, score, score_params, mask, d_v, pos_encoding, rope, attention_options
         )
+        self.canon = canon_points(canon)
+        if "B" in self.canon:  # Canon-B is each layer's short convolution with a residual: recorded in its config
+            configs = [with_canon_b(c, canon_width, f"layer {n}'s attention") for n, c in enumerate(configs, 1)]
         self.attention_configs = configs
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, num_heads, d_k, None, d_ff, dropout, norm_first, bias=bias, attention=c, layer=n)
+            EncoderLayer(
+                d_model, num_heads, d_k, None, d_ff, dropout, norm_first, bias=bias, attention=c, layer=n,
+                canon=self.canon, canon_width=canon_width,
+            )
             for n, c in enumerate(configs, start=1)
-        )
+        )  # fmt: skip
         self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
         self.dropout = float(dropout)
         self._padding = Padding(pad_id)

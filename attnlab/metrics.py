@@ -57,6 +57,9 @@ Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
 * ``negative_mass`` ``sum_j max(-w_ij, 0)``, the weight a signed (differential) row puts below zero. Present
   when ``signed=True`` (then also for weights that happen to be all >= 0, where it is 0), or when
   ``signed=None`` and some visible weight is negative; never with ``signed=False``.
+* ``gate_mean``     the output gate's mean σ(x W_g) per head over the valid query rows (and, elementwise, the
+  channels): Qiu et al. 2025 ("Gated Attention for Large Language Models", §4) report it small and sparse once
+  trained (:func:`gate_stats`; only for a layer with ``output_gate``).
 * ``logit_std``     population standard deviation of the row's logits over its visible keys
   (``sqrt(mean_j (s_ij - mean_j s_ij)^2)``), averaged over rows. Only when ``logits`` is given.
 * ``logit_max``     maximum logit over all visible entries (max over batch, rows and keys, per head).
@@ -72,7 +75,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["RowDistribution", "attention_stats", "flatten_stats", "row_distribution", "summarize"]
+__all__ = ["RowDistribution", "attention_stats", "flatten_stats", "gate_stats", "row_distribution", "summarize"]
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -236,6 +239,18 @@ def attention_stats(
         stats["logit_max"] = torch.where(any_visible, s_max, torch.full_like(s_max, math.nan))
 
     return stats
+
+
+def gate_stats(gate: Tensor, keep: Tensor | None = None) -> dict[str, Tensor]:
+    """The output gate's values σ(x W_g) (B, H, Lq, 1) headwise or (B, H, Lq, d_v) elementwise, ``keep`` (B, Lq)
+    bool (True = a real query row, not padding) or None → ``{"gate_mean": (H,)}``, the mean per head over the kept
+    rows and the channels (NaN for a batch with no kept row)."""
+    g = gate.detach().to(_work_dtype(gate.dtype)).mean(dim=-1)  # (B, H, Lq)
+    if keep is None:
+        return {"gate_mean": g.mean(dim=(0, 2))}
+    weight = keep.to(g.dtype).unsqueeze(1)  # (B, 1, Lq)
+    total = weight.sum() * torch.ones(g.shape[1], dtype=g.dtype, device=g.device)
+    return {"gate_mean": (g * weight).sum(dim=(0, 2)) / total}
 
 
 def summarize(stats: Mapping[str, Tensor]) -> dict[str, float]:

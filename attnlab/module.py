@@ -124,7 +124,8 @@ class EncoderModule(L.LightningModule):
         pattern: the name of the per-layer pattern (``model.pattern``, e.g. ``LG``), recorded for the run.
         score, score_params, mask: the attention of every layer as before (an older run's hyperparameters): with
             ``attention`` as a dict of the other AttentionConfig fields, they make one AttentionConfig.
-        pos_encoding, norm_first, dropout: encoder options.
+        pos_encoding, norm_first, dropout: encoder options; canon, canon_width: Canon layers
+            (:class:`~attnlab.encoder.EncoderLayer`, ``model.canon``).
         lr, weight_decay, warmup_steps, max_steps, betas: AdamW with warm-up + cosine decay over ``max_steps``.
         test_lengths: the task's extra test lengths: test dataloader ``k >= 1`` is length ``test_lengths[k - 1]``.
         report_bits: log ``val/bpc`` and ``test/bpc`` (language modelling).
@@ -148,6 +149,8 @@ class EncoderModule(L.LightningModule):
         score_params: dict[str, Any] | None = None,
         mask: Any = None,
         pos_encoding: str = "sinusoidal",
+        canon: str | None = None,
+        canon_width: int = 4,
         norm_first: bool = True,
         dropout: float = 0.0,
         lr: float = 1e-3,
@@ -176,6 +179,8 @@ class EncoderModule(L.LightningModule):
             d_ff=d_ff,
             pad_id=pad_id,
             pos_encoding=pos_encoding,
+            canon=canon,
+            canon_width=canon_width,
             max_len=max_len,
             dropout=dropout,
             norm_first=norm_first,

@@ -244,14 +244,14 @@ PLAIN_CONFIGS = [
     AttentionConfig(score="linear", normalizer="rowsum"),
     *(config_of(setting) for setting in SETTINGS),
 ]
-GatedConfig = dataclasses.make_dataclass(
-    "GatedConfig", [("output_gate", bool, dataclasses.field(default=False))], bases=(AttentionConfig,), frozen=True
+FutureConfig = dataclasses.make_dataclass(
+    "FutureConfig", [("future_stage", bool, dataclasses.field(default=False))], bases=(AttentionConfig,), frozen=True
 )
-"""AttentionConfig with one more field, ``output_gate``: a setting no backend (and no form) was taught."""
+"""AttentionConfig with one more field, ``future_stage``: a setting no backend (and no form) was taught."""
 
 
-def gated(config: AttentionConfig, on: bool) -> AttentionConfig:
-    return GatedConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, output_gate=on)
+def with_future(config: AttentionConfig, on: bool) -> AttentionConfig:
+    return FutureConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(config)}, future_stage=on)
 
 
 def small_layer(config: AttentionConfig) -> MultiHeadAttention:
@@ -261,28 +261,28 @@ def small_layer(config: AttentionConfig) -> MultiHeadAttention:
 
 @pytest.mark.parametrize("backend", [b for b in list_backends() if "*" not in build_backend(b).computes])
 def test_a_new_config_field_is_refused_by_every_backend_not_taught_it(backend):
-    """``output_gate=True`` is a feature of the layer (``config.output_gate``: neither the layer nor the form owns
+    """``future_stage=True`` is a feature of the layer (``config.future_stage``: neither the layer nor the form owns
     the field) that the backend refuses in one line naming it, for a config it computes otherwise; built with
     the backend forced, the layer is refused; ``auto`` falls back on a backend that computes everything. At its
     default the field changes nothing."""
-    assert "output_gate" not in LAYER_FIELDS
+    assert "future_stage" not in LAYER_FIELDS
     chosen = build_backend(backend)
     plain = next((c for c in PLAIN_CONFIGS if chosen.config_reason(small_layer(c)) is None), None)
     if plain is None:  # a backend none of the configs above reaches: its refusal of its own features plus the field
-        features = frozenset(chosen.computes) | {"config.output_gate"}
+        features = frozenset(chosen.computes) | {"config.future_stage"}
         reason = missing_feature(features, chosen.computes)
-        assert reason is not None and "output_gate" in reason
+        assert reason is not None and "future_stage" in reason
         return
     base = small_layer(plain)
-    off, on = small_layer(gated(plain, False)), small_layer(gated(plain, True))
-    assert isinstance(on.config, GatedConfig) and on.config.output_gate
+    off, on = small_layer(with_future(plain, False)), small_layer(with_future(plain, True))
+    assert isinstance(on.config, FutureConfig) and on.config.future_stage
     assert off.spec.features == base.spec.features  # at its default: nothing changes
     assert chosen.config_reason(off) is None
-    assert on.spec.features == base.spec.features | {"config.output_gate"}
+    assert on.spec.features == base.spec.features | {"config.future_stage"}
     reason = chosen.config_reason(on)
-    assert reason is not None and "output_gate" in reason and "\n" not in reason, reason
-    with pytest.raises(ValueError, match="output_gate") as err:
-        small_layer(gated(plain, True).replace(backend=backend))
+    assert reason is not None and "future_stage" in reason and "\n" not in reason, reason
+    with pytest.raises(ValueError, match="future_stage") as err:
+        small_layer(with_future(plain, True).replace(backend=backend))
     assert "\n" not in str(err.value)
     star = [b for b in list_backends() if "*" in build_backend(b).computes]
     assert on.backend_for(mask=on.mask_form) in star

@@ -44,7 +44,8 @@ def expand_heads(t: Tensor, heads: int) -> Tensor:
 @dataclass(frozen=True)
 class LayerSizes:
     """The sizes a form is built for: H query heads, G key/value heads, per-head d_k and d_v, the layer's d_model,
-    its depth (1, 2, …) and attention dropout."""
+    its depth (1, 2, …), attention dropout, and whether the layer's projections have biases (a form that projects
+    its own inputs follows it)."""
 
     d_model: int
     num_heads: int
@@ -53,6 +54,7 @@ class LayerSizes:
     d_v: int
     layer: int = 1
     dropout: float = 0.0
+    bias: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,10 @@ class Form(nn.Module):
     """named settings of the form's parameters (``variant.params``) that the tests, the bench and the card cover
     beside its defaults, e.g. ``{"channel": {"gate": "channel"}}`` on ``gla``: each is the row
     ``<form>_<setting>`` (:func:`form_settings`)."""
+    projects: ClassVar[bool] = False
+    """whether the form projects its own q, k, v from x (:meth:`project`: multi-head latent attention's latent);
+    then the layer has no ``q_proj``, ``k_proj``, ``v_proj``, short convolution, QK-norm or rotary positions of its
+    own."""
     config_fields: ClassVar[frozenset[str]] = frozenset()
     """the :class:`~attnlab.config.AttentionConfig` fields this form turns into its stages (and :meth:`features`);
     any other field set away from its default that the layer does not own is a feature no backend computes unless
@@ -154,6 +160,15 @@ class Form(nn.Module):
     def key_heads(self) -> int:
         """Gk, the key heads the layer projects (:meth:`key_maps` per key/value head)."""
         return type(self).key_maps(self.config) * self.sizes.num_kv_heads
+
+    def project(
+        self, x: Tensor, key_value: Tensor, offset: int = 0, decoding: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """A form that :attr:`projects`: x (B, Lq, d_model), key_value (B, Lk, d_model) (x itself for
+        self-attention), ``offset`` (the tokens before these) → q (B, Hq, Lq, ·), k (B, Gk, Lk, ·), v (B, Gv, Lk,
+        d_v), which :meth:`prepare` and the backends take as the layer's; ``decoding``: what :meth:`step` takes
+        instead (the form's own decoding inputs)."""
+        raise NotImplementedError(f"form {self.name} does not project its own inputs")
 
     def check_mask(self, form: str, shown: str) -> None:
         """Raise ValueError (one line) when the layer's configured mask (``form``: none, causal, padding,

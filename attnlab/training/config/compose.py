@@ -258,14 +258,19 @@ def attention_configs(cfg: DictConfig) -> list[Any]:
     else wrote), then changed per layer by ``model.pattern`` / ``model.layer_kinds`` or ``model.layers``
     (:func:`~attnlab.config.layer_configs`). One :class:`ConfigError` line for a bad field."""
     from attnlab.config import layer_configs
+    from attnlab.encoder import canon_points, with_canon_b
 
     base = base_attention(cfg)
     m = cfg.model
     _check_layer_changes(m)
     try:
-        return layer_configs(
+        configs = layer_configs(
             base, cfg.num_layers, m.get("pattern"), plain(m.get("layer_kinds")), plain(m.get("layers"))
         )
+        if "B" in canon_points(m.get("canon")):  # Canon-B: each layer's short convolution, with a residual
+            width = m.get("canon_width", 4)
+            configs = [with_canon_b(c, width, f"layer {n}") for n, c in enumerate(configs, start=1)]
+        return configs
     except (TypeError, ValueError) as exc:
         raise ConfigError(" ".join(str(exc).split())) from None
 
@@ -409,6 +414,8 @@ def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = 
         attention=configs,
         pattern=m.get("pattern"),
         pos_encoding=m.pos_encoding,
+        canon=m.get("canon"),
+        canon_width=m.get("canon_width", 4),
         norm_first=m.norm_first,
         dropout=m.dropout,
         lr=cfg.lr,

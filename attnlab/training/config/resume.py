@@ -33,6 +33,7 @@ def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, 
         **_ADDED_IN_0_4,
         **_added_in_0_5(),
         **_added_in_0_6(),
+        **_ADDED_IN_0_7,
         **(_added_defaults() if "attention" not in old else {}),
     }
     changes = [
@@ -80,6 +81,17 @@ _ADDED_IN_0_4: dict[str, Any] = {
 }
 """The keys that a run of attnlab 0.3 lacks, with the value it ran with (no short convolution, no backend
 parameters)."""
+
+
+_ADDED_IN_0_7: dict[str, Any] = {
+    "attention.short_conv_residual": False,
+    "attention.output_gate": None,
+    "model.canon": None,
+    "model.canon_width": 4,
+    "model.layer_kinds.M": _DERIVED,
+}
+"""The keys that a run before issue 44 lacks (Canon layers, the gated output, the MLA layer kind), with the value
+it ran with: none of them."""
 
 
 def _added_in_0_6() -> dict[str, Any]:

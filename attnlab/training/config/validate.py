@@ -178,7 +178,7 @@ def _check_causal(cfg: DictConfig, datamodule: Any, configs: list[Any]) -> None:
 
 
 def _check_model(model: DictConfig) -> None:
-    from attnlab.encoder import POSITIONAL_ENCODINGS
+    from attnlab.encoder import POSITIONAL_ENCODINGS, canon_points
 
     for key in ("d_v", "d_ff"):
         if model.get(key) is not None:
@@ -190,6 +190,8 @@ def _check_model(model: DictConfig) -> None:
     for key in ("norm_first", "differential"):
         _flag(model, key, f"model.{key}")
     _check_short_conv("model.short_conv", model.get("short_conv"))
+    _check(canon_points, model.get("canon"), "model.canon")
+    _check(check_int, "model.canon_width", model.get("canon_width", 4), minimum=1)
     betas = plain(model.betas)
     if not isinstance(betas, list) or len(betas) != 2:
         raise ConfigError(f"model.betas must be two numbers in [0, 1), got {betas!r}")
