@@ -68,7 +68,8 @@ def default_variants() -> tuple[str, ...]:
     the default config's score (``scaled_dot``). The built-ins give softmax, linear attention, a decay form and a
     delta rule: ``scaled_dot, linear, gla, rwkv7`` (RWKV-7, tagged ``decay`` and ``delta``, is the newest delta rule,
     registered after ``kda`` and ``deltaproduct``: the built-in modules of attnlab/forms register in name order
-    after softmax, linear and transitions); a form registered later (a user's module) stands for its family, or for
+    after softmax, linear and transitions); the softmax family is always the default config's score, not a later
+    form that computes a softmax (multi-head latent attention, ``mla``: ``--variants mla`` names it); a form registered later (a user's module) stands for its family, or for
     a family of its own. A form's named settings (:attr:`attnlab.forms.Form.settings`: ``gla``'s
     ``gate``, the delta rules' ``beta_range``) are its ``variant.params``, which the card's trailing overrides set
     for every variant of a card: ``python -m attnlab.card --variants kda,gated_deltanet --out card/beta2
@@ -80,6 +81,8 @@ def default_variants() -> tuple[str, ...]:
     for name in list_forms():
         tags = form_class(name).tags
         family = next((f for f in reversed(FAMILIES) if f in tags), name)
+        if family == "softmax" and family in newest:
+            continue  # softmax attention is the default config's, whatever else computes a softmax (MLA)
         newest[family] = name  # (a family keeps the place of its first form)
     default = AttentionConfig()
     return tuple(default.score if form_for(default) == name else name for name in newest.values())

@@ -291,13 +291,16 @@ class SoftmaxForm(Form):
         state.v[:, :, t : t + 1] = v
         state.length = t + 1
         keys, values = state.k[:, :, : t + 1], state.v[:, :, : t + 1]
-        mask = build_mask(self.mask_config)
-        row = torch.as_tensor(
-            mask.mask_mod(torch.tensor([[t]], device=q.device), torch.arange(t + 1, device=q.device)[None], None, None)
-        )  # (1, t + 1): the keys this query sees
+        row = self.visible_keys(t, q.device)  # (1, t + 1)
         logits = self.logits(q, keys)  # (B, Hq, 1, t + 1)
         weights = self.normalize(logits, PreparedMask.from_tensor(row.view(1, 1, 1, t + 1)), values.dtype)
         return self.mix_values(weights, values), state  # (B, H, 1, d_v)
+
+    def visible_keys(self, position: int, device: torch.device) -> Tensor:
+        """(1, position + 1) bool: the keys the query at ``position`` sees under the layer's (causal) mask."""
+        mask = build_mask(self.mask_config)
+        query = torch.tensor([[position]], device=device)
+        return torch.as_tensor(mask.mask_mod(query, torch.arange(position + 1, device=device)[None], None, None))
 
     def state_size(self, length: int) -> int:
         """The key/value cache: (Gk·d_k + G·d_v) per cached key; under a position-only mask that hides later keys,
