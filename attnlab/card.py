@@ -69,7 +69,8 @@ def default_variants() -> tuple[str, ...]:
     delta rule: ``scaled_dot, linear, gla, rwkv7`` (RWKV-7, tagged ``decay`` and ``delta``, is the newest delta rule,
     registered after ``kda`` and ``deltaproduct``: the built-in modules of attnlab/forms register in name order
     after softmax, linear and transitions); the softmax family is always the default config's score, not a later
-    form that computes a softmax (multi-head latent attention, ``mla``: ``--variants mla`` names it); a form registered later (a user's module) stands for its family, or for
+    form that computes a softmax (multi-head latent attention, ``mla``: ``--variants mla`` names it); a form
+    registered later (a user's module) stands for its family, or for
     a family of its own. A form's named settings (:attr:`attnlab.forms.Form.settings`: ``gla``'s
     ``gate``, the delta rules' ``beta_range``) are its ``variant.params``, which the card's trailing overrides set
     for every variant of a card: ``python -m attnlab.card --variants kda,gated_deltanet --out card/beta2

@@ -76,8 +76,10 @@ class MultiHeadLatentAttention(SoftmaxForm):
     Modules (DeepSeek-V2's names in brackets): ``kv_down`` d_model → kv_rank + rope_dim [W^DKV and W^KR,
     ``kv_a_proj_with_mqa``], ``kv_norm`` [``kv_a_layernorm``], ``k_up`` kv_rank → H·d_h [W^UK], ``v_up``
     kv_rank → H·d_v [W^UV]; the query: ``q_proj`` d_model → H·(d_h + rope_dim), or with ``q_rank``: ``q_down``
-    d_model → q_rank [W^DQ], ``q_latent_norm`` [``q_a_layernorm``], ``q_up`` q_rank → H·(d_h + rope_dim) [W^UQ and W^QR]. The up-projections
-    have no bias (the absorption needs it); the down-projections follow the layer's ``bias``."""
+    d_model → q_rank [W^DQ], ``q_latent_norm`` [``q_a_layernorm``], ``q_up`` q_rank → H·(d_h + rope_dim) [W^UQ and
+    W^QR]; ``rotary`` the decoupled rotary positions. The up-projections have no bias (the absorption needs it); the
+    down-projections follow the layer's ``bias``. (A form's modules must not take the layer's own names, ``q_norm``,
+    ``rope`` …: the layer's attribute delegation would set them.)"""
 
     tags = frozenset({"softmax", "latent"})
     projects = True
