@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from attnlab.backends import Backend, Conditions, LayerSpec, build_backend, check_backend_params, choose_backend
 from attnlab.checks import check_int, check_prob, default_d_k
@@ -60,6 +61,47 @@ mask, the choice of backend). Every other field is the form's (:attr:`~attnlab.f
 neither owns is a feature every backend refuses until it is taught it (:class:`~attnlab.backends.LayerSpec`)."""
 
 
+class CausalDepthwiseConv(torch.autograd.Function):
+    """y_t = r·x_t + Σ_{m<k} w_m ⊙ x_{t−k+1+m} for x (B, L, C) and w (C, k) (zeros before the start; r = 1 with a
+    residual, else 0), as k multiply-adds of shifted slices of the contiguous (B, L, C) tensor, with the backward
+    written out: ∂x_t = r·g_t + Σ_m w_m ⊙ g_{t+k−1−m}, ∂w_m = Σ_{b,t} g_t ⊙ x_{t−k+1+m}. PyTorch's depthwise
+    ``conv1d`` on the CPU (through two transposes and a padded copy) costs several times this (docs/performance.md:
+    Canon layers)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w: Tensor, residual: bool) -> Tensor:
+        k, L = w.shape[1], x.shape[1]
+        y = x * (w[:, k - 1] + 1.0 if residual else w[:, k - 1])
+        for m in range(k - 1):
+            shift = k - 1 - m
+            if shift < L:
+                y[:, shift:].addcmul_(x[:, : L - shift], w[:, m])
+        ctx.save_for_backward(x, w)
+        ctx.residual = residual
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        x, w = ctx.saved_tensors
+        k, L = w.shape[1], x.shape[1]
+        g = g.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = g * (w[:, k - 1] + 1.0 if ctx.residual else w[:, k - 1])
+            for m in range(k - 1):
+                shift = k - 1 - m
+                if shift < L:
+                    dx[:, : L - shift].addcmul_(g[:, shift:], w[:, m])
+        if ctx.needs_input_grad[1]:
+            dw = torch.zeros_like(w)
+            for m in range(k):
+                shift = k - 1 - m
+                if shift < L:
+                    dw[:, m] = (g[:, shift:] * x[:, : L - shift]).sum(dim=(0, 1))
+        return dx, dw, None
+
+
 class ShortConvolution(nn.Module):
     """A depthwise causal convolution of width k over the sequence, one filter per channel, no bias (the short
     convolution that Zoology, Based and fla put on q, k and v): x (B, L, C) → y (B, L, C) with
@@ -77,8 +119,7 @@ class ShortConvolution(nn.Module):
         """x (B, L, C) → (B, L, C) (L = 0 gives the empty sequence back)."""
         if x.shape[1] == 0:  # (conv1d refuses an input shorter than its kernel, which k − 1 zeros are at L = 0)
             return x
-        y = self.conv(F.pad(x.transpose(1, 2), (self.width - 1, 0))).transpose(1, 2)  # left padding only: causal
-        return x + y if self.residual else y
+        return CausalDepthwiseConv.apply(x.contiguous(), self.conv.weight[:, 0], self.residual)  # (B, L, C)
 
     def step(self, x: Tensor, buffer: Tensor | None) -> tuple[Tensor, Tensor]:
         """One new input x (B, 1, C), given the last k − 1 (B, k − 1, C) or None (the start) → (y (B, 1, C), the

@@ -320,10 +320,12 @@ DEFAULT_LAYER_KINDS: dict[str, dict[str, Any]] = {
         "normalizer_params": {},
         "short_conv": None,
     },
+    "M": {"score": "mla", "score_params": {}, "normalizer": "softmax", "normalizer_params": {}, "short_conv": None},
 }
 """The layer kinds a ``pattern`` names, when the config does not define its own: ``G`` global (the base config),
-``L`` local (the base mask AND a sliding window of 16: causal stays causal) and ``S`` softmax (a ``scaled_dot``
-softmax layer whatever the base score: the global layer of a linear hybrid). ``base`` in a kind's mask
+``L`` local (the base mask AND a sliding window of 16: causal stays causal), ``S`` softmax (a ``scaled_dot``
+softmax layer whatever the base score: the global layer of a linear hybrid) and ``M`` multi-head latent attention
+(``mla`` at its defaults: Kimi Linear's global layer, ``variant=kda model.pattern=GGGM``). ``base`` in a kind's mask
 stands for the base config's mask."""
 
 

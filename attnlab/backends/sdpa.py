@@ -173,7 +173,23 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
 ) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention``: the ``sdpa`` backend's one call (a module-level name,
-    so that tests can watch it). q (B, Hq, Lq, d), k (B, Gk, Lk, d), v (B, G, Lk, d_v) → (B, Hq, Lq, d_v)."""
+    so that tests can watch it). q (B, Hq, Lq, d), k (B, Gk, Lk, d), v (B, G, Lk, d_v) → (B, Hq, Lq, d_v).
+
+    On the CPU, PyTorch's flash kernel needs d_v = d and otherwise falls back on the math kernel, which materialises
+    (B, H, Lq, Lk) (2.3× the step at L 512 with d = 48, d_v = 32: multi-head latent attention's [content ; rotary]
+    keys): there the smaller of v and (q, k) is padded with zeros to the other's size, which changes neither q·k nor
+    the weighted sum, and the output is cut back to d_v."""
+    d, d_v = q.shape[-1], v.shape[-1]
+    if d != d_v and q.device.type == "cpu":
+        scale = d**-0.5 if scale is None else scale
+        if d_v < d:
+            v = F.pad(v, (0, d - d_v))
+        else:
+            q, k = F.pad(q, (0, d_v - d)), F.pad(k, (0, d_v - d))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+        return out[..., :d_v]
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
     )

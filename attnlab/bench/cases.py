@@ -25,6 +25,8 @@ __all__ = [
     "DECODE_GOAL",
     "DECODE_GOALS",
     "DECODE_MODELS",
+    "GROWING_CACHES",
+    "LATENT_CACHE_GOAL",
     "LINEAR_GOALS",
     "LINEAR_MODELS",
     "NUM_CLASSES",
@@ -78,12 +80,18 @@ ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
     "sparsemax": {"normalizer": "sparsemax"},
     "entmax15": {"normalizer": "entmax15"},
     "softpick": {"normalizer": "softpick"},
+    "gate_headwise": {"output_gate": "headwise"},
+    "gate_elementwise": {"output_gate": "elementwise"},
+    "mla": {"score": "mla"},
+    "canon_abcd": {"canon": "ABCD"},
 }
 # The variants' goals, judged at the plan's ``target_variant_length``: (target id, variants, limit on step ÷
 # scaled_dot). Rotary, QK-norm and grouped heads must cost (almost) nothing (issue 7); an eager normalizer at most
 # 2.5× (issue 8). Issue 31 tightens some: soft-capping ≤ 1.3, entmax15 ≤ 2.0, differential ≤ 1.3, sparsemax and
 # softpick ≤ 1.5. A variant with an issue-31 goal is judged by that one only (it replaces issue 8's looser 2.5 for
 # entmax15, sparsemax and softpick: meeting it meets 2.5 too); issue 8's stays for softmax1, sink and sigmoid.
+# Issue 44's: the gated output ≤ 1.05 (44a), multi-head latent attention ≤ 1.2 (44b), Canon layers at A, B, C and
+# D ≤ 1.1 (44c).
 VARIANT_GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("7", ("rope", "rope_half", "qk_rmsnorm", "qk_layernorm", "gqa2", "mqa"), 1.10),
     ("8", ("softmax1", "sink", "sigmoid"), 2.5),
@@ -92,6 +100,9 @@ VARIANT_GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("31c", ("diff",), 1.3),
     ("31d", ("sparsemax",), 1.5),
     ("31e", ("softpick",), 1.5),
+    ("44a", ("gate_headwise", "gate_elementwise"), 1.05),
+    ("44b", ("mla",), 1.2),
+    ("44c", ("canon_abcd",), 1.1),
 )
 
 
@@ -452,7 +463,16 @@ BETA_GOAL: tuple[str, tuple[tuple[str, str], ...], int, float] = (
 
 # The ``decode`` section's models: softmax with a key/value cache against linear attention's and the recurrent rows'
 # state update (every recurrent form and named setting registered when the section runs).
-DECODE_MODELS: Mapping[str, AttentionConfig] = _Models({"scaled_dot": _SOFTMAX_CAUSAL, "linear_elu": _LINEAR_ELU})
+DECODE_MODELS: Mapping[str, AttentionConfig] = _Models(
+    {"scaled_dot": _SOFTMAX_CAUSAL, "mla": AttentionConfig(score="mla", mask="causal"), "linear_elu": _LINEAR_ELU}
+)
+GROWING_CACHES: tuple[str, ...] = ("scaled_dot", "mla")
+"""The decode rows whose cache grows with the context (softmax's keys and values, multi-head latent attention's
+latents): compared with softmax by their bytes (44d), not by the fixed-state goals 28a and 28b."""
+# Issue 44's decoding goal (44d): multi-head latent attention's cache, measured from its tensors, at most
+# (kv_rank + rope_dim) floats per token and layer: (id, row, limit on bytes per token ÷ (kv_rank + rope_dim)·bytes
+# per float·layers).
+LATENT_CACHE_GOAL: tuple[str, str, float] = ("44d", "mla", 1.0)
 # The decoding goals: at the longest context, each model's time per decoded token ≤ 1/3 of softmax's with its key/value
 # cache (≥ 3× its tokens/s). (target id, rows it was set for, or None: every row but softmax that no other goal
 # names). Issue 28's (28a) for linear attention, the four forms of its time and any form or setting registered later;

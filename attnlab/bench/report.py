@@ -19,6 +19,8 @@ from attnlab.bench.cases import (
     BETA_GOAL,
     BLOCK_GOALS,
     DECODE_GOALS,
+    GROWING_CACHES,
+    LATENT_CACHE_GOAL,
     LINEAR_GOALS,
     RECURRENT_GOALS,
     VARIANT_GOALS,
@@ -268,7 +270,7 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
     if decode is not None:
         longest, shortest = max(plan.decode_contexts), min(plan.decode_contexts)
         named = {name for _, names, _ in DECODE_GOALS if names is not None for name in names}
-        present = [r["variant"] for r in decode if r["variant"] != "scaled_dot" and r["length"] == longest]
+        present = [r["variant"] for r in decode if r["variant"] not in GROWING_CACHES and r["length"] == longest]
         for tid, names, limit in DECODE_GOALS:
             for name in names if names is not None else [n for n in present if n not in named]:
                 r = _row(decode, name, longest)
@@ -283,6 +285,17 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
             what = f"{name} decode memory per sequence, context {longest} ÷ {shortest}"
             value = None if r is None or first is None else r["bytes_per_seq"] / first["bytes_per_seq"]
             add("28b", what, value, 1.0, NOT_MEASURED if value is None else "")
+        tid, name, limit = LATENT_CACHE_GOAL
+        r, softmax = _row(decode, name, longest), _row(decode, "scaled_dot", longest)
+        what = f"{name} cache bytes per token ÷ (kv_rank + rope_dim)·bytes per float·layers (context {longest})"
+        if r is None or not r.get("latent_floats"):
+            add(tid, what, None, limit, NOT_MEASURED)
+        else:
+            allowed = r["latent_floats"] * r["bytes_per_float"]
+            note = f"{r['bytes_per_token']:.0f} B/token (limit {allowed} B)"
+            if softmax is not None:
+                note += f"; softmax's key/value cache {softmax['bytes_per_token']:.0f} B/token"
+            add(tid, what, r["bytes_per_token"] / allowed, limit, note)
     variants = results.get("variants")
     if variants is not None:
         length = plan.target_variant_length

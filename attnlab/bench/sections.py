@@ -607,13 +607,24 @@ def _prefilled(encoder: nn.Module, context: int, device: torch.device, dtype: to
     return cache
 
 
+def _latent_floats(model: nn.Module) -> int | None:
+    """Σ over the layers of kv_rank + rope_dim for multi-head latent attention (the floats a token's latent cache
+    holds by its definition), None for another form."""
+    forms = [layer.self_attn.form for layer in model.layers]
+    if not all(hasattr(f, "kv_rank") for f in forms):
+        return None
+    return sum(f.kv_rank + f.rope_dim for f in forms)
+
+
 def bench_decode(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
     """Decoding one token at a time (:mod:`attnlab.decode`, no gradients): for a batch of ``plan.decode_shape.batch``
     sequences at each of ``plan.decode_contexts``, ``plan.decode_tokens`` tokens through every one of
     :data:`~attnlab.bench.cases.DECODE_MODELS` (softmax with a key/value cache of the context; the recurrent forms
     with their state), timed together, interleaved → one row per model and context with ``tokens_per_s``,
-    ``ratio_scaled_dot`` (time per token ÷ softmax's) and ``bytes_per_seq`` (the cache's bytes per sequence,
-    measured from its tensors)."""
+    ``ratio_scaled_dot`` (time per token ÷ softmax's), ``bytes_per_seq`` (the cache's bytes per sequence,
+    measured from its tensors, after the timed rounds), ``bytes_per_token`` (that ÷ the tokens it then holds, the
+    context and the ``decode_tokens``) and, for multi-head latent attention,
+    ``latent_floats`` (Σ kv_rank + rope_dim over the layers)."""
     from attnlab.decode import encoder_step
 
     rows: list[dict] = []
@@ -657,6 +668,10 @@ def bench_decode(plan: Plan, device: torch.device, dtype: torch.dtype, log: Call
                     "tokens_per_s": s.batch / medians[name],
                     "ratio_scaled_dot": medians[name] / medians["scaled_dot"],
                     "bytes_per_seq": sum(c.nbytes() for c in caches[name]) / s.batch,
+                    # the cache holds the context and the n tokens decoded in the timed rounds
+                    "bytes_per_token": sum(c.nbytes() for c in caches[name]) / s.batch / (context + n),
+                    "bytes_per_float": torch.tensor([], dtype=dtype).element_size(),
+                    "latent_floats": _latent_floats(model),
                     "state_size": sum(layer.self_attn.state_size(context) for layer in model.layers),
                 }
             )
