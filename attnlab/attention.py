@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 

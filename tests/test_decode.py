@@ -121,7 +121,7 @@ def test_what_cannot_decode_is_refused_in_one_line(options, match):
 def test_the_decode_section_reports_every_model_against_softmax():
     plan = quick_plan()
     rows = bench_decode(plan, torch.device("cpu"), torch.float32, lambda _: None)
-    assert {r["variant"] for r in rows} == {"scaled_dot", "linear_elu", *BENCHED}
+    assert {r["variant"] for r in rows} == {"scaled_dot", "mla", "linear_elu", *BENCHED}
     assert {r["length"] for r in rows} == set(plan.decode_contexts)
     assert all(r["tokens_per_s"] > 0 and r["bytes_per_seq"] > 0 for r in rows)
     plan.quick = False  # judged: the memory of every recurrent row is the same at both contexts
@@ -129,7 +129,13 @@ def test_the_decode_section_reports_every_model_against_softmax():
     memory = [t for t in targets if t["id"] == "28b"]  # linear_elu and each recurrent row
     assert sorted(t["what"].split()[0] for t in memory) == sorted(["linear_elu", *BENCHED])
     assert all(t["value"] == 1.0 and t["met"] for t in memory)
-    # every row but softmax is judged once on its time per token (28a, or the goal that names it: 42e)
+    # multi-head latent attention's cache is judged by its bytes per token (44d): (kv_rank + rope_dim) floats a layer
+    latent = [t for t in targets if t["id"] == "44d"]
+    mla = next(r for r in rows if r["variant"] == "mla" and r["length"] == max(plan.decode_contexts))
+    d_k = plan.decode_shape.d_k
+    assert mla["latent_floats"] == plan.decode_shape.num_layers * (4 * d_k + d_k // 2)  # the defaults
+    assert len(latent) == 1 and latent[0]["met"] and latent[0]["value"] == pytest.approx(1.0)
+    # every row but the growing caches is judged once on its time per token (28a, or the goal that names it: 42e)
     timed = [t for t in targets if t["id"] in {goal[0] for goal in DECODE_GOALS}]
     assert sorted(t["what"].split()[0] for t in timed) == sorted(["linear_elu", *BENCHED])
     table = "\n".join(format_decode(rows))

@@ -14,8 +14,9 @@ What is RWKV-7's and where it lives here:
   outside this form, which sees the layer's projections: ``model.short_conv=2`` (the short convolution's one-tap
   case: each projected channel mixes the token with the previous one, a learned pair of weights per channel) is
   the offered stand-in, and the preset sets it; the gates here read x_t. The value residual (v mixed with the
-  first layer's v) crosses layers, which one layer's form cannot see. The output gate g_t = σ(x_t W_g1) W_g2 waits
-  for the attention layer's gated output (issue 44): until then RWKV-7 runs without it. The channel mixing (RWKV's
+  first layer's v) crosses layers, which one layer's form cannot see. The output gate g_t = σ(x_t W_g1) W_g2 is
+  approached by the layer's gated output, ``attention.output_gate=elementwise`` (σ(x_t W_g), full rank), which the
+  preset leaves off. The channel mixing (RWKV's
   MLP) is the block's MLP. Every layer starts as RWKV-7's code starts its first (the ramps w₀ and a₀ at depth 0, and
   ``ln_x``'s weight 1 where the code sets ((l + 1)/L)^0.7): a form does not know the model's depth.
 """

@@ -447,8 +447,8 @@ class KDA(GatedDeltaNet):
     the KDA recurrence): M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ, Gated DeltaNet with one decay
     per key channel, log α_t = −exp(A_log_h) · softplus(x_t W₁ W₂ + dt_bias) (``gate=kda``, W₁ W₂ of rank d_v), q
     and k L2-normalised, β_t = σ(x_t w_h + b_h). Kimi Linear also puts a short convolution on q, k and v (the
-    preset's ``model.short_conv=4``) and a sigmoid output gate after the per-head RMSNorm, which waits for the gated
-    output of issue 44: here the output is the RMSNorm alone.
+    preset's ``model.short_conv=4``) and a sigmoid output gate after the per-head RMSNorm: the layer's
+    ``attention.output_gate=elementwise`` (full rank; Kimi Linear's is low rank), off in the preset.
 
     Args:
         gate: ``kda`` (default) or any of :class:`GatedDeltaNet`'s.
