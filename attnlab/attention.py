@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
 from attnlab.backends import Backend, Conditions, LayerSpec, build_backend, check_backend_params, choose_backend
 from attnlab.checks import check_int, check_prob, default_d_k
@@ -34,6 +33,7 @@ from attnlab.config import AttentionConfig
 from attnlab.config import _mask_text as mask_text
 from attnlab.forms import FormOutput, LayerSizes, build_form, form_class, form_for, form_output
 from attnlab.forms.softmax import DifferentialHeads, lambda_init
+from attnlab.kernels.conv import causal_conv
 from attnlab.masks import Mask, PreparedMask, build_mask, mask_form, prepare_mask
 from attnlab.positions import RotaryEmbedding
 
@@ -60,47 +60,6 @@ mask, the choice of backend). Every other field is the form's (:attr:`~attnlab.f
 neither owns is a feature every backend refuses until it is taught it (:class:`~attnlab.backends.LayerSpec`)."""
 
 
-class CausalDepthwiseConv(torch.autograd.Function):
-    """y_t = r·x_t + Σ_{m<k} w_m ⊙ x_{t−k+1+m} for x (B, L, C) and w (C, k) (zeros before the start; r = 1 with a
-    residual, else 0), as k multiply-adds of shifted slices of the contiguous (B, L, C) tensor, with the backward
-    written out: ∂x_t = r·g_t + Σ_m w_m ⊙ g_{t+k−1−m}, ∂w_m = Σ_{b,t} g_t ⊙ x_{t−k+1+m}. PyTorch's depthwise
-    ``conv1d`` on the CPU (through two transposes and a padded copy) costs several times this (docs/performance.md:
-    Canon layers)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, w: Tensor, residual: bool) -> Tensor:
-        k, L = w.shape[1], x.shape[1]
-        y = x * (w[:, k - 1] + 1.0 if residual else w[:, k - 1])
-        for m in range(k - 1):
-            shift = k - 1 - m
-            if shift < L:
-                y[:, shift:].addcmul_(x[:, : L - shift], w[:, m])
-        ctx.save_for_backward(x, w)
-        ctx.residual = residual
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        x, w = ctx.saved_tensors
-        k, L = w.shape[1], x.shape[1]
-        g = g.contiguous()
-        dx = dw = None
-        if ctx.needs_input_grad[0]:
-            dx = g * (w[:, k - 1] + 1.0 if ctx.residual else w[:, k - 1])
-            for m in range(k - 1):
-                shift = k - 1 - m
-                if shift < L:
-                    dx[:, : L - shift].addcmul_(g[:, shift:], w[:, m])
-        if ctx.needs_input_grad[1]:
-            dw = torch.zeros_like(w)
-            for m in range(k):
-                shift = k - 1 - m
-                if shift < L:
-                    dw[:, m] = (g[:, shift:] * x[:, : L - shift]).sum(dim=(0, 1))
-        return dx, dw, None
-
-
 class ShortConvolution(nn.Module):
     """A depthwise causal convolution of width k over the sequence, one filter per channel, no bias (the short
     convolution that Zoology, Based and fla put on q, k and v): x (B, L, C) → y (B, L, C) with
@@ -118,7 +77,7 @@ class ShortConvolution(nn.Module):
         """x (B, L, C) → (B, L, C) (L = 0 gives the empty sequence back)."""
         if x.shape[1] == 0:  # (conv1d refuses an input shorter than its kernel, which k − 1 zeros are at L = 0)
             return x
-        return CausalDepthwiseConv.apply(x.contiguous(), self.conv.weight[:, 0], self.residual)  # (B, L, C)
+        return causal_conv(x, self.conv.weight[:, 0], self.residual)  # (B, L, C)
 
     def step(self, x: Tensor, buffer: Tensor | None) -> tuple[Tensor, Tensor]:
         """One new input x (B, 1, C), given the last k − 1 (B, k − 1, C) or None (the start) → (y (B, 1, C), the
@@ -133,15 +92,24 @@ class ShortConvolution(nn.Module):
         return "residual" if self.residual else ""
 
 
-class AttentionOutput(NamedTuple):
-    """out (B, Lq, d_model); weights w (B, H, Lq, Lk), signed for differential attention; logits e (B, Hq, Lq, Lk),
-    what the normalizer sees (score + position bias, soft-capped); Hq = 2H for differential attention; gate: the
-    output gate's σ(x W_g) (B, H, Lq, 1) headwise or (B, H, Lq, d_v) elementwise, None without one."""
-
+class _Output(NamedTuple):
     out: Tensor
     weights: Tensor
     logits: Tensor
-    gate: Tensor | None = None
+
+
+class AttentionOutput(_Output):
+    """out (B, Lq, d_model); weights w (B, H, Lq, Lk), signed for differential attention; logits e (B, Hq, Lq, Lk),
+    what the normalizer sees (score + position bias, soft-capped); Hq = 2H for differential attention. It unpacks
+    as these three (``out, weights, logits = layer.attend(x)``); ``gate``, an attribute beside them, is the output
+    gate's σ(x W_g) (B, H, Lq, 1) headwise or (B, H, Lq, d_v) elementwise, None without one."""
+
+    gate: Tensor | None
+
+    def __new__(cls, out: Tensor, weights: Tensor, logits: Tensor, gate: Tensor | None = None) -> AttentionOutput:
+        self = super().__new__(cls, out, weights, logits)
+        self.gate = gate
+        return self
 
 
 _OPTION_DEFAULTS: dict[str, Any] = {
@@ -475,15 +443,20 @@ class MultiHeadAttention(nn.Module):
         if self.output_gate is None:
             return None
         B, Lq, _ = x.shape
-        return torch.sigmoid(self.g_proj(x)).view(B, Lq, self.num_heads, -1).transpose(1, 2)
+        per_head = self.d_v if self.output_gate == "elementwise" else 1
+        return torch.sigmoid(self.g_proj(x)).view(B, Lq, self.num_heads, per_head).transpose(1, 2)
 
-    def merge(self, z: Tensor) -> Tensor:
+    def merge(self, z: Tensor, gate: Tensor | None = None) -> Tensor:
         """z (B, H, Lq, d_v), each head after the form's output transform → (B, Lq, d_model): a head gate
-        (:attr:`head_gate`, (H,)) scales each head, then ``out_proj`` of the heads side by side."""
+        (:attr:`head_gate`, (H,)) scales each head, the output gate ``gate`` ((B, H, Lq, 1) or (B, H, Lq, d_v),
+        :meth:`gate_values`) each head's output, then ``out_proj`` of the heads side by side."""
         if self.head_gate is not None:  # Michel et al. 2019's ξ_h (attnlab.heads.head_gates): 0 removes head h
             z = z * self.head_gate.to(device=z.device, dtype=z.dtype).view(1, -1, 1, 1)
         B, _, Lq, _ = z.shape
-        return self.out_proj(z.transpose(1, 2).reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
+        z = z.transpose(1, 2)  # (B, Lq, H, d_v)
+        if gate is not None:  # in the heads-side-by-side layout: the product writes it (no copy of its own)
+            z = z * gate.transpose(1, 2)
+        return self.out_proj(z.reshape(B, Lq, self.num_heads * self.d_v))  # (B, Lq, d_model)
 
     def state_size(self, length: int) -> int:
         """The floats per sequence that decoding carries after ``length`` tokens (:meth:`~attnlab.forms.Form.
@@ -551,7 +524,7 @@ class MultiHeadAttention(nn.Module):
         o = backend.compute(self.spec, inputs, self.dropout if self.training else 0.0)
         z = form_output(self.form, o, inputs)  # (B, H, Lq, d_v)
         gate = self.gate_values(x)
-        return AttentionOutput(self.merge(z if gate is None else z * gate), o.weights, o.logits, gate)
+        return AttentionOutput(self.merge(z, gate), o.weights, o.logits, gate)
 
     def attend(
         self, x: Tensor, key_value: Tensor | None = None, mask: Tensor | Mask | PreparedMask | None = None
@@ -569,9 +542,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, offset=t, cache=cache)
         z, cache.state = self.form.step(cache.state, q, k, v, x, t)  # (B, H, 1, d_v)
         cache.length = t + 1
-        z = form_output(self.form, FormOutput(z))
-        gate = self.gate_values(x)
-        return self.merge(z if gate is None else z * gate)
+        return self.merge(form_output(self.form, FormOutput(z)), self.gate_values(x))
 
     def extra_repr(self) -> str:
         extra = [f"d_model={self.d_model}, num_heads={self.num_heads}, d_k={self.d_k}, d_v={self.d_v}"]

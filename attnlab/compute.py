@@ -38,6 +38,8 @@ it has one (``torch.utils.flop_counter.flop_registry``, which ``FlopCounterMode`
 * attnlab's fused additive kernel (``attnlab::additive_logits``) as the contraction it replaces: logits =
   v·tanh(W q_i + U k_j) is a sum over the attention size d_a for each (i, j), 2·B·H·Lq·Lk·d_a forward and three
   times that backward (the gradients of W q, U k and v; the tanh it evaluates again is elementwise, free).
+* the short convolution's and Canon layers' causal depthwise convolution (``attnlab::causal_conv``, shifted
+  multiply-adds, :mod:`attnlab.kernels.conv`) as the ``conv1d`` it replaces: 2·B·L·C·k forward, twice that backward.
 * attnlab's relative-position kernel (``attnlab::relative_attention``) as its matrix products, q·kᵀ and P·v
   forward, dv, dP, dq and dk backward (:func:`attention_flops`); the bias and the softmax are free, as elsewhere.
   Under a dispatch mode the kernels are called as operators (:mod:`attnlab.kernels.additive`), so the products
@@ -68,6 +70,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_fl
 
 import attnlab.kernels.additive  # (defines the operators whose formulas are registered below)
 import attnlab.kernels.relative  # noqa: F401
+from attnlab.kernels.conv import causal_conv_flops
 from attnlab.positions import LearnedPositionalEncoding
 
 __all__ = [
@@ -163,6 +166,16 @@ def _relative_forward_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any
 @_register(torch.ops.attnlab.relative_attention_backward)
 def _relative_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
     return relative_flops(q_shape, k_shape, v_shape, backward=True)
+
+
+@_register(torch.ops.attnlab.causal_conv)
+def _causal_conv_flops(x_shape: Any, w_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return causal_conv_flops(x_shape, w_shape)
+
+
+@_register(torch.ops.attnlab.causal_conv_backward)
+def _causal_conv_backward_flops(g_shape: Any, x_shape: Any, w_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return 2 * causal_conv_flops(x_shape, w_shape)
 
 
 # ---------------------------------------------------------------------------------------------------- counting

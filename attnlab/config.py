@@ -271,11 +271,12 @@ def _builder(stage: str, name: Any) -> Any:
 
 
 def _non_default(params: dict[str, Any], target: Any) -> dict[str, Any]:
-    """``params`` without those equal to ``target``'s own defaults (all of them when it cannot be inspected)."""
+    """``params`` without those equal to ``target``'s own defaults (when it cannot be inspected, a form's
+    parameters: without those left None, which a form reads as its default)."""
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):
-        return dict(params)
+        return {k: v for k, v in params.items() if v is not None}
     defaults = {k: p.default for k, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
     return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
 

@@ -146,9 +146,11 @@ class EncoderLayer(nn.Module):
         if attention is None:
             d_k = default_d_k(d_model, num_heads, d_k)
             options = {**attention_options, **(score_params or {})}
-            if "B" in canon:
-                if options.get("short_conv") not in (None, width) or options.get("short_conv_residual") is False:
-                    with_canon_b(AttentionConfig(short_conv=options.get("short_conv")), width, f"layer {layer}")
+            if "B" in canon:  # (refused as with attention=: another short convolution, or one without a residual)
+                given = AttentionConfig(
+                    short_conv=options.get("short_conv"), short_conv_residual=options.get("short_conv_residual", False)
+                )
+                with_canon_b(given, width, f"layer {layer}")
                 options |= {"short_conv": width, "short_conv_residual": True}
             self.self_attn = MultiHeadAttention(
                 d_model, num_heads, d_k, d_v, score=score, bias=bias, dropout=dropout, layer=layer, **options

@@ -133,7 +133,8 @@ def test_the_decode_section_reports_every_model_against_softmax():
     latent = [t for t in targets if t["id"] == "44d"]
     mla = next(r for r in rows if r["variant"] == "mla" and r["length"] == max(plan.decode_contexts))
     d_k = plan.decode_shape.d_k
-    assert mla["latent_floats"] == plan.decode_shape.num_layers * (4 * d_k + d_k // 2)  # the defaults
+    rope_dim = d_k // 6 * 2  # the defaults: rope_dim = d_k / 3 (even), kv_rank = 4 (d_k − rope_dim)
+    assert mla["latent_floats"] == plan.decode_shape.num_layers * (4 * (d_k - rope_dim) + rope_dim)
     assert len(latent) == 1 and latent[0]["met"] and latent[0]["value"] == pytest.approx(1.0)
     # every row but the growing caches is judged once on its time per token (28a, or the goal that names it: 42e)
     timed = [t for t in targets if t["id"] in {goal[0] for goal in DECODE_GOALS}]

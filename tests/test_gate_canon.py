@@ -39,7 +39,12 @@ FORMS = {
     "softmax": {"score": "scaled_dot", "mask": "causal"},
     "softmax_nomask": {"score": "scaled_dot"},
     "linear": {"score": "linear", "normalizer": "rowsum", "mask": "causal"},
-    **{f: {"score": f, "normalizer": "none", "mask": "causal"} for f in ("gla", "gated_deltanet", "kda", "rwkv7")},
+    "softmax_differential": {"score": "scaled_dot", "mask": "causal", "differential": True},
+    "mla": {"score": "mla", "mask": "causal"},
+    **{
+        f: {"score": f, "normalizer": "none", "mask": "causal"}
+        for f in ("gla", "gated_deltanet", "kda", "rwkv7", "deltanet", "retnet", "deltaproduct")
+    },
 }
 GATED_CASES = [
     ("softmax", "attend"),
@@ -56,6 +61,11 @@ GATED_CASES = [
     ("kda", "chunked"),
     ("rwkv7", "attend"),
     ("rwkv7", "chunked"),
+    ("deltanet", "chunked"),
+    ("retnet", "chunked"),
+    ("deltaproduct", "chunked"),
+    ("softmax_differential", "attend"),
+    ("mla", "attend"),
 ]
 
 
@@ -201,6 +211,14 @@ def test_a_query_row_that_sees_no_key_gives_finite_output_and_gradients(gate, pa
     assert torch.isfinite(gx).all() and torch.isfinite(gw).all()
 
 
+@pytest.mark.parametrize("gate", GATES)
+def test_a_gated_layer_takes_the_empty_sequence_as_an_ungated_one_does(gate):
+    layer, plain, _ = gated_layer("softmax_nomask", gate)
+    x = torch.zeros(2, 0, D_MODEL, dtype=torch.float64)
+    assert plain(x)[0].shape == (2, 0, D_MODEL)  # (the ungated layer takes it)
+    assert layer(x)[0].shape == (2, 0, D_MODEL)
+
+
 def causal_jacobian_check(f, x):
     """d f(x)_i / d x_j is 0 for every j > i (x (1, L, d)), and not everywhere 0 for j < i."""
     J = torch.autograd.functional.jacobian(f, x)  # (1, L, d, 1, L, d)
@@ -247,11 +265,11 @@ def test_canon_abcd_encoder_with_a_gate_is_causal(gate, norm_first):
 
 
 @pytest.mark.parametrize("gate", GATES)
-@pytest.mark.parametrize("mask", ["causal", None])
-@pytest.mark.parametrize("variant", ["softmax", "gated_deltanet"])
+@pytest.mark.parametrize(
+    ("variant", "mask"),
+    [("softmax", "causal"), ("softmax", None), ("gated_deltanet", "causal")],  # (a delta form is causal only)
+)
 def test_right_padding_leaves_the_real_positions_of_a_canon_encoder_unchanged(variant, mask, gate):
-    if variant != "softmax" and mask is None:
-        pytest.skip("a decay or delta-rule form is causal only")
     torch.manual_seed(2)
     extra = {} if variant == "softmax" else {"score": variant, "normalizer": "none"}
     enc = Encoder(20, D_MODEL, H, 2, d_ff=12, pad_id=0, mask=mask, canon="ABCD", output_gate=gate, **extra)

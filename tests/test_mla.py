@@ -76,13 +76,15 @@ def affine(module, x):
     return out if module.bias is None else out + module.bias
 
 
-def mla_reference(layer, x, visible=None, scale=None):
+def mla_reference(layer, x, visible=None, scale=None, base=BASE):
     """DeepSeek-V2's eqs. 9-18 head by head from the layer's parameter tensors: x (B, L, d_model), ``visible`` bool
-    broadcastable to (B, H, L, L) or None → (out (B, L, d_model), weights (B, H, L, L)). ``scale`` replaces
-    1/√(d_h + rope_dim) (to show that a wrong one is caught)."""
+    broadcastable to (B, H, L, L) or None → (out (B, L, d_model), weights (B, H, L, L)). Each head's query and key
+    have the layer's d_k = d_h + rope_dim dimensions ([content ; rotary]). ``scale`` replaces 1/√d_k (to show that a
+    wrong one is caught); ``base`` the rotary base."""
     f = layer.form
     B, L, _ = x.shape
-    d_h, r, d_v, kv_rank = layer.d_k, f.rope_dim, layer.d_v, f.kv_rank
+    d_k, r, d_v, kv_rank = layer.d_k, f.rope_dim, layer.d_v, f.kv_rank
+    d_h = d_k - r
     if f.q_rank is None:
         q = affine(f.q_proj, x)  # h W^Q
     else:
@@ -90,13 +92,13 @@ def mla_reference(layer, x, visible=None, scale=None):
     q = q.view(B, L, layer.num_heads, d_h + r)
     kv = affine(f.kv_down, x)  # [c ; k̂] = h W^DKV
     c = rms_norm(kv[..., :kv_rank], f.kv_norm.weight)  # (B, L, kv_rank)
-    k_rope = rope(kv[..., kv_rank:])  # (B, L, r): one for every head
-    scale = 1 / math.sqrt(d_h + r) if scale is None else scale
+    k_rope = rope(kv[..., kv_rank:], base)  # (B, L, r): one for every head
+    scale = 1 / math.sqrt(d_k) if scale is None else scale
     if visible is None:
         visible = torch.ones(L, L, dtype=torch.bool)
     zs, weights = [], []
     for i in range(layer.num_heads):
-        q_c, q_r = q[:, :, i, :d_h], rope(q[:, :, i, d_h:])
+        q_c, q_r = q[:, :, i, :d_h], rope(q[:, :, i, d_h:], base)
         k_c = c @ f.k_up.weight[i * d_h : (i + 1) * d_h].T  # W^UK_i c_j (B, L, d_h)
         v = c @ f.v_up.weight[i * d_v : (i + 1) * d_v].T  # W^UV_i c_j (B, L, d_v)
         logits = (q_c @ k_c.transpose(1, 2) + q_r @ k_rope.transpose(1, 2)) * scale  # [q^C; q^R]·[k^C; k^R]
@@ -107,8 +109,8 @@ def mla_reference(layer, x, visible=None, scale=None):
     return affine(layer.out_proj, torch.cat(zs, dim=-1)), torch.stack(weights, dim=1)
 
 
-def mla_layer(params, d_v=None, mask=None, backend="auto", seed=0):
-    cfg = AttentionConfig(score="mla", score_params=dict(params), mask=mask, backend=backend)
+def mla_layer(params, d_v=None, mask=None, backend="auto", seed=0, **options):
+    cfg = AttentionConfig(score="mla", score_params=dict(params), mask=mask, backend=backend, **options)
     torch.manual_seed(seed)
     layer = MultiHeadAttention(D_MODEL, H, D_K, d_v=d_v, config=cfg).double().eval()
     return randomize_(layer, seed, scale=0.5)
@@ -157,10 +159,11 @@ def test_mla_matches_the_papers_equations(params, d_v, mask, backend):
 
 
 def test_the_equations_test_would_catch_a_scale_of_one_over_root_d_k():
-    """The reference with the scale 1/√d_h (no rope_dim) differs from the layer: the test above can fail."""
+    """The reference with the scale 1/√d_h (the content part only) differs from the layer: the test above can
+    fail."""
     layer = mla_layer({"kv_rank": 5, "rope_dim": 4})
     x = rand(2, 5, D_MODEL)
-    wrong, _ = mla_reference(layer, x, scale=1 / math.sqrt(D_K))
+    wrong, _ = mla_reference(layer, x, scale=1 / math.sqrt(D_K - 4))
     assert not torch.allclose(layer(x)[0], wrong, atol=1e-6)
     unrotated = layer.form.rotary
     layer.form.rotary = None  # (no rotation of q^R and k̂: the positions are lost)
@@ -170,20 +173,36 @@ def test_the_equations_test_would_catch_a_scale_of_one_over_root_d_k():
         layer.form.rotary = unrotated
 
 
-def test_the_layer_has_the_modules_and_sizes_of_the_brief():
+def test_the_configs_rope_base_sets_the_decoupled_rotary_base_and_the_content_parts_stay_unrotated():
+    """``rope`` (model.rope with pos_encoding=rope) sets the base of the decoupled rotary key and query; the layer
+    itself applies no rotary positions (they would turn the content parts)."""
+    layer = mla_layer({"kv_rank": 5, "rope_dim": 4}, rope={"base": 100.0})
+    assert layer.rope is None and layer.form.rotary.base == 100.0
+    x = rand(2, 6, D_MODEL).requires_grad_(True)
+    out, _ = layer(x)
+    expected, _ = mla_reference(layer, x, base=100.0)
+    assert_values_and_gradients(out, expected, [x, *checked_parameters(layer)])
+    assert not torch.allclose(out, mla_reference(layer, x)[0], atol=1e-6)
+    torch.manual_seed(0)
+    encoder = Encoder(30, D_MODEL, H, 1, d_k=D_K, pos_encoding="rope", rope={"base": 100.0}, score="mla")
+    assert encoder.layers[0].self_attn.form.rotary.base == 100.0 and encoder.layers[0].self_attn.rope is None
+
+
+def test_the_form_owns_the_latent_projections_at_the_documented_sizes_and_defaults():
     layer = mla_layer({"kv_rank": 5, "q_rank": 7, "rope_dim": 4}, d_v=3)
     f = layer.form
     assert isinstance(f, MultiHeadLatentAttention)
     assert f.kv_down.weight.shape == (5 + 4, D_MODEL) and f.kv_down.bias is not None
-    assert f.k_up.weight.shape == (H * D_K, 5) and f.k_up.bias is None
+    assert f.k_up.weight.shape == (H * (D_K - 4), 5) and f.k_up.bias is None  # d_h = d_k − rope_dim
     assert f.v_up.weight.shape == (H * 3, 5) and f.v_up.bias is None
-    assert f.q_down.weight.shape == (7, D_MODEL) and f.q_up.weight.shape == (H * (D_K + 4), 7) and f.q_up.bias is None
+    assert f.q_down.weight.shape == (7, D_MODEL) and f.q_up.weight.shape == (H * D_K, 7) and f.q_up.bias is None
     assert f.kv_norm.eps == f.q_latent_norm.eps == 1e-6
     assert f.rotary.dim == 4 and f.rotary.base == BASE
     assert not {"q_proj", "k_proj", "v_proj"} & set(layer._modules)  # the form projects
     defaults = mla_layer({}).form
-    assert (defaults.kv_rank, defaults.q_rank, defaults.rope_dim) == (4 * D_K, None, D_K // 4 * 2)
-    assert defaults.q_proj.weight.shape == (H * (D_K + D_K // 4 * 2), D_MODEL)
+    rope_dim = D_K // 6 * 2  # d_k / 3 rounded down to even
+    assert (defaults.kv_rank, defaults.q_rank, defaults.rope_dim) == (4 * (D_K - rope_dim), None, rope_dim)
+    assert defaults.q_proj.weight.shape == (H * D_K, D_MODEL)
 
 
 # ---------------------------------------------------------------------------------------------- masks and weights
@@ -211,7 +230,8 @@ def test_under_a_causal_mask_no_output_depends_on_a_later_input(params, d_v, bac
     layer = mla_layer(params, d_v, mask="causal", backend=backend)
     L = 5
     x = rand(1, L, D_MODEL)
-    jac = torch.autograd.functional.jacobian(lambda t: layer(t, mask=build_mask("causal"))[0], x)[0, :, :, 0]  # (L, d_model, L, d_model)
+    causal = build_mask("causal")
+    jac = torch.autograd.functional.jacobian(lambda t: layer(t, mask=causal)[0], x)[0, :, :, 0]  # (L, d, L, d)
     for i in range(L):
         for j in range(L):
             block = jac[i, :, j]
@@ -287,6 +307,26 @@ def test_decoding_from_the_latent_cache_gives_the_forward(params, d_v):
         torch.testing.assert_close(decode(encoder, tokens), encoder(tokens), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"output_gate": "elementwise"},
+        {"output_gate": "headwise", "softcap": 2.0},
+        {"normalizer": "softmax1"},
+        {"mask": {"name": "and", "masks": ["causal", {"name": "sliding_window", "window": 3}]}},
+    ],
+    ids=["elementwise_gate", "headwise_gate_softcap", "softmax1", "causal_window3"],
+)
+def test_decoding_gives_the_forward_with_a_gate_a_softcap_a_sink_or_a_window(options):
+    cfg = AttentionConfig(score="mla", score_params={"kv_rank": 5, "rope_dim": 4}, **{"mask": "causal", **options})
+    torch.manual_seed(0)
+    encoder = Encoder(30, D_MODEL, H, 2, d_k=D_K, pos_encoding="none", attention=cfg).double().eval()
+    randomize_(encoder, 0, scale=0.5)
+    tokens = torch.randint(0, 30, (2, 18), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(decode(encoder, tokens), encoder(tokens), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize(("params", "d_v"), [p[1:] for p in PARAM_SETS], ids=PARAM_IDS)
 def test_the_cache_holds_kv_rank_plus_rope_dim_floats_per_token(params, d_v, dtype):
@@ -316,15 +356,18 @@ def test_the_absorbed_query_against_the_latent_key_gives_the_expanded_logits(par
     assert q_abs.shape == (2, H, 5, f.kv_rank + f.rope_dim) and latent.shape == (2, 1, 5, f.kv_rank + f.rope_dim)
     torch.testing.assert_close(q_abs @ latent.transpose(-1, -2), q @ k.transpose(-1, -2), rtol=1e-10, atol=1e-10)
     # each piece on its own, from the equations: q̃ = [W^UK_iᵀ q^C_i ; RoPE(q^R_i)], latent = [c ; RoPE(k̂)]
-    q_full = affine(f.q_proj, x) if f.q_rank is None else rms_norm(affine(f.q_down, x), f.q_latent_norm.weight) @ (
-        f.q_up.weight.T
+    q_full = (
+        affine(f.q_proj, x)
+        if f.q_rank is None
+        else rms_norm(affine(f.q_down, x), f.q_latent_norm.weight) @ (f.q_up.weight.T)
     )
-    q_full = q_full.view(2, 5, H, D_K + f.rope_dim).transpose(1, 2).detach()
+    q_full = q_full.view(2, 5, H, D_K).transpose(1, 2).detach()
     kv = affine(f.kv_down, x).detach()
     c_ref = rms_norm(kv[..., : f.kv_rank], f.kv_norm.weight.detach())
+    d_h = D_K - f.rope_dim
     for i in range(H):
-        w_uk = f.k_up.weight[i * D_K : (i + 1) * D_K].detach()  # (d_h, kv_rank)
-        want = torch.cat([q_full[:, i, :, :D_K] @ w_uk, rope(q_full[:, i, :, D_K:])], dim=-1)
+        w_uk = f.k_up.weight[i * d_h : (i + 1) * d_h].detach()  # (d_h, kv_rank)
+        want = torch.cat([q_full[:, i, :, :d_h] @ w_uk, rope(q_full[:, i, :, d_h:])], dim=-1)
         torch.testing.assert_close(q_abs[:, i], want, rtol=1e-10, atol=1e-10)
         w_uv = f.v_up.weight[i * layer.d_v : (i + 1) * layer.d_v].detach()
         torch.testing.assert_close(v[:, i], c_ref @ w_uv.T, rtol=1e-10, atol=1e-10)
@@ -340,12 +383,13 @@ def test_the_absorbed_query_against_the_latent_key_gives_the_expanded_logits(par
     [
         ({"score_params": {"kvrank": 8}}, r"^variant mla has no parameter 'kvrank'; parameters: kv_rank, q_rank, "),
         ({"score_params": {"rope_dim": 3}}, r"^rope_dim must be even .*got 3$"),
+        ({"score_params": {"rope_dim": 6}}, r"^rope_dim must be below d_k=6 .*got 6$"),
         ({"qk_norm": "rmsnorm"}, r"^variant mla .* takes no qk_norm \(got rmsnorm\)"),
         ({"short_conv": 4}, r"^variant mla .* takes no short_conv \(got 4\)"),
         ({"num_kv_heads": 1}, r"^variant mla .* takes no num_kv_heads \(got 1\)"),
         ({"differential": True}, r"^variant mla .* takes no differential \(got True\)"),
     ],
-    ids=["unknown_param", "odd_rope_dim", "qk_norm", "short_conv", "num_kv_heads", "differential"],
+    ids=["unknown_param", "odd_rope_dim", "rope_dim_of_all_d_k", "qk_norm", "short_conv", "num_kv_heads", "differential"],
 )
 def test_what_a_latent_projection_does_not_take_is_refused_in_one_line(changes, match):
     cfg = AttentionConfig(**{"score": "mla", "score_params": {}, **changes})

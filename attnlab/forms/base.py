@@ -23,6 +23,7 @@ __all__ = [
     "FormInputs",
     "FormOutput",
     "FormSetting",
+    "LayerOptionError",
     "LayerSizes",
     "build_form",
     "expand_heads",
@@ -34,6 +35,11 @@ __all__ = [
     "list_forms",
     "register_form",
 ]
+
+
+class LayerOptionError(ValueError):
+    """A layer option (``qk_norm``, ``model.short_conv`` …, not one of the form's own ``variant.params``) that a form
+    does not take: one line, which a run's config check reports as it is."""
 
 
 def expand_heads(t: Tensor, heads: int) -> Tensor:

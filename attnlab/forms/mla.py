@@ -2,7 +2,9 @@
 Language Model", §2.1.2–2.1.3, eqs. 9–19): softmax attention whose keys and values come from one low-rank latent per
 token, so that decoding caches the latent and one shared rotary key instead of every head's keys and values.
 
-For the layer input h_t (d_model), H heads of content size d_h (the layer's ``d_k``) and value size d_v::
+For the layer input h_t (d_model) and H heads, each head's query and key have the layer's ``d_k`` dimensions, as in
+every variant: d_h = d_k − rope_dim of content and rope_dim rotary (DeepSeek-V2's d_h and d_h^R; its 192 = 128 +
+64), and its value d_v::
 
     [c_t ; k̂_t] = h_t W^DKV                         c_t (kv_rank) the latent, k̂_t (rope_dim)       (eqs. 9, 13)
     c_t ← RMSNorm(c_t)                                (DeepSeek-V2's released code, ``kv_a_layernorm``)
@@ -11,7 +13,7 @@ For the layer input h_t (d_model), H heads of content size d_h (the layer's ``d_
     q_{t,i} = [q^C_{t,i} ; RoPE(q^R_{t,i})]           q from h_t W^Q, or through its own latent:     (eqs. 12, 15)
                                                       c^Q_t = RMSNorm(h_t W^DQ), [q^C ; q^R] = c^Q_t W^UQ (q_rank)
     k_{t,i} = [k^C_{t,i} ; k^R_t]                                                                     (eq. 16)
-    o_{t,i} = Σ_j softmax_j(q_{t,i}·k_{j,i} / √(d_h + rope_dim)) v_{j,i}                              (eq. 17)
+    o_{t,i} = Σ_j softmax_j(q_{t,i}·k_{j,i} / √d_k) v_{j,i},  d_k = d_h + rope_dim                     (eq. 17)
 
 then the layer's output gate (if any) and ``out_proj`` (W^O, eq. 18). The rotary key is decoupled from the content
 key because a rotation between q^C and W^UK would stop W^UK from being absorbed into the query (§2.1.3).
@@ -24,10 +26,12 @@ z_i = W^UV_i (Σ_j w_ij c_j), never to a cached token. (DeepSeek folds W^UV furt
 because the head gate and an elementwise output gate sit between them.)
 
 Training and the diagnostics use the expanded form above through the softmax backends (``sdpa``, ``eager`` ...), so
-the normalizer, soft-capping and the weights the diagnostics read are the softmax form's. Parameters
-(``variant.params``): ``kv_rank`` (default 4·d_h, DeepSeek-V2's d_c = 4 d_h), ``q_rank`` (default None: queries
-projected directly, as DeepSeek-V2-Lite and Kimi Linear's MLA layers; DeepSeek-V2 uses 1536 = 12 d_h) and
-``rope_dim`` (default d_h / 2, DeepSeek-V2's d_h^R; 0: no rotary key, position from elsewhere). Rotary positions are
+the normalizer, soft-capping and the weights the diagnostics read are the softmax form's, and at the same ``d_k`` the
+q·k products are as large as ``scaled_dot``'s (a sweep over d_k varies the same size for every variant).
+Parameters (``variant.params``): ``rope_dim`` (default d_k / 3 rounded down to even, DeepSeek-V2's 64 of 192; 0: no
+rotary key, position from elsewhere; at most d_k − 1), ``kv_rank`` (default 4·d_h, DeepSeek-V2's d_c = 4 d_h) and
+``q_rank`` (default None: queries projected directly, as DeepSeek-V2-Lite and Kimi Linear's MLA layers; DeepSeek-V2
+uses 1536 = 12 d_h). Rotary positions are
 always on the decoupled key and query parts (with ``model.rope``'s base when ``model.pos_encoding=rope``), never on
 the content parts. The layer's short convolution, QK-norm, grouped key/value heads and differential maps do not
 apply to a latent projection and are refused in one line.
@@ -35,14 +39,14 @@ apply to a latent projection and are refused in one line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.checks import check_int
-from attnlab.forms.base import LayerSizes, register_form
+from attnlab.forms.base import LayerOptionError, LayerSizes, register_form
 from attnlab.forms.softmax import SoftmaxForm
 from attnlab.masks import PreparedMask
 from attnlab.positions import RotaryEmbedding
@@ -75,8 +79,8 @@ class MultiHeadLatentAttention(SoftmaxForm):
 
     Modules (DeepSeek-V2's names in brackets): ``kv_down`` d_model → kv_rank + rope_dim [W^DKV and W^KR,
     ``kv_a_proj_with_mqa``], ``kv_norm`` [``kv_a_layernorm``], ``k_up`` kv_rank → H·d_h [W^UK], ``v_up``
-    kv_rank → H·d_v [W^UV]; the query: ``q_proj`` d_model → H·(d_h + rope_dim), or with ``q_rank``: ``q_down``
-    d_model → q_rank [W^DQ], ``q_latent_norm`` [``q_a_layernorm``], ``q_up`` q_rank → H·(d_h + rope_dim) [W^UQ and
+    kv_rank → H·d_v [W^UV]; the query: ``q_proj`` d_model → H·d_k, or with ``q_rank``: ``q_down``
+    d_model → q_rank [W^DQ], ``q_latent_norm`` [``q_a_layernorm``], ``q_up`` q_rank → H·d_k [W^UQ and
     W^QR]; ``rotary`` the decoupled rotary positions. The up-projections have no bias (the absorption needs it); the
     down-projections follow the layer's ``bias``. (A form's modules must not take the layer's own names, ``q_norm``,
     ``rope`` …: the layer's attribute delegation would set them.)"""
@@ -97,21 +101,24 @@ class MultiHeadLatentAttention(SoftmaxForm):
         if unknown:
             raise ValueError(f"variant mla has no parameter '{unknown[0]}'; parameters: {', '.join(MLA_PARAMS)}")
         self._refuse_layer_options(sizes, config)
-        d_h = sizes.d_k
-        kv_rank = 4 * d_h if params.get("kv_rank") is None else check_int("kv_rank", params["kv_rank"], minimum=1)
-        q_rank = None if params.get("q_rank") is None else check_int("q_rank", params["q_rank"], minimum=1)
+        d_k = sizes.d_k
         if params.get("rope_dim") is None:
-            rope_dim = d_h // 4 * 2  # d_h / 2, rounded down to an even size
+            rope_dim = d_k // 6 * 2  # d_k / 3, rounded down to an even size
         else:
             rope_dim = check_int("rope_dim", params["rope_dim"], minimum=0)
         if rope_dim % 2:
             raise ValueError(f"rope_dim must be even (rotary positions turn pairs of dimensions), got {rope_dim}")
-        # the softmax form over q and k of d_h + rope_dim dimensions: scale 1 / √(d_h + rope_dim) (eq. 17)
-        softmax_sizes = replace(sizes, d_k=d_h + rope_dim)
-        super().__init__(
-            softmax_sizes, config.replace(score="scaled_dot", score_params={}), score, position_bias, normalizer
-        )
-        self.config, self.sizes = config, sizes  # (the layer's: score mla, d_k = d_h)
+        if rope_dim >= d_k:
+            raise ValueError(
+                f"rope_dim must be below d_k={d_k} (each head's query and key: d_k − rope_dim content dimensions and "
+                f"rope_dim rotary), got {rope_dim}"
+            )
+        d_h = d_k - rope_dim
+        kv_rank = 4 * d_h if params.get("kv_rank") is None else check_int("kv_rank", params["kv_rank"], minimum=1)
+        q_rank = None if params.get("q_rank") is None else check_int("q_rank", params["q_rank"], minimum=1)
+        # the softmax form over q and k of d_k = d_h + rope_dim dimensions: scale 1 / √d_k (eq. 17)
+        super().__init__(sizes, config.replace(score="scaled_dot", score_params={}), score, position_bias, normalizer)
+        self.config = config  # (the layer's: score mla)
         self.d_h, self.kv_rank, self.q_rank, self.rope_dim = d_h, kv_rank, q_rank, rope_dim
         H, d_v, d_model = sizes.num_heads, sizes.d_v, sizes.d_model
         self.kv_down = nn.Linear(d_model, kv_rank + rope_dim, bias=sizes.bias)
@@ -137,7 +144,7 @@ class MultiHeadLatentAttention(SoftmaxForm):
         }
         for option, given in refused.items():
             if given:
-                raise ValueError(
+                raise LayerOptionError(
                     f"variant mla projects its keys and values from one latent shared by the heads, so it takes no "
                     f"{option} (got {getattr(config, option)}): leave {option} at its default with variant=mla"
                 )
@@ -152,7 +159,7 @@ class MultiHeadLatentAttention(SoftmaxForm):
         """x (B, L, d_model) → (q^C (B, H, L, d_h), q^R (B, H, L, rope_dim)) before the rotation."""
         B, L, _ = x.shape
         q = self.q_proj(x) if self.q_rank is None else self.q_up(self.q_latent_norm(self.q_down(x)))
-        q = q.view(B, L, self.num_heads, self.d_h + self.rope_dim).transpose(1, 2)  # (B, H, L, d_h + rope_dim)
+        q = q.view(B, L, self.num_heads, self.d_k).transpose(1, 2)  # (B, H, L, d_k = d_h + rope_dim)
         return q.split([self.d_h, self.rope_dim], dim=-1)
 
     def latent(self, x: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
@@ -165,8 +172,8 @@ class MultiHeadLatentAttention(SoftmaxForm):
     def project(
         self, x: Tensor, key_value: Tensor, offset: int = 0, decoding: bool = False
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, Lq, d_model), key_value (B, Lk, d_model) → q (B, H, Lq, d_h + rope_dim), k (B, H, Lk,
-        d_h + rope_dim), v (B, H, Lk, d_v) (eqs. 9–16). ``decoding``: the absorbed form instead, q̃ (B, H, Lq,
+        """x (B, Lq, d_model), key_value (B, Lk, d_model) → q (B, H, Lq, d_k), k (B, H, Lk, d_k), v (B, H, Lk, d_v)
+        (eqs. 9–16), d_k = d_h + rope_dim. ``decoding``: the absorbed form instead, q̃ (B, H, Lq,
         kv_rank + rope_dim), the latent key [c ; k^R] (B, 1, Lk, kv_rank + rope_dim) and c (B, 1, Lk, kv_rank)."""
         q_c, q_r = self.queries(x)
         if self.rotary is not None:
@@ -200,7 +207,7 @@ class MultiHeadLatentAttention(SoftmaxForm):
         state.latent[:, t] = k[:, 0, 0]
         state.length = t + 1
         keys = state.latent[:, None, : t + 1]  # (B, 1, t + 1, kv_rank + rope_dim)
-        logits = torch.matmul(q, keys.transpose(-1, -2)) * self.score.scale  # (B, H, 1, t + 1): q·k / √(d_h + r)
+        logits = torch.matmul(q, keys.transpose(-1, -2)) * self.score.scale  # (B, H, 1, t + 1): q·k / √d_k
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         row = self.visible_keys(t, q.device)  # (1, t + 1)

@@ -6,6 +6,8 @@ with the system C compiler on first use and cached (:mod:`attnlab.kernels.build`
 * :mod:`attnlab.kernels.relative`: softmax attention with one learned relative-position table (Shaw, T5).
 * :mod:`attnlab.kernels.softmax`: the row softmax with optional soft-capping, forward and backward in place.
 * :mod:`attnlab.kernels.sparse`: sparsemax, 1.5-entmax and softpick over rows, exact, without a sort.
+* :mod:`attnlab.kernels.conv`: the causal depthwise convolution (short convolution, Canon layers), shifted
+  multiply-adds in plain torch with a written-out backward (every device).
 * :mod:`attnlab.kernels.rows`: the row-operation interface (:class:`~attnlab.kernels.rows.RowOp`) the last two
   offer to the ``normalized`` backend.
 """

@@ -404,7 +404,7 @@ def _check_stages(cfg: DictConfig, config: Any, where: str) -> None:
     """Each stage of one layer's ``config`` by name and parameters, the message naming the config key (the base
     config's keys: ``variant.params.clip``; a layer's own: ``model.layer_kinds.L.mask``)."""
     from attnlab.config import build_preset, is_preset, list_presets
-    from attnlab.forms import LayerSizes, build_form, form_for, list_forms
+    from attnlab.forms import LayerOptionError, LayerSizes, build_form, form_for, list_forms
     from attnlab.masks import build_mask, list_masks
     from attnlab.normalizers import build_normalizer, list_normalizers
     from attnlab.position_bias import build_position_bias, list_position_biases
@@ -433,6 +433,8 @@ def _check_stages(cfg: DictConfig, config: Any, where: str) -> None:
                 changes = build_preset(name, **params)
                 name, params = changes.get("score", "scaled_dot"), changes.get("score_params", {})
             build_score(name, **sizes, **params)
+    except LayerOptionError as exc:  # a layer option the form does not take: not one of its parameters
+        raise ConfigError(" ".join(str(exc).split())) from None
     except (TypeError, ValueError) as exc:
         raise _prefixed(prefix, exc, params) from None
 
