@@ -104,7 +104,7 @@ class AttentionOutput(_Output):
     as these three (``out, weights, logits = layer.attend(x)``); ``gate``, an attribute beside them, is the output
     gate's σ(x W_g) (B, H, Lq, 1) headwise or (B, H, Lq, d_v) elementwise, None without one."""
 
-    gate: Tensor | None
+    gate: Tensor | None = None  # (the class's default, for one made by _replace or _make)
 
     def __new__(cls, out: Tensor, weights: Tensor, logits: Tensor, gate: Tensor | None = None) -> AttentionOutput:
         self = super().__new__(cls, out, weights, logits)

@@ -177,7 +177,8 @@ def attention_sources() -> dict[str, str]:
 def config_defaults() -> dict[str, Any]:
     """The plain (not nested) top-level values of ``conf/config.yaml`` (``compile: false``, ``lr: 0.003``, ...), the
     leaves of its ``match`` and ``diagnostics`` nodes (``match.by: null``, ``diagnostics.heads: true``) and
-    the plain leaves of ``conf/model/default.yaml`` (``model.pattern: null``, ``model.rope.spectrum: full``): what a
+    the plain leaves of ``conf/model/default.yaml`` (``model.pattern: null``, ``model.rope.spectrum: full``) and the
+    ``attention`` node's own plain fields (``attention.output_gate: null``, ``attention.backend: auto``): what a
     run of an older attnlab, whose config lacks a key added since, ran with. Empty when ``conf/`` is not beside the
     package."""
     from omegaconf import OmegaConf
@@ -190,6 +191,10 @@ def config_defaults() -> dict[str, Any]:
     for node in ("match", "diagnostics"):  # nodes of plain leaves with keys added since (0.5, 0.6): ``match.by``
         if isinstance(values.get(node), dict):
             out |= {f"{node}.{k}": v for k, v in flatten_config(values[node]).items()}
+    attention = OmegaConf.to_container(OmegaConf.load(conf / "config.yaml").get("attention") or {}, resolve=False)
+    for k, v in (attention if isinstance(attention, dict) else {}).items():  # the node's own plain fields (0.7:
+        if k != "_target_" and not isinstance(v, (dict, list)) and not (isinstance(v, str) and "${" in v):
+            out[f"attention.{k}"] = v  # attention.output_gate: null)
     if (conf / "model" / "default.yaml").is_file():
         model = flatten_config(OmegaConf.to_container(OmegaConf.load(conf / "model" / "default.yaml")))
         out |= {f"model.{k}": v for k, v in model.items() if not (isinstance(v, str) and "${" in v)}

@@ -226,7 +226,7 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
             assert r["fast_path"] is (r["variant"] == "scaled_dot"), r["variant"]
         if r["variant"] == "scaled_dot":
             assert r["ratio_scaled_dot"] == 1.0 and r["options"] == "(reference)"
-    assert {r["score"] for r in rows} == {"scaled_dot", "cosine"}
+    assert {r["score"] for r in rows} == {"scaled_dot", "cosine", "mla"}
     assert {v for _, names, _ in VARIANT_GOALS for v in names} <= set(ATTENTION_VARIANTS)
 
     # the variant rows' FLOPs: the same count for variants that only add free (elementwise) work; fewer key/value
@@ -234,6 +234,8 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
     at = {r["variant"]: r["flops"] for r in rows if r["length"] == lengths[0]}
     assert at["rope"] == at["qk_rmsnorm"] == at["scaled_dot"]
     assert at["mqa"] < at["gqa2"] < at["scaled_dot"]
+    # the output gate's projection (d_model → H or H·d_v) and Canon's convolutions are counted
+    assert at["scaled_dot"] < at["gate_headwise"] < at["gate_elementwise"] and at["scaled_dot"] < at["canon_abcd"]
 
     peak = measure_peak(torch.device("cpu"), torch.float32, plan.peak_size, plan.peak_reps)
     results = {"machine": machine_info(torch.device("cpu"), torch.float32), "quick": True, "variants": rows}
@@ -243,7 +245,7 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
         assert 0 < r["roofline"] < 0.5 and r["roofline"] == pytest.approx(r["achieved_flops_s"] / peak["flops_s"])
     results["targets"] = evaluate_targets(plan, results)
     variant_ids = {tid for tid, _, _ in VARIANT_GOALS}
-    assert variant_ids == {"7", "8", "31a", "31b", "31c", "31d", "31e"}
+    assert variant_ids == {"7", "8", "31a", "31b", "31c", "31d", "31e", "44a", "44b", "44c"}
     goals = [t for t in results["targets"] if t["id"] in variant_ids]
     assert len(goals) == sum(len(names) for _, names, _ in VARIANT_GOALS)
     assert all(t["value"] > 0 and t["met"] is None for t in goals)  # a quick run is never judged
@@ -357,7 +359,7 @@ def test_the_linear_and_decode_sections_bench_every_recurrent_setting_from_the_r
     assert set(ISSUE_42_ROWS) | {"retnet", "gla", "deltanet", "gated_deltanet"} <= set(labels)
     assert list(RECURRENT_SETTINGS) == labels and list(recurrent_settings()) == expected
     for models, fixed in ((LINEAR_MODELS, ["scaled_dot", "linear_elu", "linear_taylor"]),
-                          (DECODE_MODELS, ["scaled_dot", "linear_elu"])):  # fmt: skip
+                          (DECODE_MODELS, ["scaled_dot", "mla", "linear_elu"])):  # fmt: skip
         assert list(models) == fixed + labels
         for s in expected:
             config = models[s.label]

@@ -410,6 +410,47 @@ def test_canon_b_adds_a_residual_causal_convolution_to_the_projections(which):
 # ---------------------------------------------------------------------------------------------- refusals
 
 
+def loop_conv(x, w, residual):
+    """y_t = r·x_t + Σ_m w[c, m]·x_{t−k+1+m} by loops (x (B, L, C), w (C, k))."""
+    L, k = x.shape[1], w.shape[1]
+    rows = []
+    for t in range(L):
+        y = x[:, t] if residual else torch.zeros_like(x[:, t])
+        for m in range(k):
+            s = t - k + 1 + m
+            if s >= 0:
+                y = y + w[:, m] * x[:, s]
+        rows.append(y)
+    return torch.stack(rows, dim=1) if rows else x * 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kernel", [True, False], ids=["c_kernel", "tensor_ops"])
+@pytest.mark.parametrize(("B", "L", "C", "k"), [(2, 9, 5, 4), (1, 2, 3, 4), (3, 1, 4, 2), (2, 7, 6, 1), (1, 0, 3, 4)])
+def test_causal_conv_kernel_and_its_fallback_match_the_loops(B, L, C, k, kernel, dtype, monkeypatch):
+    """attnlab.kernels.conv.causal_conv, through the C kernel and through the tensor operations (the kernel turned
+    off), equals the convolution written as loops, values and both gradients, with and without the residual; rows
+    shorter than the kernel (L < k), one row, and more threads than rows (B·L = 2 on 2 threads) included."""
+    from attnlab.kernels import conv
+
+    if kernel and conv._LIBRARY.get() is None:
+        pytest.skip(f"the conv kernel is not available: {conv._LIBRARY.error}")
+    if not kernel:
+        monkeypatch.setattr(conv, "_kernel_for", lambda x: None)
+    gen = torch.Generator().manual_seed(B * 100 + L * 10 + C)
+    for residual in (False, True):
+        x = torch.randn(B, L, C, generator=gen, dtype=dtype, requires_grad=True)
+        w = torch.randn(C, k, generator=gen, dtype=dtype, requires_grad=True)
+        g = torch.randn(B, L, C, generator=gen, dtype=dtype)
+        y, want = conv.causal_conv(x, w, residual), loop_conv(x, w, residual)
+        tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-12, "atol": 1e-12}
+        torch.testing.assert_close(y, want, **tol)
+        got = torch.autograd.grad(y, (x, w), g, allow_unused=True)
+        ref = torch.autograd.grad(want, (x, w), g, allow_unused=True)
+        for a, b in zip(got, ref, strict=True):
+            torch.testing.assert_close(a if b is not None else None, b, **tol)
+
+
 @pytest.mark.parametrize("canon", ["ABE", "AA", "abcd", "ABCDA"])
 def test_canon_points_outside_abcd_or_repeated_are_refused_in_one_line(canon):
     with pytest.raises(ValueError) as exc:

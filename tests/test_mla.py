@@ -389,7 +389,15 @@ def test_the_absorbed_query_against_the_latent_key_gives_the_expanded_logits(par
         ({"num_kv_heads": 1}, r"^variant mla .* takes no num_kv_heads \(got 1\)"),
         ({"differential": True}, r"^variant mla .* takes no differential \(got True\)"),
     ],
-    ids=["unknown_param", "odd_rope_dim", "rope_dim_of_all_d_k", "qk_norm", "short_conv", "num_kv_heads", "differential"],
+    ids=[
+        "unknown_param",
+        "odd_rope_dim",
+        "rope_dim_of_all_d_k",
+        "qk_norm",
+        "short_conv",
+        "num_kv_heads",
+        "differential",
+    ],
 )
 def test_what_a_latent_projection_does_not_take_is_refused_in_one_line(changes, match):
     cfg = AttentionConfig(**{"score": "mla", "score_params": {}, **changes})

@@ -584,8 +584,11 @@ def load_runs(root: str | Path, runs: Sequence[Path] | None = None) -> list[Run]
 def _attention_node(config: dict[str, Any]) -> dict[str, Any]:
     """The ``attention`` node of a config written before it existed, from the keys its fields come from."""
     node: dict[str, Any] = {"_target_": "attnlab.config.AttentionConfig", "backend": "auto"}
+    defaults = config_defaults()
     for name, key in attention_sources().items():
-        if key.startswith("attention."):
+        if key.startswith("attention."):  # a field of the node itself: the default it ran with (0.7: output_gate)
+            if name not in node and not isinstance(defaults.get(key, {}), dict):
+                node[name] = defaults[key]
             continue
         value = _dig(config, key)
         if value is None and key.startswith("model."):
