@@ -206,15 +206,16 @@ class MultiHeadLatentAttention(SoftmaxForm):
             state = grown
         state.latent[:, t] = k[:, 0, 0]
         state.length = t + 1
-        keys = state.latent[:, None, : t + 1]  # (B, 1, t + 1, kv_rank + rope_dim)
-        logits = torch.matmul(q, keys.transpose(-1, -2)) * self.score.scale  # (B, H, 1, t + 1): q·k / √d_k
+        keys = state.latent[:, : t + 1]  # (B, t + 1, kv_rank + rope_dim): one key head for every query head
+        # the heads as rows of one product per sequence (bmm), never the latents repeated per head
+        logits = torch.bmm(q[:, :, 0], keys.transpose(1, 2)).mul_(self.score.scale)  # (B, H, t + 1): q̃·k / √d_k
         if self.softcap is not None:
             logits = self.softcap * torch.tanh(logits / self.softcap)
         row = self.visible_keys(t, q.device)  # (1, t + 1)
-        weights = self.normalize(logits, PreparedMask.from_tensor(row.view(1, 1, 1, t + 1)), keys.dtype)
-        attended = torch.matmul(weights, keys[..., : self.kv_rank])  # (B, H, 1, kv_rank): Σ_j w_ij c_j
+        weights = self.normalize(logits.unsqueeze(2), PreparedMask.from_tensor(row.view(1, 1, 1, t + 1)), keys.dtype)
+        attended = torch.bmm(weights[:, :, 0], keys[..., : self.kv_rank])  # (B, H, kv_rank): Σ_j w_ij c_j
         w_uv = self.v_up.weight.view(self.num_heads, self.sizes.d_v, self.kv_rank)  # W^UV_i (d_v, kv_rank)
-        return torch.einsum("bhlr,hvr->bhlv", attended, w_uv), state
+        return torch.einsum("bhr,hvr->bhv", attended, w_uv).unsqueeze(2), state  # (B, H, 1, d_v)
 
     def state_size(self, length: int) -> int:
         """The latent cache: kv_rank + rope_dim floats per cached key (a causal window: the window's keys)."""
