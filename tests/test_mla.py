@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import linear, masked_softmax
 from helpers import randomize_, run_train
 
 from attnlab.attention import MultiHeadAttention
@@ -61,21 +62,6 @@ def rope(x, base=BASE):
     return torch.cat(columns, dim=-1) if columns else x
 
 
-def masked_softmax(logits, visible):
-    """Softmax over the visible keys; a row that sees none is all zero."""
-    visible = visible.expand_as(logits)
-    top = torch.where(visible, logits, torch.tensor(float("-inf"), dtype=logits.dtype)).amax(-1, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    e = torch.exp(logits - top) * visible
-    total = e.sum(-1, keepdim=True)
-    return torch.where(total > 0, e / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(e))
-
-
-def affine(module, x):
-    out = x @ module.weight.T
-    return out if module.bias is None else out + module.bias
-
-
 def mla_reference(layer, x, visible=None, scale=None, base=BASE):
     """DeepSeek-V2's eqs. 9-18 head by head from the layer's parameter tensors: x (B, L, d_model), ``visible`` bool
     broadcastable to (B, H, L, L) or None → (out (B, L, d_model), weights (B, H, L, L)). Each head's query and key
@@ -86,11 +72,11 @@ def mla_reference(layer, x, visible=None, scale=None, base=BASE):
     d_k, r, d_v, kv_rank = layer.d_k, f.rope_dim, layer.d_v, f.kv_rank
     d_h = d_k - r
     if f.q_rank is None:
-        q = affine(f.q_proj, x)  # h W^Q
+        q = linear(f.q_proj, x)  # h W^Q
     else:
-        q = rms_norm(affine(f.q_down, x), f.q_latent_norm.weight) @ f.q_up.weight.T  # c^Q W^UQ
+        q = rms_norm(linear(f.q_down, x), f.q_latent_norm.weight) @ f.q_up.weight.T  # c^Q W^UQ
     q = q.view(B, L, layer.num_heads, d_h + r)
-    kv = affine(f.kv_down, x)  # [c ; k̂] = h W^DKV
+    kv = linear(f.kv_down, x)  # [c ; k̂] = h W^DKV
     c = rms_norm(kv[..., :kv_rank], f.kv_norm.weight)  # (B, L, kv_rank)
     k_rope = rope(kv[..., kv_rank:], base)  # (B, L, r): one for every head
     scale = 1 / math.sqrt(d_k) if scale is None else scale
@@ -106,7 +92,7 @@ def mla_reference(layer, x, visible=None, scale=None, base=BASE):
         w = masked_softmax(logits, vis)  # (B, L, L)
         weights.append(w)
         zs.append(w @ v)
-    return affine(layer.out_proj, torch.cat(zs, dim=-1)), torch.stack(weights, dim=1)
+    return linear(layer.out_proj, torch.cat(zs, dim=-1)), torch.stack(weights, dim=1)
 
 
 def mla_layer(params, d_v=None, mask=None, backend="auto", seed=0, **options):
@@ -357,12 +343,12 @@ def test_the_absorbed_query_against_the_latent_key_gives_the_expanded_logits(par
     torch.testing.assert_close(q_abs @ latent.transpose(-1, -2), q @ k.transpose(-1, -2), rtol=1e-10, atol=1e-10)
     # each piece on its own, from the equations: q̃ = [W^UK_iᵀ q^C_i ; RoPE(q^R_i)], latent = [c ; RoPE(k̂)]
     q_full = (
-        affine(f.q_proj, x)
+        linear(f.q_proj, x)
         if f.q_rank is None
-        else rms_norm(affine(f.q_down, x), f.q_latent_norm.weight) @ (f.q_up.weight.T)
+        else rms_norm(linear(f.q_down, x), f.q_latent_norm.weight) @ (f.q_up.weight.T)
     )
     q_full = q_full.view(2, 5, H, D_K).transpose(1, 2).detach()
-    kv = affine(f.kv_down, x).detach()
+    kv = linear(f.kv_down, x).detach()
     c_ref = rms_norm(kv[..., : f.kv_rank], f.kv_norm.weight.detach())
     d_h = D_K - f.rope_dim
     for i in range(H):
