@@ -122,6 +122,7 @@ _OPTION_DEFAULTS: dict[str, Any] = {
     "normalizer": "softmax",
     "normalizer_params": None,
     "differential": False,
+    "selective": False,
     "short_conv": None,
     "short_conv_residual": False,
     "output_gate": None,
@@ -178,6 +179,8 @@ def config_from_options(
     * ``differential``: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
       λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init);
       q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
+    * ``selective``: selective attention (Leviathan et al. 2025): head 0's ReLU'd logits, summed over the later
+      queries, subtracted from every head's logits (:func:`~attnlab.forms.softmax.selection_penalty`); causal.
     * ``short_conv``: k ≥ 1, a causal depthwise convolution of width k on q, k and v after their projections;
       ``short_conv_residual``: it adds its input back (Canon-B).
     * ``output_gate``: ``headwise`` or ``elementwise``: z_h ← z_h ⊙ σ(x W_g) before ``out_proj`` (Qiu et al. 2025).
@@ -212,6 +215,7 @@ def config_from_options(
         num_kv_heads=opts["num_kv_heads"],
         d_v=d_v,
         differential=opts["differential"],
+        selective=opts["selective"],
         short_conv=opts["short_conv"],
         short_conv_residual=opts["short_conv_residual"],
         output_gate=opts["output_gate"],

@@ -186,6 +186,9 @@ class AttentionDiagnostics(L.Callback):
             for stats, r in zip(per_layer, records, strict=True):
                 if r.gate is not None:  # the gated output (Qiu et al. 2025): its mean per head
                     stats.update(gate_stats(r.gate, keep))
+            for stats, layer in zip(per_layer, encoder.layers, strict=True):
+                if getattr(getattr(layer.self_attn, "normalizer", None), "leaves_mass", False):
+                    stats["leftover"] = 1.0 - stats["row_mass"]  # stick-breaking: the stick no key took
             ranks: dict[str, list[float]] = {"rank_residual": [], "rank_residual_attn": []}  # one per layer
             if self.heads:
                 for stats, r, key_mask in zip(per_layer, records, masks, strict=True):

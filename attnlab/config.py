@@ -86,6 +86,8 @@ class AttentionConfig:
         d_k: per-head query/key size (``d_k``); None = d_model // num_heads. d_v: per-head value size
             (``model.d_v``); None = d_k.
         differential: differential attention, two maps per head (``model.differential``).
+        selective: selective attention (Leviathan et al. 2025): the first head's ReLU'd logits, accumulated over the
+            later queries, subtracted from every head's logits (``attention.selective``); softmax forms, causal.
         short_conv: k ≥ 1: a depthwise causal convolution of width k on each channel of q, k and v after their
             projections (Zoology, Based and fla give every linear mixer one), or None (off) (``model.short_conv``).
         short_conv_residual: the short convolution adds its input back, q ← q + conv(q) (and k, v): Allen-Zhu 2025's
@@ -114,6 +116,7 @@ class AttentionConfig:
     d_k: int | None = None
     d_v: int | None = None
     differential: bool = False
+    selective: bool = False
     short_conv: int | None = None
     short_conv_residual: bool = False
     output_gate: str | None = None
@@ -161,6 +164,8 @@ class AttentionConfig:
                 put(name, check_int(name, getattr(self, name), minimum=1))
         if not isinstance(self.differential, bool):
             raise ValueError(f"differential must be true or false, got {self.differential!r}")
+        if not isinstance(self.selective, bool):
+            raise ValueError(f"selective must be true or false, got {self.selective!r}")
         if self.short_conv == 0:  # (and False): off
             put("short_conv", None)
         if self.short_conv is not None:
@@ -322,12 +327,20 @@ DEFAULT_LAYER_KINDS: dict[str, dict[str, Any]] = {
         "short_conv": None,
     },
     "M": {"score": "mla", "score_params": {}, "normalizer": "softmax", "normalizer_params": {}, "short_conv": None},
+    "F": {
+        "score": "forgetting",
+        "score_params": {},
+        "normalizer": "softmax",
+        "normalizer_params": {},
+        "short_conv": None,
+    },
 }
 """The layer kinds a ``pattern`` names, when the config does not define its own: ``G`` global (the base config),
 ``L`` local (the base mask AND a sliding window of 16: causal stays causal), ``S`` softmax (a ``scaled_dot``
 softmax layer whatever the base score: the global layer of a linear hybrid) and ``M`` multi-head latent attention
-(``mla`` at its defaults: Kimi Linear's global layer, ``variant=kda model.pattern=GGGM``). ``base`` in a kind's mask
-stands for the base config's mask."""
+(``mla`` at its defaults: Kimi Linear's global layer, ``variant=kda model.pattern=GGGM``) and ``F`` forgetting
+attention (Lin et al. 2025; causal: ``variant=gated_deltanet model.pattern=GGGF``). ``base`` in a kind's mask stands
+for the base config's mask."""
 
 
 def _with_base_mask(spec: Any, base_mask: Any) -> Any:

@@ -57,6 +57,9 @@ Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
 * ``negative_mass`` ``sum_j max(-w_ij, 0)``, the weight a signed (differential) row puts below zero. Present
   when ``signed=True`` (then also for weights that happen to be all >= 0, where it is 0), or when
   ``signed=None`` and some visible weight is negative; never with ``signed=False``.
+* ``leftover``      ``1 − sum_j w_ij``, the mass a stick-breaking row leaves unspent (Tan et al. 2025: the stick
+  no key took, Π_k (1 − β_ik)), averaged over the valid rows; reported for a layer whose normalizer leaves mass
+  (``leaves_mass``: ``stickbreaking``), beside ``row_mass``.
 * ``gate_mean``     the output gate's mean σ(x W_g) per head over the valid query rows (and, elementwise, the
   channels): Qiu et al. 2025 ("Gated Attention for Large Language Models", §4) report it small and sparse once
   trained (:func:`gate_stats`; only for a layer with ``output_gate``).

@@ -14,6 +14,7 @@ sigmoid     σ(s_j + b), b = −log n (n visible keys) by default    Ramapuram e
 sparsemax   [s_j − τ]₊, τ such that Σ w = 1                        Martins & Astudillo 2016
 entmax15    [s_j/2 − τ]₊², τ such that Σ w = 1 (α = 1.5)           Peters et al. 2019
 softpick    ReLU(e^{s_j} − 1) / (Σ |e^{s} − 1| + ε)                Zuhri et al. 2025
+stickbreak… σ(s_j) Π_{k>j} (1 − σ(s_k)), the nearest key first        Tan et al. 2025 (``stickbreaking``)
 rowsum      s_j / (Σ s + ε), for non-negative s                    Katharopoulos et al. 2020 (linear attention)
 none        s_j (the masked logits, not normalised)                un-normalised linear attention
 ==========  =====================================================  ===========================================
@@ -36,6 +37,7 @@ from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_int, check_number
 from attnlab.kernels import sparse as sparse_kernel
+from attnlab.kernels import stick as stick_kernel
 from attnlab.kernels.rows import RowOp
 from attnlab.registry import Registry, check_params
 
@@ -49,6 +51,7 @@ __all__ = [
     "Softmax1",
     "Softpick",
     "Sparsemax",
+    "StickBreaking",
     "Unnormalized",
     "build_normalizer",
     "entmax15",
@@ -56,6 +59,7 @@ __all__ = [
     "open_empty_rows",
     "register_normalizer",
     "sparsemax",
+    "stick_breaking_weights",
 ]
 
 
@@ -480,3 +484,63 @@ class Entmax15(Normalizer):
     def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
         fast = _eager_kernel(self, logits, allowed)
         return fast if fast is not None else entmax15(logits, allowed)
+
+
+# --------------------------------------------------------------------------------------------- stick-breaking
+
+
+def stick_breaking_weights(logits: Tensor, allowed: Tensor | None = None, attend_current: bool = False) -> Tensor:
+    """Stick-breaking attention's weights (Tan et al. 2025, eq. 3) in PyTorch, in log space: logits (B, H, Lq, Lk),
+    allowed bool broadcastable or None → w (B, H, Lq, Lk), w_j = σ(s_j) Π_{k ∈ K, k > j} (1 − σ(s_k)) over the keys K
+    the row sees (allowed, and not the query's own key i + Lk − Lq unless ``attend_current``), as
+    exp(log σ(s_j) + Σ_{k > j} log σ(−s_k)) with the sum a reversed cumulative sum (no product underflows). The
+    reference of :mod:`attnlab.kernels.stick`, and what runs where the kernel does not (CUDA, bf16, compile, the
+    FLOP counter)."""
+    Lq, Lk = logits.shape[-2:]
+    visible = torch.ones(Lq, Lk, dtype=torch.bool, device=logits.device)
+    if not attend_current:
+        own = torch.arange(Lq, device=logits.device)[:, None] + (Lk - Lq)
+        visible = visible & (torch.arange(Lk, device=logits.device)[None, :] != own)
+    if allowed is not None:
+        visible = visible & allowed
+    z = torch.where(visible, logits, logits.new_zeros(()))
+    rest = torch.where(visible, -torch.nn.functional.softplus(z), logits.new_zeros(()))  # log(1 − σ(s_k))
+    after = rest.flip(-1).cumsum(-1).flip(-1)  # Σ_{k ≥ j}
+    after = torch.nn.functional.pad(after[..., 1:], (0, 1))  # Σ_{k > j}
+    w = torch.exp(after - torch.nn.functional.softplus(-z))  # σ(s_j) · Π_{k > j} (1 − σ(s_k))
+    return torch.where(visible, w, logits.new_zeros(()))
+
+
+@register_normalizer("stickbreaking")
+class StickBreaking(Normalizer):
+    """Stick-breaking attention (Tan et al. 2025, "Scaling Stick-Breaking Attention: An Efficient Implementation and
+    In-depth Study", ICLR 2025, eq. 3): β_j = σ(s_j), w_j = β_j Π_{k > j} (1 − β_k) over the keys the row sees, the
+    nearest first, so each key takes a share of what the nearer keys left. The paper's convention leaves the query's
+    own key out (the product and the keys run over j < i; ``attend_current=True`` puts it in, fla's option): under
+    a causal mask the first token then sees no key and its output is 0. Rows sum to at most 1; the rest,
+    1 − Σ_j w_j = Π_k (1 − β_k), is the row's leftover mass (the diagnostics' ``leftover``). No position encoding is
+    needed: the order of the keys is the recency bias.
+
+    Computed in log space: on the CPU (float32/64, eager) by the C kernel of :mod:`attnlab.kernels.stick`
+    (:meth:`row_op`: the fused ``normalized`` backend), else by :func:`stick_breaking_weights`."""
+
+    leaves_mass = True
+    """rows keep a leftover mass 1 − Σ w that the diagnostics report (``leftover``)."""
+
+    def __init__(self, attend_current: bool = False) -> None:
+        super().__init__()
+        if not isinstance(attend_current, bool):
+            raise ValueError(f"attend_current must be true or false, got {attend_current!r}")
+        self.attend_current = attend_current
+
+    def row_op(self) -> RowOp | None:
+        """The C kernel as a :class:`~attnlab.kernels.rows.RowOp`, or None where it is not built."""
+        return stick_kernel.StickRowOp(self.attend_current) if stick_kernel.available() else None
+
+    def forward(self, logits: Tensor, allowed: Tensor | None = None) -> Tensor:
+        if stick_kernel.supports(logits, allowed):
+            return stick_kernel.stick_breaking(logits, allowed, self.attend_current)
+        return stick_breaking_weights(logits, allowed, self.attend_current)
+
+    def extra_repr(self) -> str:
+        return f"attend_current={self.attend_current}"

@@ -192,6 +192,7 @@ register_spec(r"attn/support", "keys with weight ≠ 0", unit="fraction", **_FRA
 register_spec(r"attn/row_mass", "sum of a row's weights", low=0.0)
 register_spec(r"attn/negative_mass", "weight below 0", low=0.0)
 register_spec(r"attn/first_mass", "weight on the first key", **_FRACTION)
+register_spec(r"attn/leftover", "stick left over (1 − row sum)", **_FRACTION)
 register_spec(r"attn/logit_std", "std of a row's logits", low=0.0)
 register_spec(r"attn/logit_max", "largest logit")
 register_spec(r"attn/attn_distance", "mean |i − j| attended", unit="tokens", low=0.0)

@@ -92,6 +92,8 @@ FEATURE_REASONS: dict[str, str] = {
     "position_bias": "it has no position bias",
     "softcap": "it has no soft-capping",
     "differential": "it has no differential attention",
+    "selective": "it has no selective attention (attention.selective)",
+    "forgetting": "it has no forgetting attention (the forget gates' bias)",
 }
 """The one line a backend gives for a feature of a layer it does not compute (:func:`missing_feature`); a feature
 not listed here (``config.<field>``: a field of :class:`~attnlab.config.AttentionConfig` that no form turns into a

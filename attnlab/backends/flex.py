@@ -13,6 +13,9 @@ What it expresses, exactly as the eager path computes it:
   k − q (H, Lq + Lk − 1), ALiBi from its slopes (H,); a user bias (or a score's own bias) that offers ``score_mod``;
 * **soft-capping**: c·tanh(s / c) in the ``score_mod``, after the bias (as
   :meth:`~attnlab.forms.softmax.SoftmaxForm.logits`);
+* **forgetting attention** (:mod:`attnlab.forms.forgetting`): D_ij = c_i − c_j read from the cumulative log forget
+  gates c (B, H, L) in the ``score_mod``, after the soft-cap; on CUDA ``auto`` gives it to flex (on the CPU ``sdpa``
+  computes it with the bias folded into q and k);
 * **every mask** as a ``mask_mod`` with its ``BlockMask`` (:func:`block_mask_for`): causal in closed form, causal AND
   key padding from the (B, Lk) key flags, any other (sliding window, causal window, compositions, user masks,
   padding, a bool tensor) read by index from the prepared mask's bool tensor, which the kernel touches only in the
@@ -66,6 +69,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from attnlab.backends.base import Conditions, LayerSpec, register_backend, spec_of
 from attnlab.backends.sdpa import FusedSoftmax
 from attnlab.forms import FormInputs, FormOutput
+from attnlab.forms.forgetting import cumulative_log_forget
 from attnlab.masks import PreparedMask
 from attnlab.position_bias import PositionBias, ScoreMod
 from attnlab.scores import DotProductScore
@@ -168,6 +172,17 @@ def _capped_mod(terms: tuple[ScoreMod, ...], cap: float) -> ScoreMod:
     return mod
 
 
+def _forgetting_mod(inner: ScoreMod | None, c: Tensor, offset: int) -> ScoreMod:
+    """``inner`` (or nothing), then forgetting attention's bias c[b, h, i + offset] − c[b, h, j] (c (B, H, Lk))."""
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        if inner is not None:
+            score = inner(score, b, h, q_idx, kv_idx)
+        return score + (c[b, h, q_idx + offset] - c[b, h, kv_idx])
+
+    return mod
+
+
 # --------------------------------------------------------------------------------------------- masks
 
 
@@ -265,7 +280,7 @@ class Flex(FusedSoftmax):
     """The layer through one (compiled) FlexAttention call; see the module's docstring for what it expresses."""
 
     params: ClassVar[dict[str, Any]] = {"compile": True}
-    computes = FusedSoftmax.computes | {"softcap"}
+    computes = FusedSoftmax.computes | {"softcap", "forgetting"}
 
     def check_params(self, params: dict[str, Any]) -> None:
         if "compile" in params and not isinstance(params["compile"], bool):
@@ -292,7 +307,12 @@ class Flex(FusedSoftmax):
                 )
         elif when.device != "cuda":
             return f"FlexAttention runs on CUDA (and forward-only on the CPU), not {when.device}"
-        elif spec.config.backend != "flex" and _plain(spec.form) and when.mask in _SDPA_MASKS:
+        elif (
+            spec.config.backend != "flex"
+            and _plain(spec.form)
+            and "forgetting" not in spec.features
+            and when.mask in _SDPA_MASKS
+        ):
             # auto on CUDA: SDPA's fused kernels (flash, memory-efficient) already compute this layer without a
             # (B, H, Lq, Lk) tensor; flex is for what SDPA would materialise (a bias, a soft-cap, other masks)
             return "SDPA's fused kernels compute this layer (no bias, no soft-cap, a causal or padding mask)"
@@ -314,6 +334,8 @@ class Flex(FusedSoftmax):
         if form.differential:
             v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
         score_mod = score_mod_for(form, q, Lk)  # from q before the score's query_map, as the eager path
+        if "forgetting" in spec.features:  # forgetting attention's D_ij = c_i − c_j, after the terms and the cap
+            score_mod = _forgetting_mod(score_mod, cumulative_log_forget(inputs.transition).to(q.dtype), Lk - Lq)
         block_mask = block_mask_for(pm, B, Hq, Lq, Lk, q.device)
         score: DotProductScore = form.score
         q, k = score.query_map(q), score.key_map(k)

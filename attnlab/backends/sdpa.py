@@ -20,9 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from attnlab.backends.base import Backend, Conditions, LayerSpec, register_backend, spec_of
+from attnlab.backends.rowwise import NormalizedAttention
 from attnlab.forms import FormInputs, FormOutput, expand_heads
+from attnlab.forms.softmax import selection_penalty
+from attnlab.kernels import select as select_kernel
+from attnlab.kernels import softmax as softmax_kernel
+from attnlab.kernels.denormals import flush_denormals
 from attnlab.masks import PreparedMask
 from attnlab.scores import DotProductScore
 
@@ -37,7 +43,9 @@ __all__ = [
 
 
 SOFTMAX_STAGES = frozenset({"form:softmax", "score:dot", "position_bias", "differential"})
-"""What the fused dot-product backends compute: a dot-product score, an additive position bias, differential maps."""
+"""What the fused dot-product backends compute: a dot-product score, an additive position bias, differential maps.
+``sdpa`` and ``biased_softmax`` also compute selective attention's penalty (a (B, 1, Lq, Lk) bias from head 0's
+logits), and ``sdpa`` forgetting attention."""
 
 
 class FusedSoftmax(Backend):
@@ -58,7 +66,10 @@ def softmax_reason(spec: LayerSpec) -> str | None:
 
 
 def _learned_bias(form: Any) -> bool:
-    """Whether the additive logit terms are learned (they need their gradient): any term but a static one (ALiBi)."""
+    """Whether the additive logit terms are learned (they need their gradient): any term but a static one (ALiBi),
+    or selective attention's penalty (from head 0's logits)."""
+    if getattr(form, "selective", False):
+        return True
     terms = [(form.score, form.score.static_bias)] if form.score.position_term() is not None else []
     if form.position_bias is not None:
         terms.append((form.position_bias, form.position_bias.static_bias))
@@ -80,6 +91,19 @@ def _halves(t: Tensor | None, heads: int) -> tuple[Tensor | None, Tensor | None]
     return t[..., :heads, :, :], t[..., heads:, :, :]
 
 
+def _row_kernel_applies(q: Tensor, spec: LayerSpec) -> bool:
+    """Whether the C softmax row kernel (:class:`~attnlab.backends.rowwise.NormalizedAttention`) can compute this
+    call: one map (no differential attention), float32/64 on the CPU, eager, the kernel built."""
+    return (
+        not spec.config.differential
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and not torch.compiler.is_compiling()
+        and _get_current_dispatch_mode() is None
+        and softmax_kernel.available()
+    )
+
+
 def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) -> FormOutput:
     """The form through one SDPA call (``biased``: :class:`BiasedSoftmaxAttention` for the learned bias);
     differential attention through one call per map, both reading the same values (no copy of v for the second
@@ -87,25 +111,46 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
     form = spec.form
     q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
     score: DotProductScore = form.score
+    scale = score.scale
     bias, static = form.position_logits(q, k.shape[2])
+    q, k = score.query_map(q), score.key_map(k)
+    if getattr(form, "selective", False):  # − F of head 0's logits, a (B, 1, Lq, Lk) bias with its gradient
+        head0 = torch.matmul(q[:, :1] * scale, k[:, :1].transpose(-1, -2))
+        if bias is not None:
+            head0 = head0 + bias[:, :1]
+        allowed0 = None if pm is None else pm.allowed[:, :1]
+        if select_kernel.supports(head0, allowed0):  # −F in one pass each way (attnlab.kernels.select)
+            minus_f = select_kernel.selection_bias(head0, allowed0)
+        else:
+            minus_f = -selection_penalty(head0, allowed0)
+        bias, static = (minus_f if bias is None else bias + minus_f), False
+    raw_bias = bias
     causal = bias is None and pm is not None and pm.is_causal
     if bias is None:
         attn_mask = None if pm is None or causal else pm.safe
     else:
         attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
-    q, k = score.query_map(q), score.key_map(k)
+    if "forgetting" in spec.features:  # the forget gates' bias folded into two more dimensions of q and k
+        q, k, scale = *form.fold_bias(q * scale, expand_heads(k, q.shape[1]), inputs.transition), 1.0
     extra = form.extra_logit()
     if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
         if causal:
             attn_mask, causal = pm.safe, False
-        q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / score.scale)
+        q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / scale)
 
-    def call(q: Tensor, k: Tensor, attn_mask: Tensor | None) -> Tensor:
+    # selective attention's (B, 1, Lq, Lk) bias with the C softmax row kernel, the mask as the allowed keys (no −inf)
+    row_kernel = biased and spec.features & {"selective"} and extra is None and _row_kernel_applies(q, spec)
+
+    def call(q: Tensor, k: Tensor, attn_mask: Tensor | None, v: Tensor = v) -> Tensor:
         if biased:
             heads = q.shape[1]
-            return BiasedSoftmaxAttention.apply(
-                q, expand_heads(k, heads), expand_heads(v, heads), attn_mask, score.scale
-            )
+            k, v = expand_heads(k, heads), expand_heads(v, heads)
+            if row_kernel:
+                allowed = None if pm is None else pm.allowed
+                return NormalizedAttention.apply(
+                    q, k, v, raw_bias, allowed, scale, softmax_kernel.SoftcapSoftmax(), None
+                )
+            return BiasedSoftmaxAttention.apply(q, k, v, attn_mask, scale)
         return scaled_dot_product_attention(
             q,
             k,
@@ -113,10 +158,15 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
             attn_mask=attn_mask,
             dropout_p=dropout,
             is_causal=causal,
-            scale=score.scale,
+            scale=scale,
             enable_gqa=k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1],
         )
 
+    if not spec.config.differential and spec.features & {"forgetting", "selective"}:
+        # their logits span hundreds (the forget gates' bias, the accumulated selection): the weights of a band of
+        # keys would be denormal floats, which the kernels and matrix products compute in microcode
+        z = flush_denormals(lambda q, k, v: call(q, k, attn_mask, v), q, k, v)
+        return FormOutput(visible_rows(z[..., : spec.d_v], pm))
     if not spec.config.differential:
         return FormOutput(visible_rows(call(q, k, attn_mask)[..., : spec.d_v], pm))  # (the sink key's padding cut)
     H = spec.num_heads
@@ -130,6 +180,8 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
 
 @register_backend("biased_softmax")
 class BiasedSoftmax(FusedSoftmax):
+    computes = SOFTMAX_STAGES | {"selective"}
+
     def config_reason(self, layer: Any) -> str | None:
         spec = spec_of(layer)
         reason = super().config_reason(spec) or softmax_reason(spec)
@@ -154,6 +206,10 @@ class BiasedSoftmax(FusedSoftmax):
 
 @register_backend("sdpa")
 class Sdpa(FusedSoftmax):
+    computes = SOFTMAX_STAGES | {"selective", "forgetting"}
+    """… and selective attention, and forgetting attention, its bias c_i − c_j folded into two more dimensions of q
+    and k (:meth:`~attnlab.forms.forgetting.ForgettingAttention.fold_bias`): SDPA's fused kernel, no (L, L) tensor."""
+
     def config_reason(self, layer: Any) -> str | None:
         spec = spec_of(layer)
         return super().config_reason(spec) or softmax_reason(spec)

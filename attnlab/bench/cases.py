@@ -84,6 +84,19 @@ ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
     "gate_elementwise": {"output_gate": "elementwise"},
     "mla": {"score": "mla"},
     "canon_abcd": {"canon": "ABCD"},
+    "scaled_dot_causal": {"mask": "causal"},
+    "forgetting": {"score": "forgetting", "mask": "causal", "pos_encoding": "none"},
+    "forgetting_pro": {
+        "score": "forgetting",
+        "output_gate": "elementwise",
+        "qk_norm": "rmsnorm",
+        "short_conv": 4,
+        "mask": "causal",
+        "pos_encoding": "none",
+    },
+    "selective": {"selective": True, "mask": "causal"},
+    "stickbreaking": {"normalizer": "stickbreaking", "mask": "causal", "pos_encoding": "none"},
+    "mta": {"score": "mta", "mask": "causal"},
 }
 # The variants' goals, judged at the plan's ``target_variant_length``: (target id, variants, limit on step ÷
 # scaled_dot). Rotary, QK-norm and grouped heads must cost (almost) nothing (issue 7); an eager normalizer at most
@@ -91,7 +104,9 @@ ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
 # softpick ≤ 1.5. A variant with an issue-31 goal is judged by that one only (it replaces issue 8's looser 2.5 for
 # entmax15, sparsemax and softpick: meeting it meets 2.5 too); issue 8's stays for softmax1, sink and sigmoid.
 # Issue 44's: the gated output ≤ 1.05 (44a), multi-head latent attention ≤ 1.2 (44b), Canon layers at A, B, C and
-# D ≤ 1.1 (44c).
+# D ≤ 1.1 (44c). Issue 45's, for causal forms, against the causal ``scaled_dot_causal`` (SDPA's causal kernel) of the
+# same run (``ratio_causal``): forgetting attention ≤ 1.5 (45a), selective attention ≤ 1.5 (45b), stick-breaking
+# ≤ 2.5 (45c); multi-token attention is reported, with no limit.
 VARIANT_GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("7", ("rope", "rope_half", "qk_rmsnorm", "qk_layernorm", "gqa2", "mqa"), 1.10),
     ("8", ("softmax1", "sink", "sigmoid"), 2.5),
@@ -103,6 +118,9 @@ VARIANT_GOALS: tuple[tuple[str, tuple[str, ...], float], ...] = (
     ("44a", ("gate_headwise", "gate_elementwise"), 1.05),
     ("44b", ("mla",), 1.2),
     ("44c", ("canon_abcd",), 1.1),
+    ("45a", ("forgetting",), 1.5),
+    ("45b", ("selective",), 1.5),
+    ("45c", ("stickbreaking",), 2.5),
 )
 
 

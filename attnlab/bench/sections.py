@@ -139,7 +139,8 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
     """The encoder training step of every one of :data:`ATTENTION_VARIANTS`, at each of ``plan.variant_shapes``:
     all variants of a length timed together, interleaved, then one profiled step each (peak MB, SDPA kernel;
     unless ``plan.variant_profile`` is False) and one counted step each (FLOPs) → one row per model, with
-    ``ratio_scaled_dot`` (median step ÷ the ``scaled_dot`` variant's at that length), ``fast_path`` (whether its
+    ``ratio_scaled_dot`` (median step ÷ the ``scaled_dot`` variant's at that length), ``ratio_causal`` (for a causal
+    variant: ÷ ``scaled_dot_causal``'s, SDPA's causal kernel; else None), ``fast_path`` (whether its
     attention dispatches to SDPA), ``backend`` (the backend its first layer's training step runs:
     ``MultiHeadAttention.backend_for(device, dtype)``), ``flops`` and ``achieved_flops_s``."""
     reps = plan.variant_reps if plan.variant_reps is not None else plan.reps
@@ -155,6 +156,7 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
         log(f"variants: {shape.tag()}, {len(specs)} models ...")
         times = interleaved_times(steps, plan.warmup, reps, device)
         ref = statistics.median(times["scaled_dot"])
+        ref_causal = statistics.median(times["scaled_dot_causal"]) if "scaled_dot_causal" in times else None
         for spec in specs:
             peak_mb, kernel = profile_step(steps[spec.variant], device) if plan.variant_profile else (None, None)
             flops = count_step_flops(steps[spec.variant])
@@ -180,6 +182,11 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
                     "sdpa_kernel": kernel,
                     "ratio_torch": None,
                     "ratio_scaled_dot": statistics.median(ts) / ref,
+                    "ratio_causal": (
+                        statistics.median(ts) / ref_causal
+                        if ref_causal is not None and options.get("mask") == "causal"
+                        else None
+                    ),
                     **flops_fields(flops, stats["median_ms"]),
                 }
             )

@@ -2,6 +2,7 @@
 
     e = score(q, k) + position_bias(q)        logits (B, Hq, Lq, Lk)
     e = c·tanh(e / c)                         soft-capping, when ``softcap=c`` (Gemma 2)
+    e = e − F                                 selective attention, when ``selective`` (Leviathan et al. 2025)
     w = normalizer(e, mask)                   masked keys 0, a row that sees no key all 0
     w = w₁ − λ·w₂                             differential attention only (Ye et al. 2024)  (B, H, Lq, Lk)
     z = w v (+ value terms)                   (B, H, Lq, d_v)
@@ -9,8 +10,9 @@
 Any registered score and normalizer (softmax by default: the name says what the fused backends compute; ``rowsum``
 on a non-linear score, sparsemax, entmax … are this form too). Differential attention computes two maps per head:
 Hq = 2H query and Gk = 2G key heads, laid out component-major (index c·H + h for component c of head h), and each
-head's output goes through a sub-norm scaled by (1 − λ_init) (:meth:`SoftmaxForm.output`). Decoding keeps every
-key and value so far (a causal window: those of its window).
+head's output goes through a sub-norm scaled by (1 − λ_init) (:meth:`SoftmaxForm.output`). Selective attention
+(:func:`selection_penalty`) subtracts from every head's logits what the first head's logits say earlier queries
+selected away. Decoding keeps every key and value so far (a causal window: those of its window).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from attnlab.normalizers import build_normalizer
 from attnlab.position_bias import build_position_bias, resolve_direction
 from attnlab.scores import DotProductScore, build_score
 
-__all__ = ["DifferentialHeads", "KVCache", "SoftmaxForm", "expand_heads", "lambda_init"]
+__all__ = ["DifferentialHeads", "KVCache", "SoftmaxForm", "expand_heads", "lambda_init", "selection_penalty"]
 
 
 def lambda_init(layer: int) -> float:
@@ -80,6 +82,28 @@ class DifferentialHeads(torch.autograd.Function):
         return du, dz2, dlam, dweight, None, None
 
 
+def selection_penalty(logits: Tensor, allowed: Tensor | None) -> Tensor:
+    """Selective attention's F (Leviathan et al. 2025, "Selective Attention Improves Transformer", §2 and its
+    Fig. 2 code): the selecting head's logits (B, 1, Lq, Lk) (head 0's, after the scale, position bias and soft-cap)
+    and the mask (bool broadcastable to (B, 1, Lq, Lk), True = visible; None = all) → F (B, 1, Lq, Lk), which is
+    subtracted from every head's logits before the softmax:
+
+        S_kj = ReLU(e_kj) for a visible key j with 0 < j < k (the first key, the paper's BOS, is never selected
+               away, nor a token's own key), else 0;       F_ij = Σ_{k<i} S_kj
+
+    i.e. token k's selection of key j counts for the queries after k (the paper's roll by one). Queries and keys
+    are aligned at the end (query i is token i + Lk − Lq, as a causal mask's). The penalty is parameter-free and
+    differentiable: its gradient reaches head 0's logits."""
+    Lq, Lk = logits.shape[-2:]
+    token = torch.arange(Lq, device=logits.device)[:, None] + (Lk - Lq)  # (Lq, 1): each query's own token
+    key = torch.arange(Lk, device=logits.device)[None, :]  # (1, Lk)
+    keep = (key > 0) & (key < token)  # (Lq, Lk): 0 < j < k
+    if allowed is not None:
+        keep = keep & allowed
+    selected = torch.where(keep, torch.relu(logits), logits.new_zeros(()))  # S (B, 1, Lq, Lk)
+    return F.pad(selected[..., :-1, :].cumsum(-2), (0, 0, 1, 0))  # F_i = Σ_{k<i} S_k  (row 0: 0)
+
+
 @dataclass
 class KVCache:
     """The softmax form's decoding state: k (B, Gk, capacity, d_k) and v (B, G, capacity, d_v) of every token so
@@ -106,7 +130,7 @@ class SoftmaxForm(Form):
     tags = frozenset({"softmax"})
     config_fields = frozenset(
         {"score", "score_params", "position_bias", "position_bias_params", "softcap", "normalizer",
-         "normalizer_params", "differential"}
+         "normalizer_params", "differential", "selective"}
     )  # fmt: skip
 
     def __init__(
@@ -144,6 +168,7 @@ class SoftmaxForm(Form):
             )
             self.sub_norm = nn.RMSNorm(sizes.d_v, eps=1e-5)
         self.mask_config = config.mask
+        self.selective = config.selective
 
     @classmethod
     def query_maps(cls, config: AttentionConfig) -> int:
@@ -169,6 +194,8 @@ class SoftmaxForm(Form):
             found.add("softcap")
         if self.differential:
             found.add("differential")
+        if self.selective:
+            found.add("selective")
         return frozenset(found)
 
     def weights_signed(self) -> bool:
@@ -191,6 +218,21 @@ class SoftmaxForm(Form):
         if self.softcap is not None:
             e = self.softcap * torch.tanh(e / self.softcap)
         return e
+
+    def select(self, logits: Tensor, mask: PreparedMask | None) -> Tensor:
+        """Selective attention (:func:`selection_penalty`): logits (B, Hq, Lq, Lk) − F of head 0's; as they are
+        without ``selective``."""
+        if not self.selective:
+            return logits
+        return logits - selection_penalty(logits[:, :1], None if mask is None else mask.allowed[:, :1])
+
+    def check_mask(self, form: str, shown: str) -> None:
+        super().check_mask(form, shown)
+        if False:
+            raise ValueError(
+                f"selective attention masks a key for the queries after the one that selected it away, so it needs "
+                f"mask=causal (AND key padding at most), not mask={shown}"
+            )
 
     def normalize(self, logits: Tensor, mask: PreparedMask | None, dtype: torch.dtype) -> Tensor:
         """logits (B, Hq, Lq, Lk) → weights in ``dtype``; half-precision logits are normalized in float32."""
@@ -244,7 +286,7 @@ class SoftmaxForm(Form):
 
     def parallel(self, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
         q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
-        logits = self.logits(q, k)  # (B, Hq, Lq, Lk)
+        logits = self.select(self.logits(q, k), pm)  # (B, Hq, Lq, Lk)
         weights = self.combine_maps(self.normalize(logits, pm, v.dtype))  # (B, H, Lq, Lk)
         dropped = F.dropout(weights, dropout) if dropout > 0 else weights
         return FormOutput(self.mix_values(dropped, v), weights, logits)  # z (B, H, Lq, d_v)
@@ -266,6 +308,8 @@ class SoftmaxForm(Form):
     def decode_reason(self) -> str | None:
         if self.differential:
             return "differential attention has no token-by-token form here"
+        if self.selective:
+            return "selective attention has no token-by-token form here (F sums over every earlier query's row)"
         if self.position_bias is not None or getattr(self.score, "has_value_term", False):
             return (
                 f"a position bias ({type(self.position_bias or self.score).__name__}) has no token-by-token form here"

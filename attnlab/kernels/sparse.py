@@ -36,7 +36,15 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from attnlab.kernels.build import DTYPES, Library
 
-__all__ = ["KINDS", "SparseRowOp", "available", "row_normalize", "supports", "unavailable_reason"]
+__all__ = [
+    "KINDS",
+    "SparseRowOp",
+    "available",
+    "row_normalize",
+    "supports",
+    "supports_tensors",
+    "unavailable_reason",
+]
 
 KINDS = {"sparsemax": 0, "entmax15": 1, "softpick": 2}  # the kernel's codes
 
@@ -66,6 +74,12 @@ def unavailable_reason() -> str | None:
 def supports(logits: Tensor, allowed: Tensor | None = None) -> bool:
     """Whether :func:`row_normalize` can take these: logits (B, H, Lq, Lk) float32/64 on the CPU, ``allowed`` None
     or on the CPU, eager (not traced by ``torch.compile`` nor under a dispatch mode), and the kernel available."""
+    return supports_tensors(logits, allowed) and available()
+
+
+def supports_tensors(logits: Tensor, allowed: Tensor | None = None) -> bool:
+    """Whether a C row kernel can take these tensors: logits (B, H, Lq, Lk) float32/64 on the CPU, ``allowed`` None
+    or on the CPU, eager (not traced by ``torch.compile`` nor under a dispatch mode: the FLOP counter)."""
     return (
         logits.dim() == 4
         and logits.dtype in DTYPES
@@ -73,7 +87,6 @@ def supports(logits: Tensor, allowed: Tensor | None = None) -> bool:
         and (allowed is None or allowed.device.type == "cpu")
         and not torch.compiler.is_compiling()
         and _get_current_dispatch_mode() is None
-        and available()
     )
 
 

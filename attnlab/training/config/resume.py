@@ -86,12 +86,14 @@ parameters)."""
 _ADDED_IN_0_7: dict[str, Any] = {
     "attention.short_conv_residual": False,
     "attention.output_gate": None,
+    "attention.selective": False,
     "model.canon": None,
     "model.canon_width": 4,
     "model.layer_kinds.M": _DERIVED,
+    "model.layer_kinds.F": _DERIVED,
 }
-"""The keys that a run before issue 44 lacks (Canon layers, the gated output, the MLA layer kind), with the value
-it ran with: none of them."""
+"""The keys that a run before issues 44 and 45 lacks (Canon layers, the gated output, the MLA and forgetting layer
+kinds, selective attention), with the value it ran with: none of them."""
 
 
 def _added_in_0_6() -> dict[str, Any]:
