@@ -226,7 +226,12 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
             assert r["fast_path"] is (r["variant"] == "scaled_dot"), r["variant"]
         if r["variant"] == "scaled_dot":
             assert r["ratio_scaled_dot"] == 1.0 and r["options"] == "(reference)"
-    assert {r["score"] for r in rows} == {"scaled_dot", "cosine", "mla"}
+        # a causal variant is also timed against causal scaled_dot (issue 45's goals read that ratio)
+        causal = ATTENTION_VARIANTS[r["variant"]].get("mask") == "causal"
+        assert (r["ratio_causal"] is not None) is causal, r["variant"]
+        if r["variant"] == "scaled_dot_causal":
+            assert r["ratio_causal"] == 1.0
+    assert {r["score"] for r in rows} == {"scaled_dot", "cosine", "mla", "forgetting", "mta"}
     assert {v for _, names, _ in VARIANT_GOALS for v in names} <= set(ATTENTION_VARIANTS)
 
     # the variant rows' FLOPs: the same count for variants that only add free (elementwise) work; fewer key/value
@@ -245,8 +250,10 @@ def test_variants_section_times_every_variant_against_scaled_dot_and_saves_its_r
         assert 0 < r["roofline"] < 0.5 and r["roofline"] == pytest.approx(r["achieved_flops_s"] / peak["flops_s"])
     results["targets"] = evaluate_targets(plan, results)
     variant_ids = {tid for tid, _, _ in VARIANT_GOALS}
-    assert variant_ids == {"7", "8", "31a", "31b", "31c", "31d", "31e", "44a", "44b", "44c"}
+    assert variant_ids == {"7", "8", "31a", "31b", "31c", "31d", "31e", "44a", "44b", "44c", "45a", "45b", "45c"}
     goals = [t for t in results["targets"] if t["id"] in variant_ids]
+    # issue 45's causal forms are judged against causal scaled_dot
+    assert all("÷ scaled_dot causal" in t["what"] for t in goals if t["id"].startswith("45"))
     assert len(goals) == sum(len(names) for _, names, _ in VARIANT_GOALS)
     assert all(t["value"] > 0 and t["met"] is None for t in goals)  # a quick run is never judged
 

@@ -175,12 +175,17 @@ def attention_flops(config: AttentionConfig, batch: int = 2, length: int = 6) ->
     return step_flops(module, batch, length), linear_step_flops(module, batch, length)
 
 
+CAUSAL_SOFTMAX_FORMS = ["forgetting", "mta"]  # softmax forms that are causal only (issue 45)
+
+
 def config_of(name: str) -> AttentionConfig:
     recurrent = {"mask": "causal", "normalizer": "none"} if name in RECURRENT_FORMS else {}
+    if name in CAUSAL_SOFTMAX_FORMS:
+        recurrent = {"mask": "causal"}
     return AttentionConfig(score=name, score_params=params_of("score", name), **recurrent)
 
 
-@pytest.mark.parametrize("name", SCORES + RECURRENT_FORMS)
+@pytest.mark.parametrize("name", [*SCORES, *RECURRENT_FORMS, *CAUSAL_SOFTMAX_FORMS])
 def test_every_score_counts_its_attention(name: str) -> None:
     total, linear = attention_flops(config_of(name))
     assert total > linear, f"{name}: no FLOPs beside the linear layers"

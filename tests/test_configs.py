@@ -25,6 +25,8 @@ PIPELINE_PRESETS = {
     "rope": ("scaled_dot", "pos_encoding", "rope"),
     "diff": ("scaled_dot", "differential", True),
     "based": ("linear", "pattern", "TW"),  # Based: taylor linear layers (short convolutions) and window softmax layers
+    "forgetting_pro": ("forgetting", "short_conv", 4),  # FoX's Pro block: gate, QK-norm, short convolution
+    "stickbreaking": ("scaled_dot", "pos_encoding", "none"),  # scaled_dot + normalizer=stickbreaking, causal
 }
 RELATIVE_VARIANTS = ("relative_position", "t5_bias", "alibi")
 ABSOLUTE_VARIANTS = ("dot", "scaled_dot", "general", "additive")
@@ -228,10 +230,10 @@ def test_every_variant_config_names_a_registered_score(hydra_ctx: None) -> None:
     for option in options("variant"):
         if option == "custom":
             continue
-        if option in PIPELINE_PRESETS:  # a score plus a model setting
-            assert compose_cfg(f"variant={option}").variant.name in attnlab.list_scores()
-            continue
         known = [*attnlab.list_scores(), *attnlab.forms.list_forms()]
+        if option in PIPELINE_PRESETS:  # a score (or form) plus a model setting
+            assert compose_cfg(f"variant={option}").variant.name in known
+            continue
         assert option in known, f"conf/variant/{option}.yaml has no registered score or form"
 
 

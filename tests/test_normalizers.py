@@ -100,6 +100,13 @@ def reference_row(name, s, visible, *, exp=math.exp, sqrt=math.sqrt, sink=0.0, b
         d = [exp(v) - 1 for v in vs]
         denom = sum(abs(x) for x in d) + eps
         w = [(x if num(x) > 0 else 0.0) / denom for x in d]
+    elif name == "stickbreaking":  # Tan et al. 2025, eq. 3: β_j Π_{k > j} (1 − β_k), the nearest visible key first
+        beta = [stable_sigmoid(v, exp) for v in vs]
+        w = []
+        for a, b in enumerate(beta):
+            for later in beta[a + 1 :]:
+                b = b * (1 - later)
+            w.append(b)
     elif name == "rowsum":  # Katharopoulos et al. 2020, eq. 6: the similarities over their row sum
         denom = sum(vs) + eps
         w = [v / denom for v in vs]
@@ -128,6 +135,16 @@ def full_mask(allowed, shape):
     return torch.ones(shape, dtype=torch.bool) if allowed is None else allowed.expand(shape)
 
 
+def row_visible(name, mask, b, h, i):
+    """The keys row (b, h, i) sees: the mask's, and for stick-breaking (the paper's convention) not the query's own
+    key i + Lk − Lq."""
+    visible = mask[b, h, i].tolist()
+    own = i + mask.shape[-1] - mask.shape[-2]
+    if name == "stickbreaking" and 0 <= own < len(visible):
+        visible[own] = False
+    return visible
+
+
 def reference(name, logits, allowed, sink=None, **params):
     """Reference weights (float64) with plain floats: a loop over the rows (b, h, i)."""
     B, H, Lq, Lk = logits.shape
@@ -137,7 +154,7 @@ def reference(name, logits, allowed, sink=None, **params):
         for h in range(H):
             for i in range(Lq):
                 extra = {} if sink is None else {"sink": float(sink[h])}
-                row = reference_row(name, logits[b, h, i].tolist(), mask[b, h, i].tolist(), **extra, **params)
+                row = reference_row(name, logits[b, h, i].tolist(), row_visible(name, mask, b, h, i), **extra, **params)
                 out[b, h, i] = torch.tensor(row, dtype=torch.float64)
     return out
 
@@ -152,7 +169,8 @@ def reference_autograd(name, logits, allowed, sink=None, **params):
             for i in range(Lq):
                 extra = {} if sink is None else {"sink": sink[h]}
                 row = reference_row(
-                    name, list(logits[b, h, i].unbind()), mask[b, h, i].tolist(), exp=torch.exp, sqrt=torch.sqrt,
+                    name, list(logits[b, h, i].unbind()), row_visible(name, mask, b, h, i), exp=torch.exp,
+                    sqrt=torch.sqrt,
                     **extra, **params,
                 )  # fmt: skip
                 rows.append(torch.stack([torch.as_tensor(x, dtype=torch.float64) for x in row]))
@@ -572,6 +590,7 @@ def test_every_normalizer_treats_a_broadcast_mask_as_its_expanded_form(name, mas
 # rows: [1e4, −1e4, 0, 5], [−1e4] * 4, [1e4, 1e4, −1e4, 0]
 HUGE = [[1e4, -1e4, 0.0, 5.0], [-1e4] * 4, [1e4, 1e4, -1e4, 0.0]]
 QUARTER = 1 / (1 + 4)  # σ(0 − log 4)
+SIG5 = 1 / (1 + math.exp(-5))  # σ(5)
 LIMITS = {
     "softmax": [[1, 0, 0, 0], [0.25] * 4, [0.5, 0.5, 0, 0]],
     "softmax1": [[1, 0, 0, 0], [0] * 4, [0.5, 0.5, 0, 0]],
@@ -583,6 +602,8 @@ LIMITS = {
     # linear attention's normalizers get |HUGE|: [1e4, 1e4, 0, 5], [1e4] * 4, [1e4, 1e4, 1e4, 0] (ε is negligible)
     "rowsum": [[1e4 / 20005, 1e4 / 20005, 0, 5 / 20005], [0.25] * 4, [1 / 3, 1 / 3, 1 / 3, 0]],
     "none": [[1e4, 1e4, 0, 5], [1e4] * 4, [1e4, 1e4, 1e4, 0]],
+    # row i leaves out its own key i + 1 (Lq = 3, Lk = 4); the nearest visible key takes its share first
+    "stickbreaking": [[0.5 * (1 - SIG5), 0, 0.5 * (1 - SIG5), SIG5], [0] * 4, [0, 1, 0, 0]],
 }
 
 
@@ -660,6 +681,7 @@ ALLOWED = {
     "softpick": "eps",
     "rowsum": "eps",
     "none": "(none)",
+    "stickbreaking": "attend_current",
 }
 
 
