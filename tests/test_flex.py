@@ -103,6 +103,12 @@ COMBINATIONS = [
     ("differential_t5_causal", {"position_bias": "t5", "differential": True}, CAUSAL),
     ("user_bias_with_score_mod", {"position_bias": "offset"}, CAUSAL),
     ("user_bias_read_by_index", {"position_bias": "offset_declines", "softcap": 2.0}, WINDOW),
+    ("forgetting_causal", {"score": "forgetting", "mask": "causal"}, CAUSAL),  # D_ij = c_i − c_j (issue 45)
+    (
+        "forgetting_gqa_softcap_padding",
+        {"score": "forgetting", "mask": "causal", "num_kv_heads": 2, "softcap": 2.0},
+        "key_padded_causal",
+    ),
 ]
 
 
@@ -226,6 +232,7 @@ def test_auto_never_chooses_flex_on_the_cpu_and_on_cuda_takes_what_sdpa_would_ma
         "scaled_dot": AttentionConfig(),
         "causal": AttentionConfig(mask="causal"),
         "padding": AttentionConfig(mask="padding"),
+        "forgetting": AttentionConfig(score="forgetting", mask="causal"),  # its bias: a score_mod on CUDA
     }
     on_sdpa = ("scaled_dot", "causal", "padding")  # SDPA's fused kernels compute these without a (L, L) tensor
     for name, config in configs.items():
@@ -328,8 +335,16 @@ def test_the_position_biases_say_their_score_mod_exactly():
         ({"position_bias": "alibi", "softcap": 2.0}, PAD),
         ({"position_bias": "t5", "differential": True, "softcap": 5.0}, USER),
         ({"softcap": 2.0}, "key_padded_causal"),
+        ({"score": "forgetting", "mask": "causal", "softcap": 3.0}, CAUSAL),
     ],
-    ids=["t5_softcap_causal", "shaw_gqa_causal_window", "alibi_softcap_padding", "diff_t5_user", "causal_padding"],
+    ids=[
+        "t5_softcap_causal",
+        "shaw_gqa_causal_window",
+        "alibi_softcap_padding",
+        "diff_t5_user",
+        "causal_padding",
+        "forgetting_softcap_causal",
+    ],
 )
 def test_flex_forward_and_backward_equal_eager_on_cuda(options, mask):
     """Compiled FlexAttention on CUDA, float32 (TF32 off), forward + backward: the output and the gradients of the
