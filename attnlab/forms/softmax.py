@@ -228,7 +228,7 @@ class SoftmaxForm(Form):
 
     def check_mask(self, form: str, shown: str) -> None:
         super().check_mask(form, shown)
-        if False:
+        if self.selective and form not in ("causal", "causal+padding"):
             raise ValueError(
                 f"selective attention masks a key for the queries after the one that selected it away, so it needs "
                 f"mask=causal (AND key padding at most), not mask={shown}"
