@@ -243,6 +243,31 @@ def test_a_sink_logit_counts_against_the_forget_biased_logits(backend, normalize
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_padded_token_in_the_middle_forgets_nothing_so_it_reaches_no_real_token(backend):
+    """A token that cannot see its own key (padding) has f = 1: its input reaches no real row, neither as a key nor
+    through its gate (with the gate counted, D_ij of a real row i across it would change with its input)."""
+    layer = fox_layer(backend)
+    L = 7
+    keys = torch.ones(2, 1, 1, L, dtype=torch.bool)
+    keys[:, ..., 3] = False  # token 3 is padding in both sequences
+    x = rand(2, L, D_MODEL)
+    y = x.clone()
+    y[:, 3] = 5 * rand(2, D_MODEL, seed=7)
+    with torch.no_grad():
+        a, b = layer(x, mask=keys)[0], layer(y, mask=keys)[0]
+    real = keys[:, 0, 0]
+    torch.testing.assert_close(a[real], b[real], rtol=0, atol=1e-12)
+    # the same rows against the paper's formula with token 3's gate set to 1 (log f = 0)
+    with torch.no_grad():
+        layer_gate = layer.form.forget_proj
+        expected, _ = fox_reference(layer, x, keys)
+        logf = torch.log(sigmoid(linear(layer_gate, x)))  # (B, L, H)
+        assert logf[:, 3].abs().min() > 1e-3  # the gate would have counted
+    rows_before = a[:, :3]
+    torch.testing.assert_close(rows_before, expected[:, :3], rtol=0, atol=1e-10)  # before the pad: as the paper
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_key_padding_is_anded_with_causal_and_a_row_that_sees_no_key_gives_zeros(backend):
     layer = fox_layer(backend)
     L = 7

@@ -8,7 +8,8 @@
 
 so a key's weight decays by the gates of the tokens between it and the query: a recency bias learned from the
 content, with no position encoding (FoX uses none). D is built from the (B, H, L) cumulative sum, never stored as a
-parameter, and is exact at any length (c_i − c_j, both sums of gates ≤ 0).
+parameter, and is exact at any length (c_i − c_j, both sums of gates ≤ 0). A padded token (one that cannot see its own
+key) forgets nothing, f = 1, so that padding anywhere in a sequence changes no real token (FoX pads at the ends).
 
 Backends:
 
@@ -99,10 +100,13 @@ class ForgettingAttention(SoftmaxForm):
         return super().features() | {"forgetting"}
 
     def prepare(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, mask: PreparedMask | None) -> FormInputs:
-        """x (B, L, d_model) → log f (B, H, L) in the inputs' transition record; the mask made causal
-        (:func:`~attnlab.masks.with_causal`: the form is causal whatever mask a call passes)."""
+        """x (B, L, d_model) → log f (B, H, L) in the inputs' transition record (0 for a padded token); the mask made
+        causal (:func:`~attnlab.masks.with_causal`: the form is causal whatever mask a call passes)."""
         log_f = F.logsigmoid(self.forget_proj(x)).transpose(1, 2)  # (B, H, L)
         mask = with_causal(mask, q.shape[2], k.shape[2], q.device)
+        if mask.form != "causal" and q.shape[2] == k.shape[2]:  # a padded token (own key hidden) forgets nothing
+            own = mask.allowed.diagonal(dim1=-2, dim2=-1)  # (B or 1, H or 1, L)
+            log_f = log_f.masked_fill(~own, 0.0)
         return FormInputs(q, k, v, mask, Transition(log_decay=log_f))
 
     def fold_bias(self, q: Tensor, k: Tensor, record: Transition) -> tuple[Tensor, Tensor]:

@@ -9,11 +9,12 @@ depend on several query–key pairs, not one::
     o = A' V
 
 with M₀ the causal mask filling hidden logits with 0 before the convolution and M_{−∞} filling them with −∞ after it
-(the paper's masking, eq. 5), so a weight reads only queries at or before its own (a ≥ 0: causal on the query axis)
-and, through M₀, only logits of keys those queries may see: the layer stays causal. θ (H, c_q, c_k) is each head's
-own kernel, ``kq_kernel[h, a, b]`` with b = j' + ⌊c_k/2⌋ (key j − b + ⌊c_k/2⌋); w (H / c_h, c_h, c_h) the head
-mixing, ``head_kernel[g, o, i]`` the weight of the group's head i in its head o, applied after the softmax (the
-paper's post-softmax variant). Both start at the identity, so a fresh layer is scaled dot-product attention.
+(the paper's masking, eq. 5; M₀ also zeroes the row of a token that cannot see its own key, a padded one), so a weight
+reads only queries at or before its own (a ≥ 0: causal on the query axis) and, through M₀, only logits of keys those
+queries may see: the layer stays causal. θ (H, c_q, c_k) is each head's own kernel, ``kq_kernel[h, a, b]`` with b = j' +
+⌊c_k/2⌋ (key j − b + ⌊c_k/2⌋); w (H / c_h, c_h, c_h) the head mixing, ``head_kernel[g, o, i]`` the weight of the group's
+head i in its head o, applied after the softmax (the paper's post-softmax variant). Both start at the identity, so a
+fresh layer is scaled dot-product attention.
 
 Parameters (``variant.params``): ``c_q`` (default 6), ``c_k`` (default 11) and ``c_h`` (default 2 for an even number
 of heads, else 1), the paper's. The paper's group normalisation with depth scaling is not part of this form (any
@@ -46,11 +47,14 @@ MTA_PARAMS = ("c_q", "c_k", "c_h")
 
 
 def key_query_convolution(logits: Tensor, allowed: Tensor, kernel: Tensor) -> Tensor:
-    """Ã = conv(M₀(Â)) (eq. 4): logits (B, H, Lq, Lk), allowed bool broadcastable (True = may attend), kernel θ
-    (H, c_q, c_k) → (B, H, Lq, Lk); query i reads queries i − a (a = 0 … c_q − 1, zero before the first) and key j
-    reads keys j − b + ⌊c_k/2⌋ (zero outside), each head with its own kernel (a depthwise 2-d convolution)."""
+    """Ã = conv(M₀(Â)) (eq. 4): logits (B, H, L, L) (self-attention), allowed bool broadcastable (True = may
+    attend), kernel θ (H, c_q, c_k) → (B, H, L, L); query i reads queries i − a (a = 0 … c_q − 1, zero before the
+    first) and key j reads keys j − b + ⌊c_k/2⌋ (zero outside), each head with its own kernel (a depthwise 2-d
+    convolution). M₀ zeroes the hidden logits, and the whole row of a token that cannot see its own key (a padded
+    one: the paper has no padding), whose logits would otherwise reach the later queries through the convolution."""
     H, c_q, c_k = kernel.shape
-    masked = logits.masked_fill(~allowed, 0.0)  # M₀
+    own = allowed.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # (…, L, 1): a token that sees its own key (not padded)
+    masked = logits.masked_fill(~(allowed & own), 0.0)  # M₀, and a padded token's row 0 (it feeds later queries)
     padded = F.pad(masked, ((c_k + 1) // 2 - 1, c_k // 2, c_q - 1, 0))  # keys: ⌈c_k/2⌉ − 1 | ⌊c_k/2⌋; queries: c_q − 1
     weight = kernel.flip(1, 2).unsqueeze(1).to(logits.dtype)  # (H, 1, c_q, c_k): conv2d correlates, θ convolves
     if padded.device.type == "cpu":  # oneDNN's depthwise convolution, forward + backward: 4× faster channels-last

@@ -84,23 +84,27 @@ class DifferentialHeads(torch.autograd.Function):
 
 def selection_penalty(logits: Tensor, allowed: Tensor | None) -> Tensor:
     """Selective attention's F (Leviathan et al. 2025, "Selective Attention Improves Transformer", §2 and its
-    Fig. 2 code): the selecting head's logits (B, 1, Lq, Lk) (head 0's, after the scale, position bias and soft-cap)
-    and the mask (bool broadcastable to (B, 1, Lq, Lk), True = visible; None = all) → F (B, 1, Lq, Lk), which is
+    Fig. 2 code): the selecting head's logits (B, 1, L, L) (head 0's, after the scale, position bias and soft-cap)
+    and the mask (bool broadcastable to (B, 1, L, L), True = visible; None = all) → F (B, 1, L, L), which is
     subtracted from every head's logits before the softmax:
 
         S_kj = ReLU(e_kj) for a visible key j with 0 < j < k (the first key, the paper's BOS, is never selected
                away, nor a token's own key), else 0;       F_ij = Σ_{k<i} S_kj
 
-    i.e. token k's selection of key j counts for the queries after k (the paper's roll by one). Queries and keys
-    are aligned at the end (query i is token i + Lk − Lq, as a causal mask's). The penalty is parameter-free and
+    i.e. token k's selection of key j counts for the queries after k (the paper's roll by one). Self-attention
+    (query k is token k). A token that cannot see its own key, a padded one, selects nothing, so that padding
+    anywhere in a sequence changes no real token (the paper has no padding). The penalty is parameter-free and
     differentiable: its gradient reaches head 0's logits."""
-    Lq, Lk = logits.shape[-2:]
-    token = torch.arange(Lq, device=logits.device)[:, None] + (Lk - Lq)  # (Lq, 1): each query's own token
-    key = torch.arange(Lk, device=logits.device)[None, :]  # (1, Lk)
-    keep = (key > 0) & (key < token)  # (Lq, Lk): 0 < j < k
+    L, Lk = logits.shape[-2:]
+    if L != Lk:
+        raise ValueError(f"selective attention is self-attention (query k is token k): got {L} queries, {Lk} keys")
+    token = torch.arange(L, device=logits.device)[:, None]  # (L, 1)
+    key = torch.arange(L, device=logits.device)[None, :]  # (1, L)
+    keep = (key > 0) & (key < token)  # (L, L): 0 < j < k
     if allowed is not None:
-        keep = keep & allowed
-    selected = torch.where(keep, torch.relu(logits), logits.new_zeros(()))  # S (B, 1, Lq, Lk)
+        own = allowed.diagonal(dim1=-2, dim2=-1).unsqueeze(-1)  # (…, L, 1): token k sees its own key (not padded)
+        keep = keep & allowed & own
+    selected = torch.where(keep, torch.relu(logits), logits.new_zeros(()))  # S (B, 1, L, L)
     return F.pad(selected[..., :-1, :].cumsum(-2), (0, 0, 1, 0))  # F_i = Σ_{k<i} S_k  (row 0: 0)
 
 
@@ -204,8 +208,14 @@ class SoftmaxForm(Form):
     # ---------------------------------------------------------------------------------------------- stages
 
     def prepare(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, mask: PreparedMask | None) -> FormInputs:
-        """As they are; under differential attention a per-head mask (…, H, Lq, Lk) applies to both maps of each
-        head (repeated component-major, like q)."""
+        """As they are (selective attention: self-attention only, one line otherwise); under differential
+        attention a per-head mask (…, H, Lq, Lk) applies to both maps of each head (repeated component-major, like
+        q)."""
+        if self.selective and q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"selective attention is self-attention (token k selects keys away for the queries after it): got "
+                f"{q.shape[2]} queries and {k.shape[2]} keys"
+            )
         if mask is not None and self.differential and mask.allowed.shape[1] != 1:
             mask = PreparedMask.from_tensor(mask.allowed.repeat(1, 2, 1, 1))
         return FormInputs(q, k, v, mask)

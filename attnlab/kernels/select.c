@@ -1,7 +1,8 @@
 /* Selective attention's penalty on the CPU, for attnlab.kernels.select (Leviathan et al. 2025, "Selective Attention
    Improves Transformer", sec. 2): from the selecting head's logits e (B, Lq, Lk),
 
-       S_kj = ReLU(e_kj) for a key j the mask shows with 0 < j < k (k the query's token, i + Lk - Lq), else 0
+       S_kj = ReLU(e_kj) for a key j the mask shows with 0 < j < k (k the query's token, i + Lk - Lq), else 0;
+              a token whose own key the mask hides (a padded one) selects nothing
        bias_ij = -F_ij = -sum_{k < i} S_kj                       (B, Lq, Lk), added to every head's logits
 
    one pass down the queries, the running sums of a row of keys carried from query to query (a column scan with the
@@ -43,6 +44,7 @@ static inline int shows(const Job *job, int64_t b, int64_t i, int64_t j) {
                 T_ *restrict out = (T_ *)job->out + (b * Lq + i) * Lk;                                                 \
                 for (int64_t j = 0; j < Lk; ++j) out[j] = -acc[j];                                                     \
                 const int64_t token = i + shift, last = token < Lk ? token : Lk; /* keys 0 < j < token */              \
+                if (job->allowed && token < Lk && !shows(job, b, i, token)) continue; /* a padded token */             \
                 if (!job->allowed) {                                                                                   \
                     for (int64_t j = 1; j < last; ++j) acc[j] += e[j] > 0 ? e[j] : (T_)0;                              \
                 } else {                                                                                               \
@@ -62,7 +64,9 @@ static inline int shows(const Job *job, int64_t b, int64_t i, int64_t j) {
                 const T_ *restrict e = (const T_ *)job->E + (b * Lq + i) * Lk;                                         \
                 const T_ *restrict g = (const T_ *)job->G + (b * Lq + i) * Lk;                                         \
                 T_ *restrict d = (T_ *)job->out + (b * Lq + i) * Lk;                                                   \
-                const int64_t token = i + shift, last = token < Lk ? token : Lk;                                       \
+                const int64_t token = i + shift;                                                                       \
+                const int64_t last = job->allowed && token < Lk && !shows(job, b, i, token) ? 0 /* padded */            \
+                                     : (token < Lk ? token : Lk);                                                      \
                 for (int64_t j = 0; j < Lk; ++j) {                                                                     \
                     const int keep = j > 0 && j < last && e[j] > 0 && shows(job, b, i, j);                             \
                     d[j] = keep ? -acc[j] : (T_)0; /* acc: the sum of G over the queries after i */                    \
