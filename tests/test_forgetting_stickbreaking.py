@@ -342,6 +342,27 @@ def test_float32_with_strong_forgetting_at_length_64_stays_close_to_float64(back
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+def test_bf16_autocast_with_strong_forgetting_at_length_256_stays_within_bf16_rounding(backend):
+    """|c_256| ≈ 330: rounded to bfloat16 (spacing 2 there) the bias would be off by ±1 per logit, e^1 in a weight.
+    Under CPU bf16 autocast both paths add D in float32 (sdpa: the call in float32; eager: the logits promoted), so
+    the output stays within bf16's rounding of q·k and v (~2⁻⁸) of the float64 formula."""
+    layer = fox_layer(backend)
+    with torch.no_grad():
+        layer.form.forget_proj.weight.mul_(0.1)
+        layer.form.forget_proj.bias.fill_(-1.0)
+    L = 256
+    x = rand(1, L, D_MODEL)
+    with torch.no_grad():
+        expected, _ = fox_reference(layer, x)
+        assert torch.log(forget_gates(layer, x)).sum(-1).max() < -250  # strong forgetting, as intended
+        layer.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x.float())[0]
+    error = (out.double() - expected).norm() / expected.norm()
+    assert error < 2e-2, error
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_on_the_cpu_forward_only_matches_the_reference_and_refuses_gradients_in_one_line():
     ref = fox_layer("eager")

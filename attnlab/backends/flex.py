@@ -335,7 +335,8 @@ class Flex(FusedSoftmax):
             v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
         score_mod = score_mod_for(form, q, Lk)  # from q before the score's query_map, as the eager path
         if "forgetting" in spec.features:  # forgetting attention's D_ij = c_i − c_j, after the terms and the cap
-            score_mod = _forgetting_mod(score_mod, cumulative_log_forget(inputs.transition).to(q.dtype), Lk - Lq)
+            c = cumulative_log_forget(inputs.transition)  # float32 (the score_mod's scores are): c reaches hundreds
+            score_mod = _forgetting_mod(score_mod, c, Lk - Lq)
         block_mask = block_mask_for(pm, B, Hq, Lq, Lk, q.device)
         score: DotProductScore = form.score
         q, k = score.query_map(q), score.key_map(k)

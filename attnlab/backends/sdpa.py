@@ -14,6 +14,7 @@ needs and scans every row for −inf): :class:`BiasedSoftmaxAttention` computes 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -130,7 +131,10 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
         attn_mask = None if pm is None or causal else pm.safe
     else:
         attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
+    out_dtype, precise = v.dtype, False
     if "forgetting" in spec.features:  # the forget gates' bias folded into two more dimensions of q and k
+        if q.dtype in (torch.float16, torch.bfloat16):  # c reaches hundreds: bf16 would round it by ±1 or more
+            q, k, v, precise = q.float(), k.float(), v.float(), True  # (and the call outside autocast, below)
         q, k, scale = *form.fold_bias(q * scale, expand_heads(k, q.shape[1]), inputs.transition), 1.0
     extra = form.extra_logit()
     if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
@@ -165,8 +169,9 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
     if not spec.config.differential and spec.features & {"forgetting", "selective"}:
         # their logits span hundreds (the forget gates' bias, the accumulated selection): the weights of a band of
         # keys would be denormal floats, which the kernels and matrix products compute in microcode
-        z = flush_denormals(lambda q, k, v: call(q, k, attn_mask, v), q, k, v)
-        return FormOutput(visible_rows(z[..., : spec.d_v], pm))
+        with torch.autocast(q.device.type, enabled=False) if precise else nullcontext():
+            z = flush_denormals(lambda q, k, v: call(q, k, attn_mask, v), q, k, v)
+        return FormOutput(visible_rows(z[..., : spec.d_v].to(out_dtype), pm))
     if not spec.config.differential:
         return FormOutput(visible_rows(call(q, k, attn_mask)[..., : spec.d_v], pm))  # (the sink key's padding cut)
     H = spec.num_heads

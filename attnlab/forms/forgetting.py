@@ -122,6 +122,8 @@ class ForgettingAttention(SoftmaxForm):
     def parallel(self, inputs: FormInputs, dropout: float = 0.0) -> FormOutput:
         q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
         logits = self.select(self.logits(q, k), pm)  # (B, H, Lq, Lk); selective: F from head 0's, before D
+        if logits.dtype in (torch.float16, torch.bfloat16):  # D in float32: in bf16 a bias of −5 is off by 0.02
+            logits = logits.float()
         logits = logits + forget_bias(inputs.transition, q.shape[2], k.shape[2]).to(logits.dtype)
         weights = self.normalize(logits, pm, v.dtype)
         dropped = F.dropout(weights, dropout) if dropout > 0 else weights
