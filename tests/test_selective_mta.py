@@ -103,10 +103,13 @@ def selection(e0, visible, inclusive=False, first_key=1):
     return torch.stack([torch.stack(row, -1) for row in F], 1)
 
 
-def forget_bias(layer, x):
+def forget_bias(layer, x, visible=None):
     """Forgetting attention's D (B, H, L, L) (Lin et al. 2025, eqs. 5-7): f_t = σ(x_t w_h + b_h),
-    D_ij = Σ_{l=j+1..i} log f_l for j ≤ i (0 above the diagonal, which the causal mask hides)."""
+    D_ij = Σ_{l=j+1..i} log f_l for j ≤ i (0 above the diagonal, which the causal mask hides); with ``visible``
+    (B, L, L), a padded token (its own key hidden) has f = 1 (attnlab's rule)."""
     log_f = torch.log(torch.sigmoid(linear(layer.form.forget_proj, x)))  # (B, L, H)
+    if visible is not None:
+        log_f = log_f * torch.diagonal(visible, dim1=-2, dim2=-1)[..., None]
     B, L, H = log_f.shape
     zero = log_f.new_zeros(B, H)
     rows = [
@@ -130,7 +133,7 @@ def selective_reference(
     F = selection(e[:, 0], visible, **wrong)
     logits = e - F[:, None]
     if forgetting:
-        logits = logits + forget_bias(layer, x)
+        logits = logits + forget_bias(layer, x, visible)
     vis = visible[:, None]
     weights = softmax_one(logits, vis) if sink else masked_softmax(logits, vis)
     heads = weights @ v  # (B, H, Lq, d_v)
@@ -430,7 +433,7 @@ def test_selective_attention_with_other_stages_matches_the_formula(options, ref_
         assert (wrong - selective_reference(layer, x, mask[:, 0], alibi=True)[3]).abs().max() > 1e-3
     if "forgetting" in ref_options:  # F is read before D is added
         e, _ = head_logits(layer, x)
-        wrong = selection(e[:, 0] + forget_bias(layer, x)[:, 0], mask[:, 0])
+        wrong = selection(e[:, 0] + forget_bias(layer, x, mask[:, 0])[:, 0], mask[:, 0])
         assert (wrong - selective_reference(layer, x, mask[:, 0], forgetting=True)[3]).abs().max() > 1e-3
 
 

@@ -12,13 +12,15 @@ backend             computes                                                    
 ``relative``        attnlab's fused C kernel for one learned relative-position table       CPU, training, f32/64
                     (Shaw, T5) beside a dot-product score (:mod:`attnlab.kernels.relative`)
 ``biased_softmax``  softmax(scale·q kᵀ + bias) v with a learned bias, in fewer passes than  CPU, gradients on
-                    SDPA's math kernel (:class:`~attnlab.backends.sdpa.BiasedSoftmaxAttention`)
+                    SDPA's math kernel (:class:`~attnlab.backends.sdpa.BiasedSoftmaxAttention`);
+                    selective attention's F as that bias (C scan, C softmax row kernel)
 ``flex``            compiled FlexAttention: dot-product scores, a position bias as a       CUDA: a bias, a cap,
                     score_mod (Shaw, T5, ALiBi), soft-capping, any mask as a cached        other masks; CPU:
                     BlockMask, GQA (:mod:`attnlab.backends.flex`)                          forced, no_grad only
 ``sdpa``            ``torch.nn.functional.scaled_dot_product_attention``: dot-product       no weights asked for
                     scores, position bias and mask as one float mask, softmax (a sink as
-                    one more key), grouped heads through ``enable_gqa``
+                    one more key), grouped heads through ``enable_gqa``; forgetting
+                    attention's bias folded into q and k (two more dimensions)
 ``chunked``         a form's O(L) chunked form (linear attention, the decay and delta-rule    causal (+ padding)
                     forms: any form tagged ``recurrent``), O(L·C) memory
                     (:mod:`attnlab.backends.linear`)
