@@ -483,17 +483,14 @@ def hides_later_keys(mask: Mask) -> bool:
     return not bool(mask.dense(64, 64)[0, 0].triu(1).any())
 
 
-_CAUSAL = None
+_CAUSAL = build_mask("causal")
 
 
 def with_causal(mask: PreparedMask | None, num_queries: int, num_keys: int, device: torch.device) -> PreparedMask:
-    """A call's prepared mask AND causal (queries aligned with the last keys), for a form that is causal by
+    """A call's prepared mask AND causal (query i sees the keys j ≤ i), for a self-attention form that is causal by
     construction (forgetting attention, multi-token attention): as it is when it is causal already (``causal``,
     ``causal+padding``), the cached causal mask for None, else combined."""
-    global _CAUSAL
     if mask is not None and mask.form in ("causal", "causal+padding"):
         return mask
-    if _CAUSAL is None:
-        _CAUSAL = build_mask("causal")
     causal = _CAUSAL.prepare(num_queries, num_keys, device)
     return causal if mask is None else PreparedMask.from_tensor(mask.allowed & causal.allowed)

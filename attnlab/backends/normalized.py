@@ -43,7 +43,7 @@ from attnlab.backends.base import (
     register_backend,
     spec_of,
 )
-from attnlab.backends.rowwise import POOL, BufferPool, NormalizedAttention, _Lease  # noqa: F401  (read here too)
+from attnlab.backends.rowwise import POOL, BufferPool, NormalizedAttention
 from attnlab.backends.sdpa import SOFTMAX_STAGES, FusedSoftmax, visible_rows
 from attnlab.forms import FormInputs, FormOutput, expand_heads
 from attnlab.kernels import softmax as softmax_kernel

@@ -115,7 +115,8 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
     scale = score.scale
     bias, static = form.position_logits(q, k.shape[2])
     q, k = score.query_map(q), score.key_map(k)
-    if getattr(form, "selective", False):  # − F of head 0's logits, a (B, 1, Lq, Lk) bias with its gradient
+    selective = "selective" in spec.features
+    if selective:  # − F of head 0's logits, a (B, 1, Lq, Lk) bias with its gradient
         head0 = torch.matmul(q[:, :1] * scale, k[:, :1].transpose(-1, -2))
         if bias is not None:
             head0 = head0 + bias[:, :1]
@@ -125,10 +126,15 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
         else:
             minus_f = -selection_penalty(head0, allowed0)
         bias, static = (minus_f if bias is None else bias + minus_f), False
+    extra = form.extra_logit()
+    # selective attention's (B, 1, Lq, Lk) bias with the C softmax row kernel, the mask as the allowed keys (no −inf)
+    row_kernel = biased and selective and extra is None and _row_kernel_applies(q, spec)
     raw_bias = bias
     causal = bias is None and pm is not None and pm.is_causal
     if bias is None:
         attn_mask = None if pm is None or causal else pm.safe
+    elif row_kernel:
+        attn_mask = None  # (the row kernel takes the bias and the allowed keys apart)
     else:
         attn_mask = bias if pm is None else _masked_bias(bias, pm, static)
     out_dtype, precise = v.dtype, False
@@ -136,14 +142,10 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
         if q.dtype in (torch.float16, torch.bfloat16):  # c reaches hundreds: bf16 would round it by ±1 or more
             q, k, v, precise = q.float(), k.float(), v.float(), True  # (and the call outside autocast, below)
         q, k, scale = *form.fold_bias(q * scale, expand_heads(k, q.shape[1]), inputs.transition), 1.0
-    extra = form.extra_logit()
     if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
         if causal:
             attn_mask, causal = pm.safe, False
         q, k, v, attn_mask = _with_sink_key(q, k, v, attn_mask, extra / scale)
-
-    # selective attention's (B, 1, Lq, Lk) bias with the C softmax row kernel, the mask as the allowed keys (no −inf)
-    row_kernel = biased and spec.features & {"selective"} and extra is None and _row_kernel_applies(q, spec)
 
     def call(q: Tensor, k: Tensor, attn_mask: Tensor | None, v: Tensor = v) -> Tensor:
         if biased:

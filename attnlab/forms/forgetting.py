@@ -76,6 +76,7 @@ class ForgettingAttention(SoftmaxForm):
     :class:`~attnlab.transition.Transition` (``log_decay`` (B, H, L)), the backends read it from there."""
 
     tags = frozenset({"softmax", "forgetting"})
+    inner_score = "scaled_dot"
     causal_only = True
 
     def __init__(
@@ -92,8 +93,7 @@ class ForgettingAttention(SoftmaxForm):
             raise LayerOptionError(
                 "variant forgetting has no differential maps (one forget bias per head): leave differential off"
             )
-        super().__init__(sizes, config.replace(score="scaled_dot"), score, position_bias, normalizer)
-        self.config = config  # (the layer's: score forgetting)
+        super().__init__(sizes, config, score, position_bias, normalizer)
         self.forget_proj = nn.Linear(sizes.d_model, sizes.num_heads)  # f_t = σ(x_t w_h + b_h)
 
     def features(self) -> frozenset[str]:

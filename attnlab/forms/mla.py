@@ -86,6 +86,7 @@ class MultiHeadLatentAttention(SoftmaxForm):
     ``rope`` …: the layer's attribute delegation would set them.)"""
 
     tags = frozenset({"softmax", "latent"})
+    inner_score = "scaled_dot"
     projects = True
 
     def __init__(
@@ -117,8 +118,7 @@ class MultiHeadLatentAttention(SoftmaxForm):
         kv_rank = 4 * d_h if params.get("kv_rank") is None else check_int("kv_rank", params["kv_rank"], minimum=1)
         q_rank = None if params.get("q_rank") is None else check_int("q_rank", params["q_rank"], minimum=1)
         # the softmax form over q and k of d_k = d_h + rope_dim dimensions: scale 1 / √d_k (eq. 17)
-        super().__init__(sizes, config.replace(score="scaled_dot", score_params={}), score, position_bias, normalizer)
-        self.config = config  # (the layer's: score mla)
+        super().__init__(sizes, config, score, position_bias, normalizer)
         self.d_h, self.kv_rank, self.q_rank, self.rope_dim = d_h, kv_rank, q_rank, rope_dim
         H, d_v, d_model = sizes.num_heads, sizes.d_v, sizes.d_model
         self.kv_down = nn.Linear(d_model, kv_rank + rope_dim, bias=sizes.bias)

@@ -68,6 +68,7 @@ class MultiTokenAttention(SoftmaxForm):
     softmax and the head mixing ``head_kernel`` (H / c_h, c_h, c_h) after it."""
 
     tags = frozenset({"softmax", "multi_token"})
+    inner_score = "scaled_dot"
     causal_only = True
 
     def __init__(
@@ -91,8 +92,7 @@ class MultiTokenAttention(SoftmaxForm):
         c_h = (2 if H % 2 == 0 else 1) if c_h is None else check_int("c_h", c_h, minimum=1)
         if H % c_h:
             raise ValueError(f"c_h={c_h} must divide the number of heads ({H}): the heads are mixed in groups of c_h")
-        super().__init__(sizes, config.replace(score="scaled_dot", score_params={}), score, position_bias, normalizer)
-        self.config = config  # (the layer's: score mta)
+        super().__init__(sizes, config, score, position_bias, normalizer)
         self.c_q, self.c_k, self.c_h = c_q, c_k, c_h
         kq = torch.zeros(H, c_q, c_k)
         kq[:, 0, c_k // 2] = 1.0  # the identity: query i, key j

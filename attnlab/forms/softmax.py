@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +136,10 @@ class SoftmaxForm(Form):
         {"score", "score_params", "position_bias", "position_bias_params", "softcap", "normalizer",
          "normalizer_params", "differential", "selective"}
     )  # fmt: skip
+    inner_score: ClassVar[str | None] = None
+    """a form built on this one (``mla``, ``forgetting``, ``mta``): the registered score its logits use, built
+    without parameters (the config's ``score`` is then the form's name and ``score_params`` the form's own); None:
+    the config's score."""
 
     def __init__(
         self,
@@ -152,8 +156,9 @@ class SoftmaxForm(Form):
         causal = config.mask is not None and hides_later_keys(build_mask(config.mask))
         size = {"d_k": sizes.d_k, "num_heads": maps * sizes.num_heads, "d_v": sizes.d_v}
         if score is None:
-            params = resolve_direction("score", config.score, config.score_params, causal) if causal else None
-            score = build_score(config.score, **size, d_model=sizes.d_model, **(params or config.score_params))
+            name, own = (config.score, config.score_params) if self.inner_score is None else (self.inner_score, {})
+            params = resolve_direction("score", name, own, causal) if causal else None
+            score = build_score(name, **size, d_model=sizes.d_model, **(params or own))
         self.score = score
         if position_bias is None:
             params = config.position_bias_params

@@ -71,4 +71,29 @@ static int run_jobs(JobKernel kernel, void *jobs, size_t size, int threads) {
 #endif
 }
 
+/* DEFINE_PARALLEL(Job) defines, for a kernel whose Job struct has int64_t begin, end and void *scratch,
+   static int parallel(void (*kernel)(Job *), Job base, int64_t n, int threads, size_t scratch_bytes): job t gets
+   base with the rows [n t / threads, n (t + 1) / threads) and, when scratch_bytes > 0, a scratch buffer of its own,
+   64-byte aligned (so that vectorised loops over it split the same way every call: a vector exp and a scalar one
+   differ in the last bit, and a backward pass must give the same bits twice); runs them (run_jobs) and frees them.
+   Returns 0, or 1 when out of memory. */
+#define DEFINE_PARALLEL(JOB)                                                                                           \
+    static int parallel(void (*kernel)(JOB *), JOB base, int64_t n, int threads, size_t scratch_bytes) {               \
+        threads = job_threads(n, threads);                                                                             \
+        JOB *jobs = calloc((size_t)threads, sizeof(JOB));                                                              \
+        if (!jobs) return 1;                                                                                           \
+        int status = 0;                                                                                                \
+        for (int t = 0; t < threads; ++t) {                                                                            \
+            jobs[t] = base;                                                                                            \
+            jobs[t].begin = n * t / threads;                                                                           \
+            jobs[t].end = n * (t + 1) / threads;                                                                       \
+            jobs[t].scratch = NULL;                                                                                    \
+            if (scratch_bytes && !(jobs[t].scratch = aligned_alloc(64, (scratch_bytes + 63) / 64 * 64))) status = 1;   \
+        }                                                                                                              \
+        if (!status) status = run_jobs((JobKernel)kernel, jobs, sizeof(JOB), threads);                                 \
+        for (int t = 0; t < threads; ++t) free(jobs[t].scratch);                                                       \
+        free(jobs);                                                                                                    \
+        return status ? 1 : 0;                                                                                         \
+    }
+
 #endif

@@ -26,7 +26,7 @@ typedef struct {
     int64_t as[4];
     int64_t Lq, Lk;
     int64_t begin, end;
-    void *acc; /* a row of Lk running sums */
+    void *scratch; /* a row of Lk running sums */
 } Job;
 
 static inline int shows(const Job *job, int64_t b, int64_t i, int64_t j) {
@@ -36,7 +36,7 @@ static inline int shows(const Job *job, int64_t b, int64_t i, int64_t j) {
 #define KERNELS(T_, SUF)                                                                                               \
     static void select_fwd_##SUF(Job *job) {                                                                           \
         const int64_t Lq = job->Lq, Lk = job->Lk, shift = Lk - Lq;                                                     \
-        T_ *restrict acc = job->acc;                                                                                   \
+        T_ *restrict acc = job->scratch;                                                                                   \
         for (int64_t b = job->begin; b < job->end; ++b) {                                                              \
             memset(acc, 0, sizeof(T_) * (size_t)Lk);                                                                   \
             for (int64_t i = 0; i < Lq; ++i) {                                                                         \
@@ -57,7 +57,7 @@ static inline int shows(const Job *job, int64_t b, int64_t i, int64_t j) {
                                                                                                                        \
     static void select_bwd_##SUF(Job *job) {                                                                           \
         const int64_t Lq = job->Lq, Lk = job->Lk, shift = Lk - Lq;                                                     \
-        T_ *restrict acc = job->acc;                                                                                   \
+        T_ *restrict acc = job->scratch;                                                                                   \
         for (int64_t b = job->begin; b < job->end; ++b) {                                                              \
             memset(acc, 0, sizeof(T_) * (size_t)Lk);                                                                   \
             for (int64_t i = Lq - 1; i >= 0; --i) {                                                                    \
@@ -79,23 +79,7 @@ static inline int shows(const Job *job, int64_t b, int64_t i, int64_t j) {
 KERNELS(float, f32)
 KERNELS(double, f64)
 
-typedef void (*Kernel)(Job *);
-static int parallel(Kernel kernel, Job base, int64_t n, int threads, size_t row_bytes) {
-    threads = job_threads(n, threads);
-    Job *jobs = calloc((size_t)threads, sizeof(Job));
-    if (!jobs) return 1;
-    int status = 0;
-    for (int t = 0; t < threads; ++t) {
-        jobs[t] = base;
-        jobs[t].begin = n * t / threads;
-        jobs[t].end = n * (t + 1) / threads;
-        if (!(jobs[t].acc = malloc(row_bytes))) status = 1;
-    }
-    if (!status) status = run_jobs((JobKernel)kernel, jobs, sizeof(Job), threads);
-    for (int t = 0; t < threads; ++t) free(jobs[t].acc);
-    free(jobs);
-    return status ? 1 : 0;
-}
+DEFINE_PARALLEL(Job)
 
 /* dtype: 0 float32, 1 float64. E, out: (B, Lq, Lk) contiguous. Returns 0, 1 when out of memory, 2 bad argument. */
 int attnlab_select_forward(int dtype, const void *E, void *out, const uint8_t *allowed, const int64_t *strides,

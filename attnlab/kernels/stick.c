@@ -120,25 +120,7 @@ KERNELS(float, f32, expf, log1pf, -87.3f, FLT_MIN)
 KERNELS(double, f64, exp, log1p, -708.3, DBL_MIN)
 
 typedef void (*Kernel)(Job *);
-static int parallel(Kernel kernel, Job base, int64_t n, int threads, size_t scratch_bytes) {
-    threads = job_threads(n, threads);
-    Job *jobs = calloc((size_t)threads, sizeof(Job));
-    if (!jobs) return 1;
-    int status = 0;
-    for (int t = 0; t < threads; ++t) {
-        jobs[t] = base;
-        jobs[t].begin = n * t / threads;
-        jobs[t].end = n * (t + 1) / threads;
-        /* 64-byte aligned, so that the vectorised loops over it split the same way every call: a vector exp and
-           a scalar one differ in the last bit, and a backward pass must give the same bits twice */
-        const size_t bytes = (scratch_bytes + 63) / 64 * 64;
-        if (scratch_bytes && !(jobs[t].scratch = aligned_alloc(64, bytes))) status = 1;
-    }
-    if (!status) status = run_jobs((JobKernel)kernel, jobs, sizeof(Job), threads);
-    for (int t = 0; t < threads; ++t) free(jobs[t].scratch);
-    free(jobs);
-    return status ? 1 : 0;
-}
+DEFINE_PARALLEL(Job)
 
 static const Kernel FORWARD[2] = {stick_fwd_f32, stick_fwd_f64};
 static const Kernel BACKWARD[2] = {stick_bwd_f32, stick_bwd_f64};
