@@ -265,8 +265,8 @@ def test_unknown_and_missing_task_names_in_a_config(hydra_ctx: None) -> None:
     )
     with pytest.raises(ConfigError, match=r"^task.name is not set \(\?\?\?\): task=custom needs task.name=<your"):
         validate_config(compose("config", overrides=["task=custom"]))
-    with pytest.raises(ConfigError, match=r"^unknown task 'parity'\. .*Your own task: task=custom task.name=parity"):
-        check_group_choices(["task=parity"])
+    with pytest.raises(ConfigError, match=r"^unknown task 'palindrome'\. .*Your own task: task=custom task.name=palindrome"):
+        check_group_choices(["task=palindrome"])
 
 
 def test_the_shared_data_options_and_each_task_s_defaults() -> None:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from attnlab.tasks.listops import ListOps
     from attnlab.tasks.mad import Compression, FuzzyRecall, Memorization, NoisyRecall, SelectiveCopy
     from attnlab.tasks.position import Reverse, Shift, Sort
+    from attnlab.tasks.recall_variants import CompositionalRecall, ForgettingRecall
+    from attnlab.tasks.state_tracking import Modular, Parity, Permutation
     from attnlab.tasks.text import TextLM
 
 __all__ = [
@@ -34,13 +36,18 @@ __all__ = [
     "PAD_ID",
     "TASKS",
     "AssociativeRecall",
+    "CompositionalRecall",
     "Compression",
     "DataOptions",
     "Digits",
+    "ForgettingRecall",
     "FuzzyRecall",
     "ListOps",
     "Memorization",
+    "Modular",
     "NoisyRecall",
+    "Parity",
+    "Permutation",
     "Reverse",
     "SelectiveCopy",
     "SequenceTask",
@@ -71,6 +78,11 @@ _LAZY = {
     "Reverse": "position",
     "Shift": "position",
     "Sort": "position",
+    "CompositionalRecall": "recall_variants",
+    "ForgettingRecall": "recall_variants",
+    "Modular": "state_tracking",
+    "Parity": "state_tracking",
+    "Permutation": "state_tracking",
     "TextLM": "text",
 }
 
