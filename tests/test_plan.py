@@ -96,6 +96,22 @@ def test_a_dry_run_of_a_job_that_would_be_refused_says_why_in_one_line(tmp_path)
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_sweep_whose_fixed_override_needs_a_swept_group_is_refused_in_one_line(tmp_path, dry):
+    """Hydra builds a sweep's config from its fixed overrides with the swept groups at their defaults: a fixed key of
+    the swept variants that the default variant lacks fails there (several lines of Hydra's) although every job
+    composes. attnlab refuses it first, in one line, for the sweep and its dry run alike; sweeping the key passes."""
+    bad = ("-m", "variant=deltanet,gated_deltanet", "variant.params.beta_range=2", *TINY)
+    proc = run_cli(*bad, *(["--dry-run"] if dry else []), cwd=tmp_path, returncode=2, ATTNLAB_CACHE_DIR=str(tmp_path))
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: the sweep cannot start")
+    assert "variant=deltanet,gated_deltanet" in proc.stderr and "beta_range" in proc.stderr
+    assert not (tmp_path / "multirun").exists() and not (tmp_path / "outputs").exists()
+    from attnlab.training.plan import check_sweep_config
+
+    check_sweep_config(["variant=deltanet,gated_deltanet", "variant.params.beta_range=1,2"])  # swept too: composes
+    check_sweep_config(["variant=deltanet", "variant.params.beta_range=2", "d_k=8,16"])  # the variant fixed
+
+
 def test_the_estimate_is_the_documented_sum():
     """steps · t + evaluations · (val batches + 1) · t_eval + test batches · t_eval + the head step + t_job."""
     from attnlab.training.plan import EVAL_FRACTION, JOB_OVERHEAD_S, estimate_job

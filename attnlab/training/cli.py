@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> None:
         check_plugins(args)
         check_keys(args)
         args = with_run_overrides(args)
+        if not dry and any(a in ("-m", "--multirun") for a in args):  # (a dry run's plan checks it itself)
+            from attnlab.training.plan import check_sweep_config
+
+            check_sweep_config([a for a in args if a not in ("-m", "--multirun")])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -193,6 +193,7 @@ def plan_command(argv: Sequence[str], fresh: bool = True, log: Callable[[str], N
             root = _compose(hydra_args + [_first(a) for a in task_args], hydra_config=True)
         except Exception as exc:  # (Hydra's own errors are several lines)
             raise ConfigError(f"the sweep cannot be planned: {' '.join(str(exc).split())}") from None
+        check_sweep_config(args)
         target = str(OmegaConf.select(root, "hydra.sweeper._target_") or "")
         if target.endswith("TunedSweeper"):
             plan = _tuned_plan(root, task_args)
@@ -240,6 +241,36 @@ def _threads(task_args: Sequence[str], parallel: int) -> int:
     if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
         return int(os.environ["OMP_NUM_THREADS"])
     return max(1, (os.cpu_count() or 1) // max(1, parallel))
+
+
+def check_sweep_config(args: Sequence[str]) -> None:
+    """Refuse in one line (:class:`~attnlab.training.config.ConfigError`), before Hydra does in several, a sweep whose
+    fixed overrides do not compose without its swept ones: Hydra builds the sweep's own config from the overrides
+    that are not swept, with every swept group at its default, so ``variant=deltanet,gated_deltanet
+    variant.params.beta_range=2`` fails (the default variant has no ``beta_range``) although each of its jobs
+    composes. ``args``: a multirun's overrides (``-m`` and ``--dry-run`` left out)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from attnlab.training.config import ConfigError
+
+    hydra_args = [a for a in args if a.split("=", 1)[0].lstrip("+~").startswith("hydra")]
+    task_args = [a for a in args if a not in hydra_args]
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(task_args))
+    except Exception:  # (reported with the jobs)
+        return
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    swept = [o.input_line for o in parsed if o.is_sweep_override()]
+    if not swept:
+        return
+    try:
+        _compose([*hydra_args, *fixed])
+    except Exception as exc:
+        raise ConfigError(
+            f"the sweep cannot start: Hydra composes its config from the overrides that are not swept, with "
+            f"{', '.join(swept)} at their defaults, and that fails: {' '.join(str(exc).split())}; run one sweep per "
+            f"value of the swept group (or sweep the fixed key too)"
+        ) from None
 
 
 def _first(arg: str) -> str:
