@@ -30,8 +30,8 @@ from attnlab.dashboard import main as dashboard_main
 
 REPO = Path(__file__).resolve().parents[1]
 T975 = {1: 12.706204736, 2: 4.302652730}  # two-sided 95 % t quantiles by degrees of freedom
-COLUMNS = ["run", "status", "variant", "variant_params", "d_k", "lr", "reason", "test/acc", "test/acc@64",
-           "test/acc@128", "attn/entropy_norm"]  # fmt: skip
+COLUMNS = ["run", "status", "variant", "variant_params", "d_k", "lr", "seed", "task", "reason", "test/acc",
+           "test/acc@64", "test/acc@128", "attn/entropy_norm"]  # fmt: skip
 
 
 def _script(name: str) -> ModuleType:
@@ -595,3 +595,40 @@ def test_removable_heads_are_those_removed_before_the_metric_leaves_the_toleranc
     assert removable([2.0, 2.01, 2.04, 2.2, 2.05], higher_is_better=False, tolerance=0.05) == 0.5
     assert removable([0.9, 0.895, 0.85, 0.9, 0.9], higher_is_better=True, tolerance=0.01) == 0.25
     assert removable([0.9, 0.9, 0.9], higher_is_better=True, tolerance=0.01) == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------- tuned_study
+
+tuned_study = _script("tuned_study")
+
+
+def _tuned_csv(path: Path) -> Path:
+    """A tuned study's summary.csv by hand: models a and b on one task; the tune stage (seed 0) at two rates, the
+    seeds stage (1, 2, 3) at the chosen one; b's seed 3 failed."""
+    rows = []
+    for model, accs in (("a", [0.9, 0.8, 0.7]), ("b", [0.5, 0.6, None])):
+        for lr in (0.003, 0.01):
+            rows.append(row(f"m_{model}/tune/0_lr={lr}", lr=lr, seed=0, test_acc=0.99, task="parity"))
+        for seed, acc in zip((1, 2, 3), accs, strict=True):
+            status = "ok" if acc is not None else "diverged"
+            rows.append(row(f"m_{model}/seeds/{seed}_lr=0.01", status, lr=0.01, seed=seed, test_acc=acc, task="parity"))
+    return write_csv(path, [{**r, "seed": r.get("seed", "")} for r in rows])
+
+
+def test_a_tuned_study_compares_only_the_seed_stage_with_paired_differences(tmp_path: Path) -> None:
+    rows = tuned_study.load(
+        _tuned_csv(tmp_path / "s.csv"), lambda r: r["sweep"].removeprefix("m_"), lambda r: r["task"]
+    )
+    assert {r["stage"] for r in rows} == {"tune", "seeds"}
+    assert sorted(tuned_study.seeds(rows, "a", "parity")) == [1, 2, 3]
+    assert tuned_study.chosen_lr(rows, "a", "parity") == 0.01
+    a = [0.9, 0.8, 0.7]
+    assert tuned_study.cell(rows, "a", "parity", "test/acc") == f"80.0 ± {100 * half_width(a):.1f}"
+    assert tuned_study.cell(rows, "b", "parity", "test/acc") == f"55.0 ± {100 * half_width([0.5, 0.6]):.1f} (1 failed)"
+    assert tuned_study.cell(rows, "c", "parity", "test/acc") == "—"
+    d = tuned_study.difference(rows, "a", "b", "parity", "test/acc")  # seeds 1 and 2 only: 0.4 and 0.2
+    assert d.n == 2 and d.mean == pytest.approx(0.3)
+    assert d.half_width == pytest.approx(T975[1] * statistics.stdev([0.4, 0.2]) / math.sqrt(2))
+    assert tuned_study.difference_text(d).startswith("+30.0 ± ")
+    family = tuned_study.holm_table([("x", d), ("y", d), ("z", tuned_study.Difference(0.1, None, 1))])
+    assert family[0][2] == pytest.approx(min(1.0, 2 * d.p)) and family[2][2] is None

@@ -84,6 +84,8 @@ STUDIES = (
     "recall_state",
     "induction",
     "pruning",
+    "state_tracking",
+    "forgetting_recall",
     "heads/tuned",
     "normalizers/tuned",
 )
