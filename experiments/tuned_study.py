@@ -112,12 +112,21 @@ def mean_and_half(rows: Sequence[Row], model: str, task: str, metric: str) -> tu
     return mean, half or 0.0
 
 
-def clipped_errors(means: Sequence[float], halves: Sequence[float], low: float = 0.0, high: float = 100.0) -> list:
-    """Matplotlib's asymmetric ``yerr`` for intervals clipped to ``[low, high]`` (an accuracy stays within 0–100 %,
-    as the study figures of ``experiments/plot.py`` draw it)."""
-    below = [min(h, max(m - low, 0.0)) if math.isfinite(m) else 0.0 for m, h in zip(means, halves, strict=True)]
-    above = [min(h, max(high - m, 0.0)) if math.isfinite(m) else 0.0 for m, h in zip(means, halves, strict=True)]
-    return [below, above]
+def draw_models(
+    ax: Any, rows: Sequence[Row], models: Sequence[str], task: str, metric: str, offset: float, **style: Any
+) -> None:
+    """One point per model at ``x = index + offset`` on ``ax``: ``metric`` in % (mean over the seeds) with its 95 %
+    interval clipped to 0–100 %, as the study figures of ``experiments/plot.py`` draw an accuracy; ``style`` goes to
+    ``errorbar`` (fmt, color, label, ...)."""
+    xs, ys, below, above = [], [], [], []
+    for i, model in enumerate(models):
+        mean, half = mean_and_half(rows, model, task, metric)
+        mean, half = 100 * mean, 100 * half
+        xs.append(i + offset)
+        ys.append(mean)
+        below.append(min(half, max(mean, 0.0)) if math.isfinite(mean) else 0.0)
+        above.append(min(half, max(100 - mean, 0.0)) if math.isfinite(mean) else 0.0)
+    ax.errorbar(xs, ys, yerr=[below, above], linestyle="none", **style)
 
 
 def by_sweep(rows: Sequence[Row]) -> dict[str, list[Row]]:

@@ -130,6 +130,12 @@ def split_rng(seed: int, split_index: int, *more: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, split_index, *more])))
 
 
+def distinct_rows(rng: np.random.Generator, num: int, vocab: int, k: int) -> np.ndarray:
+    """``(num, k)`` classes in ``[0, vocab)``, distinct within each row, each row a uniform random draw (the first
+    ``k`` columns of a random permutation of ``range(vocab)`` per row)."""
+    return np.argsort(rng.random((num, vocab)), axis=1)[:, :k]
+
+
 def pad_sequences(seqs: Sequence[Sequence[int]], length: int, pad_id: int = PAD_ID) -> np.ndarray:
     """Right-pad variable-length token lists into an ``int64`` array of shape ``(len(seqs), length)``.
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from attnlab.checks import check_int, check_number
 from attnlab.tasks import register_task
-from attnlab.tasks.base import IGNORE_INDEX, PAD_ID, DataOptions, SequenceTask
+from attnlab.tasks.base import IGNORE_INDEX, PAD_ID, DataOptions, SequenceTask, distinct_rows
 from attnlab.tasks.position import bag_of_tokens_accuracy
 
 __all__ = ["Compression", "FuzzyRecall", "Memorization", "NoisyRecall", "SelectiveCopy"]
@@ -40,11 +40,6 @@ CHANCE_SAMPLES: int = 4_000
 
 MAD_DEFAULTS = DataOptions(num_train=10_000, num_val=1_000, num_test=1_000)
 """The split sizes of every MAD task (as MQAR's); ``batch_size`` and ``seed`` come from the root config."""
-
-
-def _distinct_rows(rng: np.random.Generator, num: int, vocab: int, k: int) -> np.ndarray:
-    """``(num, k)`` classes in ``[0, vocab)``, distinct within each row, each row a uniform random draw."""
-    return np.argsort(rng.random((num, vocab)), axis=1)[:, :k]
 
 
 # ------------------------------------------------------------------------------------------------ fuzzy recall
@@ -186,7 +181,7 @@ class FuzzyRecall(SequenceTask):
         keys = self._keys(rng, num)
         value_lengths = rng.integers(1, self.value_len + 1, size=(num, self.num_pairs))
         values = rng.integers(0, self.vocab_values, size=(num, self.num_pairs, self.value_len))
-        queried = _distinct_rows(rng, num, self.num_pairs, self.num_queries)  # random order
+        queried = distinct_rows(rng, num, self.num_pairs, self.num_queries)  # random order
         return keys, value_lengths, values, queried
 
     def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -313,12 +308,12 @@ class NoisyRecall(SequenceTask):
     def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``num`` noisy-recall sequences: tokens and labels ``(num, seq_len)`` (int64)."""
         n, m, noise, c = self.num_pairs, self.num_queries, self.num_noise, self.context_len
-        keys = _distinct_rows(rng, num, self.vocab_keys, n)  # (num, n)
-        values = _distinct_rows(rng, num, self.vocab_values, n)  # (num, n)
+        keys = distinct_rows(rng, num, self.vocab_keys, n)  # (num, n)
+        values = distinct_rows(rng, num, self.vocab_values, n)  # (num, n)
         # n + N units, n of them pairs (width 2) at uniformly random unit slots, the others noise (width 1)
         units = n + noise
         is_pair = np.zeros((num, units), dtype=bool)
-        np.put_along_axis(is_pair, _distinct_rows(rng, num, units, n), True, axis=1)
+        np.put_along_axis(is_pair, distinct_rows(rng, num, units, n), True, axis=1)
         width = np.where(is_pair, 2, 1)
         start = np.cumsum(width, axis=1) - width  # (num, units): where each unit begins
         pair_start = start[is_pair].reshape(num, n)  # in order of position: the i-th pair of the context
@@ -330,7 +325,7 @@ class NoisyRecall(SequenceTask):
             )
         np.put_along_axis(tokens, pair_start, keys + self.key_offset, 1)
         np.put_along_axis(tokens, pair_start + 1, values + self.value_offset, 1)
-        queried = _distinct_rows(rng, num, n, m)  # (num, m) pair indices, random order
+        queried = distinct_rows(rng, num, n, m)  # (num, m) pair indices, random order
         tokens[:, c:] = np.take_along_axis(keys, queried, 1) + self.key_offset
         labels = np.full((num, self.seq_len), IGNORE_INDEX, dtype=np.int64)
         labels[:, c:] = np.take_along_axis(values, queried, 1)
@@ -408,7 +403,7 @@ class SelectiveCopy(SequenceTask):
         """``num`` selective-copy sequences: tokens and labels ``(num, seq_len)`` (int64)."""
         k, r = self.num_tokens, self.region_len
         content = rng.integers(0, self.vocab, size=(num, k))  # (num, k) classes, in order
-        places = np.sort(_distinct_rows(rng, num, r, k), axis=1)  # (num, k) region positions, increasing
+        places = np.sort(distinct_rows(rng, num, r, k), axis=1)  # (num, k) region positions, increasing
         tokens = np.full((num, self.seq_len), self.noise_id, dtype=np.int64)
         np.put_along_axis(tokens, places, content + 1, axis=1)
         tokens[:, r:] = self.copy_id

@@ -24,17 +24,12 @@ import numpy as np
 
 from attnlab.checks import check_int
 from attnlab.tasks import register_task
-from attnlab.tasks.base import IGNORE_INDEX, DataOptions, SequenceTask
+from attnlab.tasks.base import IGNORE_INDEX, DataOptions, SequenceTask, distinct_rows
 
 __all__ = ["CompositionalRecall", "ForgettingRecall"]
 
 RECALL_DEFAULTS = DataOptions(num_train=10_000, num_val=1_000, num_test=1_000)
 """The split sizes of both tasks (as MQAR's)."""
-
-
-def _distinct_rows(rng: np.random.Generator, num: int, vocab: int, k: int) -> np.ndarray:
-    """``(num, k)`` classes in ``[0, vocab)``, distinct within each row, each row a uniform random draw."""
-    return np.argsort(rng.random((num, vocab)), axis=1)[:, :k]
 
 
 @register_task("forgetting_recall")
@@ -105,8 +100,8 @@ class ForgettingRecall(SequenceTask):
     def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``num`` sequences: tokens and labels, both ``(num, seq_len)`` (int64)."""
         n, w, m, c = self.num_keys, self.writes_per_key, self.num_queries, 2 * self.num_writes
-        keys = _distinct_rows(rng, num, self.vocab_keys, n)  # (num, n) key classes
-        values = _distinct_rows(rng, num, self.vocab_values, n * w)  # (num, n·w), in write order
+        keys = distinct_rows(rng, num, self.vocab_keys, n)  # (num, n) key classes
+        values = distinct_rows(rng, num, self.vocab_values, n * w)  # (num, n·w), in write order
         slots = np.argsort(rng.random((num, n * w)), axis=1) % n  # (num, n·w): which key each write sets
         written = np.take_along_axis(keys, slots, 1)  # (num, n·w) key classes in write order
         # the newest value of key slot s: the value at the last write whose slot is s
@@ -115,7 +110,7 @@ class ForgettingRecall(SequenceTask):
         for t in range(n * w):  # writes in order: a later one replaces an earlier one
             last[rows, slots[:, t]] = t
         newest = np.take_along_axis(values, last, 1)  # (num, n)
-        queried = _distinct_rows(rng, num, n, m)  # (num, m) key slots, random order
+        queried = distinct_rows(rng, num, n, m)  # (num, m) key slots, random order
 
         tokens = np.empty((num, self.seq_len), dtype=np.int64)
         tokens[:, 0:c:2] = written + self.key_offset
@@ -201,13 +196,13 @@ class CompositionalRecall(SequenceTask):
     def generate(self, split: str, num: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """``num`` sequences: tokens and labels, both ``(num, seq_len)`` (int64)."""
         n, m, c = self.num_pairs, self.num_queries, 3 * self.num_pairs
-        a_parts = _distinct_rows(rng, num, self.vocab_parts, self.rows)  # (num, rows)
-        b_parts = _distinct_rows(rng, num, self.vocab_parts, self.cols)  # (num, cols)
-        order = _distinct_rows(rng, num, n, n)  # (num, n): grid cell of each context pair (cell = r·cols + c)
+        a_parts = distinct_rows(rng, num, self.vocab_parts, self.rows)  # (num, rows)
+        b_parts = distinct_rows(rng, num, self.vocab_parts, self.cols)  # (num, cols)
+        order = distinct_rows(rng, num, n, n)  # (num, n): grid cell of each context pair (cell = r·cols + c)
         a = np.take_along_axis(a_parts, order // self.cols, 1)  # (num, n)
         b = np.take_along_axis(b_parts, order % self.cols, 1)
-        values = _distinct_rows(rng, num, self.vocab_values, n)  # (num, n), one per context pair
-        queried = _distinct_rows(rng, num, n, m)  # (num, m) context pair indices, random order
+        values = distinct_rows(rng, num, self.vocab_values, n)  # (num, n), one per context pair
+        queried = distinct_rows(rng, num, n, m)  # (num, m) context pair indices, random order
 
         tokens = np.empty((num, self.seq_len), dtype=np.int64)
         tokens[:, 0:c:3] = a + self.a_offset

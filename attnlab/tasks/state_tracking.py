@@ -47,7 +47,7 @@ from attnlab.checks import check_choice, check_int
 from attnlab.tasks import register_task
 from attnlab.tasks.base import IGNORE_INDEX, DataOptions, SequenceTask
 
-__all__ = ["GroupTask", "Modular", "Parity", "Permutation", "group_elements"]
+__all__ = ["GroupTask", "Modular", "Parity", "Permutation", "cyclic_table", "group_elements"]
 
 LENGTH_LABELS: tuple[str, ...] = ("beyond", "all")
 """What a ``test_lengths`` set labels: only the positions at or after ``seq_len`` (``beyond``), or every one."""
@@ -145,6 +145,12 @@ class GroupTask(SequenceTask):
         return elements + 1, labels
 
 
+def cyclic_table(modulus: int) -> np.ndarray:
+    """Z_m's product table: ``table[g, s] = (g + s) mod m``."""
+    residues = np.arange(modulus)
+    return (residues[:, None] + residues[None, :]) % modulus
+
+
 @register_task("modular")
 class Modular(GroupTask):
     """Running sum mod ``modulus`` (the cyclic group Z_m; Grazzi et al. 2025's "modular arithmetic" without the
@@ -160,8 +166,7 @@ class Modular(GroupTask):
         super().__init__(seq_len=seq_len, length_labels=length_labels, **data)
         self.modulus = check_int("modulus", modulus, minimum=2, maximum=1024)
         self.order = self.modulus
-        residues = np.arange(self.modulus)
-        self.table = (residues[:, None] + residues[None, :]) % self.modulus
+        self.table = cyclic_table(self.modulus)
         self._finish()
 
     def _describe_details(self) -> str:
@@ -180,7 +185,7 @@ class Parity(GroupTask):
     def __init__(self, seq_len: int = 32, length_labels: str = "beyond", **data: Any) -> None:
         super().__init__(seq_len=seq_len, length_labels=length_labels, **data)
         self.order = 2
-        self.table = np.array([[0, 1], [1, 0]])
+        self.table = cyclic_table(2)
         self._finish()
 
     def _describe_details(self) -> str:

@@ -80,22 +80,8 @@ def comparisons(rows: list[ts.Row]) -> str:
 def figure(rows: list[ts.Row], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for j, rung in enumerate(RUNGS):
-        xs, ys, es = [], [], []
-        for i, m in enumerate(MODELS):
-            mean, half = ts.mean_and_half(rows, m, rung, "test/acc")
-            xs.append(i + (j - 0.5) * 0.3)
-            ys.append(100 * mean)
-            es.append(100 * half)
-        ax.errorbar(
-            xs,
-            ys,
-            yerr=ts.clipped_errors(ys, es),
-            fmt="os"[j],
-            color=f"C{j}",
-            capsize=3,
-            linestyle="none",
-            label=RUNGS[rung],
-        )
+        style = dict(fmt="os"[j], color=f"C{j}", capsize=3, label=RUNGS[rung])
+        ts.draw_models(ax, rows, MODELS, rung, "test/acc", (j - 0.5) * 0.3, **style)
     ax.axhline(100 * STALE, color="C1", linestyle=":", linewidth=1, label="a key's values recalled, not the newest")
     ax.axhline(100 * CHANCE["w3"], color="grey", linestyle="--", linewidth=0.8, label="chance (3 writes)")
     ax.axvspan(0.5, 3.5, color="grey", alpha=0.08)

@@ -117,22 +117,8 @@ def figure(rows: list[ts.Row], path: Path) -> None:
     for ax, (task, models) in zip(axes, (("parity", COUNTING), ("modular", COUNTING), ("S3", S3)), strict=True):
         title, order = TASKS[task]
         for j, (metric, name) in enumerate(METRICS):
-            xs, ys, es = [], [], []
-            for i, m in enumerate(models):
-                mean, half = ts.mean_and_half(rows, m, task, metric)
-                xs.append(i + (j - 1) * 0.22)
-                ys.append(100 * mean)
-                es.append(100 * half)
-            ax.errorbar(
-                xs,
-                ys,
-                yerr=ts.clipped_errors(ys, es),
-                fmt="os^"[j],
-                color=f"C{j}",
-                capsize=2,
-                label=name,
-                linestyle="none",
-            )
+            style = dict(fmt="os^"[j], color=f"C{j}", capsize=2, label=name)
+            ts.draw_models(ax, rows, models, task, metric, (j - 1) * 0.22, **style)
         ax.axhline(100 / order, color="grey", linestyle="--", linewidth=0.8, label="chance beyond 32 (1/|G|)")
         ax.set_xticks(range(len(models)))
         ax.set_xticklabels([LABEL[m] for m in models], rotation=60, ha="right", fontsize=8)
