@@ -15,6 +15,9 @@ attention output alone; model means over the layers), and, on a second probe of 
 (:meth:`~attnlab.tasks.base.SequenceTask.repeated_probe`), the head-type scores ``prev_token``, ``duplicate``,
 ``induction`` and ``local`` per head, with ``attn/{score}_max`` the largest over every head of every layer. A task
 without a vocabulary (pixels) has no repeated probe: its runs log no head-type scores (:attr:`notes` says why).
+Every probe also logs ``attn/L{layer}/act_max``, the largest |activation| of the residual stream after the layer over
+the real tokens, and ``attn/act_max``, the largest over the layers (the massive activations that Qiu et al. 2025's
+output gate lowers).
 At the end it also saves ``maps.png`` (layers × heads heatmaps of one probe sequence) in the run folder's
 ``attention/`` and logs it to W&B when that logger is on. Between those steps the training forward takes the fast
 path and computes no weights.
@@ -162,7 +165,9 @@ class AttentionDiagnostics(L.Callback):
         was_training = pl_module.training
         pl_module.eval()
         inputs: list[Tensor] = []  # each layer's input (B, L, d_model), for the state after its attention
+        outputs: list[Tensor] = []  # each layer's output (B, L, d_model): the residual stream, for act_max
         hooks = [layer.register_forward_pre_hook(lambda _, args: inputs.append(args[0])) for layer in encoder.layers]
+        hooks += [layer.register_forward_hook(lambda _, __, out: outputs.append(out[0])) for layer in encoder.layers]
         try:
             try:
                 _, records = encoder(tokens, need_weights=True)
@@ -202,6 +207,12 @@ class AttentionDiagnostics(L.Callback):
         finally:
             pl_module.train(was_training)
         flat = flatten_stats(per_layer)
+        # the largest |activation| of the residual stream after each layer, over the kept positions (the "massive
+        # activations" of Sun et al. 2024, which Qiu et al. 2025 report the output gate lowers): the model's entry is
+        # the largest over the layers, not their mean
+        act = [float(_largest_activation(h, keep)) for h in outputs]
+        flat |= {f"attn/L{n}/act_max": v for n, v in enumerate(act)}
+        flat["attn/act_max"] = max(act)
         for name, values in ranks.items():  # per layer, not per head: the layer's and the model's (mean) entries
             if values:
                 flat |= {f"attn/L{n}/{name}": v for n, v in enumerate(values)}
@@ -301,6 +312,13 @@ class AttentionDiagnostics(L.Callback):
     def model_means(self, stats: dict[str, float]) -> dict[str, float]:
         """Only the model-level ``attn/{metric}`` entries of a flat stats dict."""
         return {k: v for k, v in stats.items() if k.count("/") == 1}
+
+
+def _largest_activation(h: Tensor, keep: Tensor | None) -> Tensor:
+    """max |h| over the batch, the kept positions (``keep`` (B, L) bool, True = a real token; None = all) and the
+    channels of h (B, L, d_model)."""
+    h = h.detach().abs().amax(dim=-1)  # (B, L)
+    return (h if keep is None else h.masked_fill(~keep, 0.0)).max()
 
 
 class DivergenceError(RuntimeError):

@@ -203,6 +203,7 @@ register_spec(r"attn/induction(_max)?", "weight on the token after an earlier co
 register_spec(r"attn/local(_max)?", "weight within ±w of the query", **_FRACTION)
 register_spec(r"attn/near_mass", "weight on the nearest k keys", **_FRACTION)
 register_spec(r"attn/locality", "near weight ÷ a uniform row's", low=0.0)
+register_spec(r"attn/act_max", "largest |activation| in the residual stream", low=0.0, higher_is_better=False)
 register_spec(r"attn/rank_residual(_attn)?", "‖X − 1x̄ᵀ‖ / ‖X‖ (rank collapse)", low=0.0)
 register_spec(r"attn/importance", "head importance |∂L/∂ξ|", low=0.0)
 register_spec(r"prune/auc_\w+", "mean test metric over the pruning curve", low=0.0)

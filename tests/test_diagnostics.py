@@ -82,7 +82,7 @@ def test_diagnostics_log_at_step_zero_every_n_steps_and_at_the_end(tmp_path):
     assert diag.initial["attn/entropy_norm"] > 0.5  # near-uniform at initialisation
     # digits has no vocabulary: dilution and rank collapse, but no head-type scores (and a note saying why)
     heads = {"near_mass", "locality", "rank_residual", "rank_residual_attn"}
-    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in (*METRICS, *heads)}
+    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in (*METRICS, *heads, "act_max")}
     assert {"attn/L1/rank_residual", "attn/L0/rank_residual_attn", "attn/L1H2/locality"} <= set(row)
     assert diag.notes and "pixel" in diag.notes[0]
 
@@ -207,3 +207,34 @@ def test_csv_and_none_loggers_still_write_local_metrics_and_summary(tmp_path, lo
         "no head-type scores for task digits: its tokens are pixel intensities" in (tmp_path / "train.log").read_text()
     )
     assert not (tmp_path / "wandb").exists()
+
+
+def test_act_max_is_the_largest_residual_activation_of_each_layer_and_of_the_model():
+    """attn/L{l}/act_max = max |h| of layer l's output over the probe (the residual stream, recomputed here layer by
+    layer); the model's entry is the largest over the layers, not their mean; padded positions never count."""
+    from attnlab.callbacks import _largest_activation
+
+    module, diag = _probe_module()
+    with torch.no_grad():  # a large activation from layer 1 on (the stream keeps it), so the mean is not the max
+        module.encoder.layers[1].ff[2].bias.fill_(7.0)
+    stats, _ = diag.compute(module)
+    encoder, tokens = module.encoder, diag._probe
+    module.eval()
+    with torch.no_grad():
+        h = encoder.embed(tokens)
+        if encoder.pos is not None:
+            h = h + encoder.pos(tokens.shape[1])
+        expected = []
+        for layer, mask in zip(encoder.layers, encoder.build_masks(tokens), strict=True):
+            h, _ = layer(h, mask)
+            expected.append(max(abs(float(v)) for v in h.flatten()))
+    for n, value in enumerate(expected):
+        assert stats[f"attn/L{n}/act_max"] == pytest.approx(value, rel=1e-6)
+    assert stats["attn/act_max"] == pytest.approx(max(expected)) and stats["attn/act_max"] > sum(expected) / 3
+
+    h = torch.zeros(2, 3, 4)
+    h[0, 2, 1] = -9.0  # a padded position: left out
+    h[1, 0, 3] = 2.5
+    keep = torch.tensor([[True, True, False], [True, True, True]])
+    assert float(_largest_activation(h, keep)) == 2.5
+    assert float(_largest_activation(h, None)) == 9.0
