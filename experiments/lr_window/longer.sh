@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The learning-rate-window study's further checks (README), seed 1: (a) beyond the grid's top: every model solved
+# MQAR at 3e-2, the grid's largest rate, so 1e-1; (b) without the short convolution (model.short_conv=null), softmax
+# and Gated DeltaNet over the whole grid; (c) 5x the steps (1,500) at 1e-3 and 2e-3, where no model solved the task
+# in 300, for softmax and Gated DeltaNet. About 6 min on 2 CPU cores; longer.csv.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+RUNS=${RUNS:-outputs/lr_window_longer}
+SEEDS=1
+sweep edge experiment=lr_window variant=scaled_dot,linear,gla,gated_deltanet,kda lr=1e-1
+sweep no_conv experiment=lr_window variant=scaled_dot,gated_deltanet model.short_conv=null \
+  lr=1e-4,2e-4,5e-4,1e-3,2e-3,5e-3,1e-2,3e-2
+sweep steps_1500 experiment=lr_window variant=scaled_dot,gated_deltanet lr=1e-3,2e-3 max_steps=1500
+finish lr_window longer.csv
