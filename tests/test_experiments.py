@@ -86,10 +86,14 @@ STUDIES = (
     "pruning",
     "state_tracking",
     "forgetting_recall",
+    "gated_output",
+    "lr_window",
     "heads/tuned",
     "normalizers/tuned",
 )
-FEW_JOBS = {"pruning": 3}  # a study of few configurations (its 3 variants); a tuned script compares fewer too
+# studies of few configurations (pruning: its 3 variants; gated_output: 2 forms x 3 gates); a tuned script compares
+# fewer too
+FEW_JOBS = {"pruning": 3, "gated_output": 6}
 
 
 def _sweeps(study: str, runs: Path) -> list[tuple[str, list[str]]]:
@@ -111,6 +115,9 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
     """Every job of a multirun: the product of the comma-separated values (brackets are one value)."""
     choices = []
     for item in overrides:
+        if item.startswith("~"):  # a deletion (~key): one value
+            choices.append([item])
+            continue
         key, _, value = item.partition("=")
         values = [value] if value.startswith("[") else value.split(",")
         choices.append([f"{key}={v}" for v in values])
