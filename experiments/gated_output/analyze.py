@@ -13,7 +13,6 @@ gate − none lies below the margin ``BPC_MARGIN``).
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
@@ -113,22 +112,18 @@ def figure(rows: list[ts.Row], path: Path) -> None:
 
 def longer(path: Path) -> str:
     """The larger-budget checks of longer.sh (softmax, seed 1), from longer.csv."""
-    body = []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            row["ok"] = row.get("status", "ok") == "ok"
-            first = ts.number(row, "attn/first_mass")
-            body.append(
-                [
-                    row["run"].split("/")[0],
-                    task_of(row),
-                    f"{float(row['lr']):g}",
-                    row.get("max_steps") or "1000",
-                    f"{ts.number(row, 'test/bpc'):.3f}",
-                    f"{100 * first:.1f}",
-                    f"{ts.number(row, 'attn/act_max'):.1f}",
-                ]
-            )
+    body = [
+        [
+            row["sweep"],
+            row["task"],
+            f"{row['lr']:g}",
+            row.get("max_steps") or "1000",
+            f"{ts.number(row, 'test/bpc'):.3f}",
+            f"{100 * ts.number(row, 'attn/first_mass'):.1f}",
+            f"{ts.number(row, 'attn/act_max'):.1f}",
+        ]
+        for row in ts.load(path, model_of, task_of)
+    ]
     header = ["check", "gate", "lr", "steps", "test bits/byte", "first-token weight %", "largest abs. activation"]
     return "Larger-budget checks (longer.sh), softmax, seed 1\n\n" + ts.markdown(header, body)
 

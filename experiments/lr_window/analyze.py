@@ -15,7 +15,6 @@ intervals and every comparison. Two statistics:
 
 from __future__ import annotations
 
-import csv
 import math
 import sys
 from collections import defaultdict
@@ -46,20 +45,11 @@ Table = dict[str, dict[float, dict[int, dict[str, float]]]]  # model -> lr -> se
 
 
 def load(path: Path) -> Table:
-    """{model: {lr: {seed: {metric: value}}}} of the finished runs (a failed run's metrics are NaN)."""
+    """{model: {lr: {seed: {metric: value}}}} of the runs (:func:`tuned_study.load`; a failed run's metrics are
+    NaN), the model being the sweep (the variant)."""
     out: Table = defaultdict(lambda: defaultdict(dict))
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            ok = row.get("status", "ok") == "ok"
-            metrics = {}
-            for key in ("test/acc", "val/acc_best"):
-                try:
-                    metrics[key] = float(row[key]) if ok else math.nan
-                except (KeyError, ValueError):
-                    metrics[key] = math.nan
-            out[row["run"].split("/")[0]][float(row["lr"])][int(row["seed"])] = metrics
-    if not out:
-        raise SystemExit(f"{path} has no runs")
+    for row in ts.load(path, lambda r: r["sweep"], lambda r: "mqar"):
+        out[row["model"]][row["lr"]][row["seed"]] = {k: ts.number(row, k) for k in ("test/acc", "val/acc_best")}
     return out
 
 
@@ -180,20 +170,19 @@ def figure(table: Table, path: Path) -> None:
 def longer(path: Path) -> str:
     """The further checks of longer.sh (one seed each), from longer.csv."""
     body = []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            conv = row.get("model.short_conv", "4")  # the column is empty for null (the run had none)
-            acc = row.get("test/acc") or ""
-            body.append(
-                [
-                    row["run"].split("/")[0],
-                    LABEL.get(row["variant"], row["variant"]),
-                    "none" if conv in ("", "null", "None") else conv,
-                    f"{float(row['lr']):g}",
-                    row.get("max_steps") or "300",
-                    f"{100 * float(acc):.1f}" if acc else row.get("status", "—"),
-                ]
-            )
+    for row in ts.load(path, lambda r: r["variant"], lambda r: r["sweep"]):
+        conv = row.get("model.short_conv", "4")  # the column is empty for null (the run had none)
+        acc = ts.number(row, "test/acc")
+        body.append(
+            [
+                row["sweep"],
+                LABEL.get(row["model"], row["model"]),
+                conv or "none",
+                f"{row['lr']:g}",
+                row.get("max_steps") or "300",
+                f"{100 * acc:.1f}" if math.isfinite(acc) else row.get("status", "—"),
+            ]
+        )
     header = ["check", "model", "short conv", "lr", "steps", "test acc %"]
     return "Further checks (longer.sh), seed 1\n\n" + ts.markdown(header, body)
 
