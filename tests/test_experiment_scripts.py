@@ -632,3 +632,18 @@ def test_a_tuned_study_compares_only_the_seed_stage_with_paired_differences(tmp_
     assert tuned_study.difference_text(d).startswith("+30.0 ± ")
     family = tuned_study.holm_table([("x", d), ("y", d), ("z", tuned_study.Difference(0.1, None, 1))])
     assert family[0][2] == pytest.approx(min(1.0, 2 * d.p)) and family[2][2] is None
+
+
+@pytest.mark.parametrize("study", ["state_tracking", "forgetting_recall", "gated_output", "lr_window"])
+def test_a_tuned_studys_readme_quotes_the_tables_its_analyze_script_prints(
+    study: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Every table row analyze.py prints from the committed CSVs is in the study's README verbatim, so the README's
+    numbers are the committed runs' (the figure is not redrawn here)."""
+    module = _study_script(study)
+    monkeypatch.setattr(module, "figure", lambda *args: None)
+    module.main()
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 10
+    readme = (REPO / "experiments" / study / "README.md").read_text()
+    assert [row for row in rows if row not in readme] == []
