@@ -24,10 +24,12 @@ Row = dict[str, Any]
 
 def load(path: Path, model_of: Callable[[Row], str], task_of: Callable[[Row], str]) -> list[Row]:
     """The CSV's rows, each with ``model``, ``task``, ``stage`` (``tune``/``seeds``), ``seed`` (int), ``lr``
-    (float), ``ok`` (the run finished) and ``params`` (the ``variant_params`` JSON) added."""
+    (float), ``ok`` (the run finished), ``params`` (the ``variant_params`` JSON, in place of the CSV's parameter
+    count) and ``param_count`` (that count, as text) added."""
     rows: list[Row] = []
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
+            row["param_count"] = row.get("params") or ""
             row["params"] = json.loads(row.get("variant_params") or "{}")
             parts = row["run"].split("/")
             row["sweep"], row["stage"] = parts[0], parts[1] if len(parts) > 2 else "seeds"
