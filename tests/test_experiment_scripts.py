@@ -634,7 +634,7 @@ def test_a_tuned_study_compares_only_the_seed_stage_with_paired_differences(tmp_
     assert family[0][2] == pytest.approx(min(1.0, 2 * d.p)) and family[2][2] is None
 
 
-@pytest.mark.parametrize("study", ["state_tracking", "forgetting_recall", "gated_output", "lr_window"])
+@pytest.mark.parametrize("study", ["state_tracking", "forgetting_recall", "gated_output", "lr_window", "hybrid_ratio"])
 def test_a_tuned_studys_readme_quotes_the_tables_its_analyze_script_prints(
     study: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

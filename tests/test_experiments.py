@@ -88,6 +88,10 @@ STUDIES = (
     "forgetting_recall",
     "gated_output",
     "lr_window",
+    "hybrid_ratio",
+    "hybrid_ratio/longer",
+    "gated_output/longer",
+    "lr_window/longer",
     "heads/tuned",
     "normalizers/tuned",
 )
