@@ -137,3 +137,15 @@ def by_sweep(rows: Sequence[Row]) -> dict[str, list[Row]]:
     for r in rows:
         out[r["sweep"]].append(r)
     return out
+
+
+def report(
+    here: Path, sections: Sequence[str], figure: Callable[[Path], None], longer: Callable[[Path], str] | None = None
+) -> None:
+    """An analyze.py's output: its sections (Markdown) a blank line apart, then the table of ``longer(longer.csv)``
+    where the study has a longer.sh and its CSV is committed, and ``figure`` drawn to ``here/figure.png``."""
+    if longer is not None and (here / "longer.csv").exists():
+        sections = [*sections, longer(here / "longer.csv")]
+    print("\n\n".join(sections))
+    figure(here / "figure.png")
+    print(f"\nwrote {here / 'figure.png'}")

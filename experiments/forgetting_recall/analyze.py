@@ -101,11 +101,7 @@ def figure(rows: list[ts.Row], path: Path) -> None:
 
 def main() -> None:
     rows = ts.load(HERE / "summary.csv", model_of, task_of)
-    print(tables(rows))
-    print()
-    print(comparisons(rows))
-    figure(rows, HERE / "figure.png")
-    print(f"\nwrote {HERE / 'figure.png'}")
+    ts.report(HERE, [tables(rows), comparisons(rows)], lambda path: figure(rows, path))
 
 
 if __name__ == "__main__":

@@ -130,14 +130,7 @@ def longer(path: Path) -> str:
 
 def main() -> None:
     rows = ts.load(HERE / "summary.csv", model_of, task_of)
-    print(tables(rows))
-    print()
-    print(comparisons(rows))
-    if (HERE / "longer.csv").exists():
-        print()
-        print(longer(HERE / "longer.csv"))
-    figure(rows, HERE / "figure.png")
-    print(f"\nwrote {HERE / 'figure.png'}")
+    ts.report(HERE, [tables(rows), comparisons(rows)], lambda path: figure(rows, path), longer)
 
 
 if __name__ == "__main__":

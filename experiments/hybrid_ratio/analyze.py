@@ -207,16 +207,7 @@ def longer(path: Path) -> str:
 
 def main() -> None:
     rows = ts.load(HERE / "summary.csv", model_of, task_of)
-    print(ratio_tables(rows))
-    print()
-    print(ranking(rows))
-    print()
-    print(per_seed(rows))
-    if (HERE / "longer.csv").exists():
-        print()
-        print(longer(HERE / "longer.csv"))
-    figure(rows, HERE / "figure.png")
-    print(f"\nwrote {HERE / 'figure.png'}")
+    ts.report(HERE, [ratio_tables(rows), ranking(rows), per_seed(rows)], lambda path: figure(rows, path), longer)
 
 
 if __name__ == "__main__":

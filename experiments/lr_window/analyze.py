@@ -189,14 +189,7 @@ def longer(path: Path) -> str:
 
 def main() -> None:
     table = load(HERE / "summary.csv")
-    print(tables(table))
-    print()
-    print(comparisons(table))
-    if (HERE / "longer.csv").exists():
-        print()
-        print(longer(HERE / "longer.csv"))
-    figure(table, HERE / "figure.png")
-    print(f"\nwrote {HERE / 'figure.png'}")
+    ts.report(HERE, [tables(table), comparisons(table)], lambda path: figure(table, path), longer)
 
 
 if __name__ == "__main__":
