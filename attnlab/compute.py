@@ -44,6 +44,8 @@ it has one (``torch.utils.flop_counter.flop_registry``, which ``FlopCounterMode`
   forward, dv, dP, dq and dk backward (:func:`attention_flops`); the bias and the softmax are free, as elsewhere.
   Under a dispatch mode the kernels are called as operators (:mod:`attnlab.kernels.additive`), so the products
   inside the relative kernel are counted once, by this formula.
+* attnlab's tiled kernel (``attnlab::tiled_attention``, :mod:`attnlab.kernels.tiled`) the same way: q·kᵀ and P·v
+  forward, dv, dP, dq and dk backward; the tiles it recomputes in its backward pass are not counted (as for SDPA).
 
 **The decay and delta-rule forms** (:mod:`attnlab.forms.transitions`, computed by :mod:`attnlab.transition`) are
 counted through the matrix products of the form a training step runs (the ``chunked`` backend): per chunk P = q kᵀ
@@ -69,7 +71,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
 
 import attnlab.kernels.additive  # (defines the operators whose formulas are registered below)
-import attnlab.kernels.relative  # noqa: F401
+import attnlab.kernels.relative
+import attnlab.kernels.tiled  # noqa: F401
 from attnlab.kernels.conv import causal_conv_flops
 from attnlab.positions import LearnedPositionalEncoding
 
@@ -166,6 +169,16 @@ def _relative_forward_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any
 @_register(torch.ops.attnlab.relative_attention_backward)
 def _relative_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
     return relative_flops(q_shape, k_shape, v_shape, backward=True)
+
+
+@_register(torch.ops.attnlab.tiled_attention)
+def _tiled_forward_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return attention_flops(q_shape, k_shape, v_shape)
+
+
+@_register(torch.ops.attnlab.tiled_attention_backward)
+def _tiled_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
+    return attention_flops(q_shape, k_shape, v_shape, backward=True)
 
 
 @_register(torch.ops.attnlab.causal_conv)

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from attnlab.checks import check_int
 from attnlab.kernels import relative as relative_kernel
+from attnlab.kernels.tiled import OffsetTable
 from attnlab.registry import BoundedCache, Registry, build_with_sizes, registry_of
 
 __all__ = [
@@ -103,6 +104,19 @@ class PositionBias(nn.Module):
         per query) or (H, C) (a row per head), such that ``bias[…, i, j] = table[row, c(i, j)]``; None (default)
         when the bias is not of that form."""
         return None
+
+    def offset_table(self, q: Tensor, num_keys: int) -> OffsetTable | None:
+        """The bias as a table read at the offset j − i, for the tiled kernel (:mod:`attnlab.kernels.tiled`, the
+        ``tiled`` backend): an :class:`~attnlab.kernels.tiled.OffsetTable` with ``bias[b, h, i, j] = table[b, h, i,
+        clamp(j − i, low, high) − low]`` (per head over every offset: T5, ALiBi; per query row, clipped: Shaw's
+        q · w^K), computed here from q (B, H, Lq, d_k) with its gradient. It must add exactly what :meth:`bias`
+        gives. None (default): no such form; the ``tiled`` backend then refuses a layer with this bias."""
+        return None
+
+    @property
+    def has_offset_table(self) -> bool:
+        """Whether this bias offers :meth:`offset_table` (its class overrides it)."""
+        return type(self).offset_table is not PositionBias.offset_table
 
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod | None:
         """The bias as a FlexAttention ``score_mod`` (the optional hook of the ``flex`` backend,
@@ -211,6 +225,10 @@ class ShawBias(PositionBias):
             ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.distance_index(Lq, num_keys, torch.device("cpu")))
         )
         return torch.matmul(q, self.rel_k.t() * self.scale), runs  # (B, H, Lq, 2k+1)
+
+    def offset_table(self, q: Tensor, num_keys: int) -> OffsetTable:
+        """q · w^Kᵀ / √d_k (B, H, Lq, 2k + 1), one row per query, read at clip(j − i, k) + k (a^K only)."""
+        return OffsetTable.clipped(torch.matmul(q, self.rel_k.t() * self.scale), self.clip)
 
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
         """score + (q · w^Kᵀ / √d_k)[b, h, q, clip(k − q, k) + k]: the (B, H, Lq, 2k + 1) table that :meth:`bias`
@@ -324,6 +342,13 @@ class T5Bias(PositionBias):
             ),
         )
 
+    def offset_table(self, q: Tensor, num_keys: int) -> OffsetTable:
+        """b_h[bucket(j − i)] gathered over the offsets −(Lq − 1) … Lk − 1: (H, Lq + Lk − 1), its gradient flowing
+        back to the (num_buckets, H) parameter through the gather."""
+        Lq = q.shape[-2]
+        table = self.rel_bias.t().to(q.dtype)[:, self.offset_buckets(Lq, num_keys, q.device)]
+        return OffsetTable.over_offsets(table, Lq, num_keys)
+
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
         """score + b_h[bucket(k − q)], read from the per-head table over the offsets (H, Lq + Lk − 1) (the
         (num_buckets, H) parameter gathered once per call, so its gradient flows through the table)."""
@@ -379,6 +404,17 @@ class AlibiBias(PositionBias):
             return (-self.slopes.to(q.dtype)[:, None, None] * distance).unsqueeze(0)  # (1, H, Lq, Lk)
 
         return self._tables.get_or_make(("alibi", Lq, num_keys, q.device, q.dtype), make)
+
+    def offset_table(self, q: Tensor, num_keys: int) -> OffsetTable:
+        """−m_h·|j − i| over the offsets −(Lq − 1) … Lk − 1: (H, Lq + Lk − 1), cached (no gradient)."""
+        Lq = q.shape[-2]
+
+        def make() -> Tensor:
+            offsets = torch.arange(-(Lq - 1), num_keys, device=q.device).abs().to(torch.float64)
+            return (-self.slopes[:, None] * offsets).to(q.dtype)
+
+        table = self._tables.get_or_make(("alibi_offsets", Lq, num_keys, q.device, q.dtype), make)
+        return OffsetTable.over_offsets(table, Lq, num_keys)
 
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
         """score − m_h·|k − q| computed in the kernel from the slopes (H,) in q's dtype: no table."""

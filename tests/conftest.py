@@ -277,6 +277,18 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def without_tiled():
+    """The automatic backend order without ``tiled`` (the tiled kernel takes every biased softmax first): for the
+    tests of the backends it now comes before (sdpa's fast path, relative, biased_softmax, normalized)."""
+    from attnlab.backends import ORDER
+
+    at = ORDER.index("tiled")
+    ORDER.remove("tiled")
+    yield
+    ORDER.insert(at, "tiled")
+
+
+@pytest.fixture
 def single_thread():
     """The attention tests use tiny tensors: intra-op threads only add overhead (and stall badly on a busy
     2-core machine), so these modules run single-threaded and restore the setting afterwards."""

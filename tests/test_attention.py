@@ -187,6 +187,7 @@ def test_cross_attention_with_key_padding_paths_agree_with_reference(case, ref):
         torch.testing.assert_close(gf, gr, rtol=ATOL, atol=ATOL)
 
 
+@pytest.mark.usefixtures("without_tiled")  # (the tiled kernel takes the biased ones first)
 @pytest.mark.parametrize("case", SDPA_SCORES, ids=[s[0] for s in SDPA_SCORES])
 def test_sdpa_family_uses_sdpa_only_without_weights(case, ref):
     """The comparison above is only meaningful if need_weights=False really takes the SDPA path."""

@@ -79,7 +79,7 @@ def randn(*shape, seed):
 
 
 def test_the_automatic_order_puts_the_most_specific_first_and_eager_last():
-    assert ORDER == ["relative", "biased_softmax", "flex", "sdpa", "chunked", "global", "normalized", "eager"]
+    assert ORDER == ["tiled", "relative", "biased_softmax", "flex", "sdpa", "chunked", "global", "normalized", "eager"]
     assert list_backends() == [*ORDER, "recurrent"]  # then those that run only when forced
 
 
@@ -166,11 +166,12 @@ def test_a_backend_given_a_mask_it_cannot_compute_refuses_it_in_one_line(backend
     ("name", "training_step", "inference"),
     [
         ("scaled_dot", "sdpa", "sdpa"),
-        ("t5", "relative", "sdpa"),
-        ("alibi_sink", "sdpa", "sdpa"),
-        ("t5_softmax1", "biased_softmax", "sdpa"),
+        ("t5", "tiled", "tiled"),
+        ("alibi_sink", "tiled", "tiled"),
+        ("t5_softmax1", "tiled", "tiled"),
+        ("diff_shaw", "tiled", "tiled"),
         ("additive", "eager", "eager"),
-        ("softcap", "normalized", "normalized"),  # (flex computes it too, on CUDA only)
+        ("softcap", "tiled", "tiled"),  # (flex computes it too, on CUDA only)
         ("linear_rowsum", "global", "global"),  # no mask: every key visible
         ("linear_taylor_none", "global", "global"),
     ],

@@ -90,9 +90,9 @@ def test_every_variant_trains_a_step_under_cpu_bf16_autocast(variant: str, monke
     assert not [name for name, _ in chosen if name in FLOAT_ONLY], chosen
 
 
-@pytest.mark.parametrize(("variant", "backend32"), [("t5_bias", "relative"), ("relative_position", "relative")])
+@pytest.mark.parametrize(("variant", "backend32"), [("t5_bias", "tiled"), ("relative_position", "tiled")])
 def test_bf16_is_float32_within_bf16_rounding(variant: str, backend32: str) -> None:
-    """The same model and batch in float32 (the fused relative kernel) and under bf16 autocast (another backend):
+    """The same model and batch in float32 (the tiled kernel) and under bf16 autocast (another backend):
     logits and the position table's gradient agree to bf16's precision (~2⁻⁸ per rounding)."""
     module = build(variant, seed=3)
     attn = module.encoder.layers[0].self_attn

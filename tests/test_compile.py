@@ -165,7 +165,7 @@ def test_a_compiled_runs_checkpoint_loads_without_compile_and_gives_its_results(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("variant", "kernel"),
-    [("additive", "attnlab::additive_logits"), ("relative_position", "attnlab::relative_attention")],
+    [("additive", "attnlab::additive_logits"), ("relative_position", "attnlab::tiled_attention")],
 )
 def test_fused_kernels_compile_into_the_graph_on_their_first_use_in_the_process(
     hydra_ctx: None, deterministic_flags: None, monkeypatch: pytest.MonkeyPatch, variant: str, kernel: str

@@ -375,14 +375,26 @@ HAND_CASES = [
     # (id, attention config, the backend to force (auto: the one expected), the operator that must have counted)
     ("scaled_dot-sdpa", AttentionConfig(), "sdpa", "aten._scaled_dot_product_flash_attention_for_cpu"),
     ("scaled_dot-eager", AttentionConfig(backend="eager"), "eager", "aten.bmm"),
-    ("t5_bias-relative", AttentionConfig(score="t5_bias", score_params=T5), "relative", "attnlab.relative_attention"),
+    ("t5_bias-tiled", AttentionConfig(score="t5_bias", score_params=T5), "tiled", "attnlab.tiled_attention"),
+    (
+        "t5_bias-relative",
+        AttentionConfig(score="t5_bias", score_params=T5, backend="relative"),
+        "",
+        "attnlab.relative_attention",
+    ),
     ("t5_bias-biased_softmax", AttentionConfig(score="t5_bias", score_params=T5, backend="biased_softmax"), "", ""),
     ("t5_bias-sdpa", AttentionConfig(score="t5_bias", score_params=T5, backend="sdpa"), "", ""),
     ("t5_bias-eager", AttentionConfig(score="t5_bias", score_params=T5, backend="eager"), "", "aten.bmm"),
     (
-        "relative_position-relative",
+        "relative_position-tiled",
         AttentionConfig(score="relative_position", score_params={"clip": CLIP}),
-        "relative",
+        "tiled",
+        "attnlab.tiled_attention",
+    ),
+    (
+        "relative_position-relative",
+        AttentionConfig(score="relative_position", score_params={"clip": CLIP}, backend="relative"),
+        "",
         "attnlab.relative_attention",
     ),
     (
@@ -397,7 +409,8 @@ HAND_CASES = [
         "",
         "aten.bmm",
     ),
-    ("alibi-sdpa", AttentionConfig(position_bias="alibi"), "sdpa", ""),
+    ("alibi-tiled", AttentionConfig(position_bias="alibi"), "tiled", "attnlab.tiled_attention"),
+    ("alibi-sdpa", AttentionConfig(position_bias="alibi", backend="sdpa"), "", ""),
     ("alibi-eager", AttentionConfig(position_bias="alibi", backend="eager"), "", ""),
     ("gqa1-sdpa", AttentionConfig(num_kv_heads=1), "sdpa", "aten._scaled_dot_product_flash_attention_for_cpu"),
     (
@@ -407,7 +420,13 @@ HAND_CASES = [
         "aten._scaled_dot_product_flash_attention_for_cpu",
     ),
     ("gqa1-eager", AttentionConfig(num_kv_heads=1, backend="eager"), "", ""),
-    ("gqa1-t5-relative", AttentionConfig(num_kv_heads=1, position_bias="t5", position_bias_params=T5), "relative", ""),
+    ("gqa1-t5-tiled", AttentionConfig(num_kv_heads=1, position_bias="t5", position_bias_params=T5), "tiled", ""),
+    (
+        "gqa1-t5-relative",
+        AttentionConfig(num_kv_heads=1, position_bias="t5", position_bias_params=T5, backend="relative"),
+        "",
+        "",
+    ),
 ]
 
 

@@ -33,7 +33,8 @@ from attnlab.kernels import additive, relative
 from attnlab.kernels.build import KernelBuildError, Library, build_library
 from attnlab.scores import AdditiveScore
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+# the kernels before the tiled one, through the automatic order without it (it takes their layers first)
+pytestmark = pytest.mark.usefixtures("single_thread", "without_tiled")
 
 TOL = 1e-12  # float64, kernel vs reference (tanh and exp are libmvec's under -ffast-math: a few ulp)
 needs_additive = pytest.mark.skipif(

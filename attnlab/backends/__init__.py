@@ -86,7 +86,7 @@ __all__ = [
     "spec_of",
 ]
 
-from attnlab.backends import eager, flex, linear, normalized, relative, sdpa  # noqa: F401  (registration)
+from attnlab.backends import eager, flex, linear, normalized, relative, sdpa, tiled  # noqa: F401  (registration)
 
 # the most specific first
-ORDER[:] = ["relative", "biased_softmax", "flex", "sdpa", "chunked", "global", "normalized", "eager"]
+ORDER[:] = ["tiled", "relative", "biased_softmax", "flex", "sdpa", "chunked", "global", "normalized", "eager"]

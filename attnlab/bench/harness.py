@@ -98,6 +98,7 @@ _KERNELS = (
     ("_scaled_dot_product_efficient_attention", "efficient"),
     ("_scaled_dot_product_cudnn_attention", "cudnn"),
     ("_scaled_dot_product_attention_math", "math"),
+    ("attnlab::tiled_attention", "tiled"),  # attnlab's tiled kernel (a bias, a cap, a sink, sigmoid)
     ("attnlab::relative_attention", "relative"),  # attnlab's fused relative-position kernel (Shaw, T5)
     ("attnlab::additive_logits", "additive"),  # attnlab's fused additive kernel
 )
@@ -110,7 +111,7 @@ def _kernel_names(names: set[str]) -> str:
 
 def profile_step(step: Callable[[], None], device: torch.device) -> tuple[float, str]:
     """Run ``step`` once → (peak MB allocated above the memory held before it, the attention kernel(s) that ran:
-    SDPA's ``flash``, ``efficient``, ``cudnn``, ``math``, attnlab's fused ``relative`` or ``additive``, or
+    SDPA's ``flash``, ``efficient``, ``cudnn``, ``math``, attnlab's ``tiled``, ``relative`` or ``additive``, or
     ``eager`` when none of these was called).
 
     On CUDA the peak is ``torch.cuda.max_memory_allocated``; on CPU it is the running sum of the profiler's

@@ -23,6 +23,7 @@ from attnlab.bench.cases import (
     LATENT_CACHE_GOAL,
     LINEAR_GOALS,
     RECURRENT_GOALS,
+    TILED_GOALS,
     VARIANT_GOALS,
     Plan,
     Shape,
@@ -163,8 +164,10 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
     rows = results.get("encoder", [])
     targets: list[dict[str, Any]] = []
 
-    def add(tid: str, what: str, value: float | None, limit: float | None, note: str = "") -> None:
-        met = None if value is None or limit is None or plan.quick else bool(value <= limit)
+    def add(tid: str, what: str, value: float | None, limit: float | None, note: str = "", floor: bool = False) -> None:
+        met = None
+        if value is not None and limit is not None and not plan.quick:
+            met = bool(value >= limit if floor else value <= limit)
         targets.append({"id": tid, "what": what, "value": value, "limit": limit, "met": met, "note": note})
 
     s = plan.target_short
@@ -308,6 +311,25 @@ def evaluate_targets(plan: Plan, results: dict[str, Any]) -> list[dict[str, Any]
                     add(tid, f"{name} step ÷ scaled_dot causal (L={length})", r["ratio_causal"], limit, note)
                 else:
                     add(tid, f"{name} step ÷ scaled_dot (L={length})", r and r["ratio_scaled_dot"], limit, note)
+        longer = [n for n in {r["length"] for r in variants} if n > length]
+        at = {"target": length, "long": max(longer) if longer else None}
+        for tid, names, kind, which, limit in TILED_GOALS:
+            for length in (at[w] for w in which if at[w] is not None):
+                ref = next((r for r in variants if r["variant"] == "scaled_dot" and r["length"] == length), None)
+                for name in names:
+                    r = next((r for r in variants if r["variant"] == name and r["length"] == length), None)
+                    note = NOT_MEASURED if r is None else r.get("backend") or ""
+                    if kind == "time":
+                        add(tid, f"{name} step ÷ scaled_dot (L={length})", r and r["ratio_scaled_dot"], limit, note)
+                    elif kind == "roofline":
+                        what = f"{name} step's matrix-product FLOP/s ÷ the machine's peak (L={length}; at least)"
+                        add(tid, what, r and r.get("roofline"), limit, note, floor=True)
+                    else:
+                        value = None
+                        if r is not None and ref is not None and r.get("peak_mb") and ref.get("peak_mb"):
+                            value = r["peak_mb"] / ref["peak_mb"]
+                            note = f"{note}; {r['peak_mb']:.0f} / {ref['peak_mb']:.0f} MB"
+                        add(tid, f"{name} peak memory ÷ scaled_dot's (L={length})", value, limit, note)
     return targets
 
 

@@ -569,7 +569,7 @@ def check_fused_sdpa(
     dropout: float = 0.0,
 ) -> str:
     """Forward + backward of an attnlab ``MultiHeadAttention(score)`` with SDPA limited to the fused kernels
-    (flash, memory-efficient) → the kernel that ran (on the CPU, Shaw and T5 run attnlab's fused ``relative``
+    (flash, memory-efficient) → the kernel that ran (on the CPU, Shaw, T5 and ALiBi run attnlab's ``tiled``
     kernel instead of SDPA, and ``additive`` its own). Raises :class:`FusedKernelUnavailable`, with the reason,
     when SDPA cannot dispatch to one of them (then the fast path silently used the math kernel)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

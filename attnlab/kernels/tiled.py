@@ -1,0 +1,461 @@
+"""Tiled softmax attention with a score modifier, forward and backward, on the CPU: the FlashAttention-2 algorithm.
+
+    x_ij = scale · q_i · k_j + T[b, h, i][clamp(j − i, lo, hi) − lo]       (a bias table read at the offset)
+    x_ij ← c · tanh(x_ij / c)                                             (soft-capping, Gemma 2)
+    w_ij = e^{x_ij} / (e^{s_h} + Σ_visible e^{x})   or   σ(x_ij + b_i)    (softmax, softmax1, sink; sigmoid)
+    z_i  = Σ_j w_ij v_j
+
+Dao 2023 (FlashAttention-2), Algorithms 1 (forward: blocks of queries and keys, the online softmax with the row's
+running maximum and sum, the log-sum-exp kept) and 2 (backward: each tile's weights recomputed from the
+log-sum-exp, D_i = dO_i · z_i). The C file (``tiled.c``, built by :mod:`attnlab.kernels.build`) works on (BQ, BK)
+tiles and never holds an (Lq, Lk) tensor; its block products call the BLAS ``sgemm_``/``dgemm_`` that PyTorch itself
+links (MKL in the CPU wheels; found with ctypes in ``libtorch_cpu``), one thread each inside the kernel's parallel
+region, or the kernel's own loops where PyTorch exports no BLAS (``blas=False``; ``ATTNLAB_TILED_BLAS=0``).
+
+The mask is structure, not a tensor: a key interval [lo_i, hi_i) per query row (causal, sliding windows, any
+position-only mask whose rows are intervals) and the key padding (B, Lk); whole key blocks outside them are
+skipped. A bias table covers any bias that depends only on j − i per head (T5's buckets gathered over the offsets,
+ALiBi's −m_h·|j − i|: lo = −(Lq − 1), hi = Lk − 1) and Shaw's key term q_i · w^K_{clip(j − i, k)} (one table row per
+query row, lo = −k, hi = k).
+
+Registered with ``torch.library`` as ``attnlab::tiled_attention`` (and its backward), which ``torch.compile`` and
+the FLOP counter see as one operator; eager mode calls the same code through a plain autograd function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from attnlab.kernels.build import DTYPES, Library
+
+__all__ = ["BLOCK_K", "BLOCK_Q", "OffsetTable", "available", "blas_available", "tiled_attention", "unavailable_reason"]
+
+BLOCK_Q = 64
+"""Query rows per tile (FlashAttention-2's B_r)."""
+BLOCK_K = 128
+"""Keys per tile (B_c)."""
+
+_SOFTMAX, _SIGMOID = 0, 1
+
+
+class _Args(ctypes.Structure):
+    """tiled.c's ``Args``, field for field."""
+
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("normalizer", ctypes.c_int),
+        *((name, ctypes.c_int64) for name in ("B", "H", "G", "Lq", "Lk", "d", "dv", "BQ", "BK")),
+        ("scale", ctypes.c_double),
+        ("cap", ctypes.c_double),
+        *((name, ctypes.c_void_p) for name in ("q", "k", "v", "z", "lse", "table")),
+        ("ts", ctypes.c_int64 * 3),
+        ("clo", ctypes.c_int64),
+        ("chi", ctypes.c_int64),
+        ("sink", ctypes.c_void_p),
+        ("row_bias", ctypes.c_void_p),
+        ("rbs", ctypes.c_int64),
+        *((name, ctypes.c_void_p) for name in ("lo", "hi", "keys", "kcount", "dz", "delta")),
+        *((name, ctypes.c_void_p) for name in ("dq", "dk", "dvv", "dtable")),
+        ("dts", ctypes.c_int64 * 3),
+        ("sgemm", ctypes.c_void_p),
+        ("dgemm", ctypes.c_void_p),
+    ]
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.attnlab_tiled_args_size.restype = ctypes.c_int64
+    if lib.attnlab_tiled_args_size() != ctypes.sizeof(_Args):
+        raise AttributeError("tiled.c's Args and attnlab.kernels.tiled._Args differ")  # (a build out of step)
+    for name in ("attnlab_tiled_forward", "attnlab_tiled_backward"):
+        getattr(lib, name).argtypes = [ctypes.POINTER(_Args), ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_int
+
+
+_LIBRARY = Library(Path(__file__).with_name("tiled.c"), _declare)
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (building it on first call)."""
+    return _LIBRARY.get() is not None
+
+
+def unavailable_reason() -> str | None:
+    """One line saying why the kernel is not available, or None when it is."""
+    return _LIBRARY.error
+
+
+_GEMM: dict[str, int | None] = {}
+
+
+def _blas() -> tuple[int | None, int | None]:
+    """The addresses of PyTorch's own Fortran ``sgemm_`` and ``dgemm_`` (MKL in the CPU wheels), or None."""
+    if not _GEMM:
+        found: dict[str, int | None] = {"sgemm_": None, "dgemm_": None}
+        if os.environ.get("ATTNLAB_TILED_BLAS", "1") != "0":
+            lib_dir = Path(torch.__file__).parent / "lib"
+            for path in [*sorted(lib_dir.glob("libtorch_cpu.*")), None]:
+                try:
+                    handle = ctypes.CDLL(str(path) if path else None)
+                except OSError:
+                    continue
+                for name in found:
+                    if found[name] is None:
+                        try:
+                            found[name] = ctypes.cast(getattr(handle, name), ctypes.c_void_p).value
+                        except AttributeError:
+                            pass
+                if all(found.values()):
+                    break
+        _GEMM.update(found)
+    return _GEMM["sgemm_"], _GEMM["dgemm_"]
+
+
+def blas_available() -> bool:
+    """Whether the block products go through PyTorch's BLAS (else through the kernel's own loops)."""
+    return all(_blas())
+
+
+@dataclass(frozen=True)
+class OffsetTable:
+    """A bias that depends on the offset j − i (and on b, h, i through the table's leading dimensions):
+    ``bias[b, h, i, j] = table[b, h, i, clamp(j − i, low, high) − low]``.
+
+    ``table`` is broadcastable to (B, H, R, high − low + 1), R = 1 (one row for every query: T5, ALiBi) or Lq
+    (Shaw's per-row q · w^K); its gradient flows back through the kernel."""
+
+    table: Tensor
+    low: int
+    high: int
+
+    @classmethod
+    def over_offsets(cls, table: Tensor, num_queries: int, num_keys: int) -> OffsetTable:
+        """A per-head table over every offset −(Lq − 1) … Lk − 1: (H, Lq + Lk − 1) or (1, Lq + Lk − 1)."""
+        return cls(table[None, :, None, :], -(num_queries - 1), num_keys - 1)
+
+    @classmethod
+    def clipped(cls, table: Tensor, clip: int) -> OffsetTable:
+        """A per-row table over the clipped offsets −k … k: (B, H, Lq, 2k + 1) (Shaw)."""
+        return cls(table, -clip, clip)
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The mask as structure: the visible keys of query row i are [lo[i], hi[i]) (None: all) that are real keys
+    (``keys`` (B, Lk) bool, None: all)."""
+
+    lo: Tensor | None = None
+    hi: Tensor | None = None
+    keys: Tensor | None = None
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _prepare_table(table: Tensor | None, B: int, H: int, dtype: torch.dtype) -> tuple[Tensor | None, tuple[int, ...]]:
+    if table is None:
+        return None, (0, 0, 0)
+    t = table.to(dtype)
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    t = t.expand(B, H, t.shape[2], t.shape[3])
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    rows = t.shape[2]
+    return t, (t.stride(0), t.stride(1), t.stride(2) if rows > 1 else 0)
+
+
+def _args(q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Any]) -> _Args:
+    B, H, Lq, d = q.shape
+    a = _Args()
+    a.dtype = DTYPES[q.dtype]
+    a.normalizer = extra["normalizer"]
+    a.B, a.H, a.G, a.Lq, a.Lk, a.d, a.dv = B, H, k.shape[1], Lq, k.shape[2], d, v.shape[-1]
+    a.BQ, a.BK = extra["block_q"], extra["block_k"]
+    a.scale, a.cap = extra["scale"], extra["softcap"]
+    a.q, a.k, a.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if extra["table"] is not None:
+        a.table = extra["table"].data_ptr()
+        a.ts[:] = extra["ts"]
+        a.clo, a.chi = extra["low"], extra["high"]
+    a.sink, a.row_bias = _ptr(extra["sink"]), _ptr(extra["row_bias"])
+    a.rbs = extra["rbs"]
+    a.lo, a.hi, a.keys, a.kcount = (_ptr(extra[n]) for n in ("lo", "hi", "keys", "kcount"))
+    if extra["blas"]:
+        a.sgemm, a.dgemm = _blas()
+    return a
+
+
+def _extra(
+    q: Tensor,
+    num_keys: int,
+    table: Tensor | None,
+    low: int,
+    high: int,
+    lo: Tensor | None,
+    hi: Tensor | None,
+    keys: Tensor | None,
+    sink: Tensor | None,
+    sigmoid_bias: float | None,
+    sigmoid: bool,
+    scale: float,
+    softcap: float,
+    block_q: int,
+    block_k: int,
+    blas: bool,
+) -> dict[str, Any]:
+    """The kernel's arguments besides q, k, v, in the forms it reads (contiguous, its dtype)."""
+    B, H, Lq, _ = q.shape
+    t, ts = _prepare_table(table, B, H, q.dtype)
+    kcount = None
+    keys_u8 = None
+    if keys is not None:
+        keys_u8 = keys.reshape(B, -1).to(torch.bool).contiguous().view(torch.uint8)
+        kcount = torch.zeros(B, keys_u8.shape[1] + 1, dtype=torch.int64)
+        torch.cumsum(keys_u8, 1, out=kcount[:, 1:])
+    lo_, hi_ = (None, None) if lo is None else (lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous())
+    row_bias, rbs = None, 0
+    if sigmoid:
+        if sigmoid_bias is not None:
+            row_bias = torch.full((1, Lq), float(sigmoid_bias), dtype=q.dtype)
+        else:  # −log n, n the keys row i sees
+            if lo_ is None:
+                lo_r, hi_r = torch.zeros(Lq, dtype=torch.int64), torch.full((Lq,), num_keys, dtype=torch.int64)
+            else:
+                lo_r, hi_r = lo_, hi_
+            if kcount is not None:
+                n = kcount[:, hi_r.clamp(min=0)] - kcount[:, lo_r.clamp(min=0)]
+                n = torch.where(hi_r > lo_r, n, torch.zeros_like(n))  # (B, Lq)
+            else:
+                n = (hi_r - lo_r).clamp(min=0)[None]  # (1, Lq)
+            row_bias = -torch.log(n.clamp(min=1).to(q.dtype))
+        row_bias = row_bias.contiguous()
+        rbs = row_bias.stride(0) if row_bias.shape[0] > 1 else 0
+    return {
+        "normalizer": _SIGMOID if sigmoid else _SOFTMAX,
+        "table": t,
+        "ts": ts,
+        "low": low,
+        "high": high,
+        "sink": None if sink is None else sink.to(q.dtype).contiguous(),
+        "row_bias": row_bias,
+        "rbs": rbs,
+        "lo": lo_,
+        "hi": hi_,
+        "keys": keys_u8,
+        "kcount": kcount,
+        "scale": float(scale),
+        "softcap": float(softcap),
+        "block_q": int(block_q),
+        "block_k": int(block_k),
+        "blas": bool(blas),
+    }
+
+
+def _forward_impl(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+    keys: Tensor | None,
+    sink: Tensor | None,
+    low: int,
+    high: int,
+    scale: float,
+    softcap: float,
+    sigmoid: bool,
+    sigmoid_bias: float | None,
+    block_q: int,
+    block_k: int,
+    blas: bool,
+) -> tuple[Tensor, Tensor]:
+    """z (B, H, Lq, d_v) and the rows' log-sum-exp (B, H, Lq) (0 for sigmoid and for a row that sees no key)."""
+    B, H, Lq, _ = q.shape
+    extra = _extra(
+        q, k.shape[2], table, low, high, lo, hi, keys, sink, sigmoid_bias, sigmoid, scale, softcap, block_q, block_k,
+        blas,
+    )  # fmt: skip
+    z = q.new_empty(B, H, Lq, v.shape[-1])
+    lse = q.new_empty(B, H, Lq)
+    a = _args(q, k, v, extra)
+    a.z, a.lse = z.data_ptr(), lse.data_ptr()
+    if _LIBRARY.require().attnlab_tiled_forward(ctypes.byref(a), torch.get_num_threads()):
+        raise MemoryError("the tiled attention kernel ran out of memory")
+    return z, lse
+
+
+_forward_op = torch.library.custom_op("attnlab::tiled_attention", mutates_args=(), device_types="cpu")(_forward_impl)
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, table, lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, *blocks):
+    B, H, Lq, _ = q.shape
+    return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq)
+
+
+def _backward_impl(
+    dz: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    z: Tensor,
+    lse: Tensor,
+    table: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+    keys: Tensor | None,
+    sink: Tensor | None,
+    low: int,
+    high: int,
+    scale: float,
+    softcap: float,
+    sigmoid: bool,
+    sigmoid_bias: float | None,
+    block_q: int,
+    block_k: int,
+    blas: bool,
+    table_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, the table's gradient (B, H, R, W) (empty without ``table_grad``) and D = Σ dz·z (B, H, Lq), from
+    which the sink's gradient follows."""
+    extra = _extra(
+        q, k.shape[2], table, low, high, lo, hi, keys, sink, sigmoid_bias, sigmoid, scale, softcap, block_q, block_k,
+        blas,
+    )  # fmt: skip
+    dz = dz.contiguous()
+    delta = (dz * z).sum(-1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    a = _args(q, k, v, extra)
+    a.z, a.lse, a.dz, a.delta = z.data_ptr(), lse.data_ptr(), dz.data_ptr(), delta.data_ptr()
+    a.dq, a.dk, a.dvv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    d_table = q.new_empty(0)
+    if table_grad and extra["table"] is not None:
+        t = extra["table"]
+        d_table = torch.zeros(t.shape, dtype=q.dtype)  # (B, H, R, W): each (b, h) written by one thread
+        a.dtable = d_table.data_ptr()
+        a.dts[:] = (d_table.stride(0), d_table.stride(1), d_table.stride(2) if t.shape[2] > 1 else 0)
+    if _LIBRARY.require().attnlab_tiled_backward(ctypes.byref(a), torch.get_num_threads()):
+        raise MemoryError("the tiled attention kernel ran out of memory")
+    return dq, dk, dv, d_table, delta
+
+
+_backward_op = torch.library.custom_op("attnlab::tiled_attention_backward", mutates_args=(), device_types="cpu")(
+    _backward_impl
+)
+
+
+@_backward_op.register_fake
+def _backward_fake(dz, q, k, v, z, lse, table, lo, hi, keys, sink, *rest):
+    table_grad = rest[-1]
+    B, H = q.shape[:2]
+    if table_grad and table is not None:
+        t = table
+        d_table = q.new_empty(B, H, t.shape[-2] if t.dim() >= 2 and t.dim() == 4 else 1, t.shape[-1])
+    else:
+        d_table = q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_table, q.new_empty(q.shape[:3])
+
+
+def _gradients(
+    ctx: Any, dz: Tensor, q: Tensor, k: Tensor, v: Tensor, z: Tensor, lse: Tensor, table: Tensor | None,
+    sink: Tensor | None, backward: Any,
+) -> tuple[Tensor | None, ...]:  # fmt: skip
+    lo, hi, keys = ctx.mask
+    want_table = table is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, d_table, delta = backward(dz, q, k, v, z, lse, table, lo, hi, keys, sink, *ctx.scalars, want_table)
+    d_tab = None
+    if want_table:
+        full = (1,) * (4 - table.dim()) + tuple(table.shape)
+        d_tab = d_table.sum_to_size(full).reshape(table.shape)
+    d_sink = None
+    if sink is not None and ctx.needs_input_grad[7]:  # its weight p₀ = e^{s_h − lse}, its value 0: ∂/∂s_h = −Σ p₀ D
+        d_sink = -(torch.exp(sink.to(lse.dtype).view(1, -1, 1) - lse) * delta).sum((0, 2)).to(sink.dtype)
+    return dq, dk, dv, d_tab, None, None, None, d_sink, *(None,) * len(ctx.scalars)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    q, k, v, table, lo, hi, keys, sink, *scalars = inputs
+    z, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, z, lse, table, sink)
+    ctx.mask, ctx.scalars = (lo, hi, keys), tuple(scalars)
+
+
+def _autograd_backward(ctx: Any, dz: Tensor, _d_lse: Tensor | None) -> tuple[Tensor | None, ...]:
+    q, k, v, z, lse, table, sink = ctx.saved_tensors
+    return _gradients(ctx, dz, q, k, v, z, lse, table, sink, _backward_op)
+
+
+_forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+class _TiledFunction(torch.autograd.Function):
+    """The same operator for eager mode, without the custom operator's dispatch overhead."""
+
+    @staticmethod
+    def forward(ctx: Any, q, k, v, table, lo, hi, keys, sink, *scalars):
+        z, lse = _forward_impl(q, k, v, table, lo, hi, keys, sink, *scalars)
+        ctx.save_for_backward(q, k, v, z, lse, table, sink)
+        ctx.mask, ctx.scalars = (lo, hi, keys), scalars
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, z, lse, table, sink = ctx.saved_tensors
+        return _gradients(ctx, dz, q, k, v, z, lse, table, sink, _backward_impl)
+
+
+def tiled_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    bias: OffsetTable | None = None,
+    keys: KeyRange | None = None,
+    softcap: float | None = None,
+    normalizer: str = "softmax",
+    sink: Tensor | None = None,
+    sigmoid_bias: float | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+    blas: bool = True,
+) -> Tensor:
+    """q (B, H, Lq, d), k (B, G, Lk, d), v (B, G, Lk, d_v) (G divides H: grouped heads), CPU, float32 or float64 →
+    z (B, H, Lq, d_v), differentiable (once) in q, k, v, the bias table and the sink.
+
+    ``bias``: an :class:`OffsetTable`; ``keys``: the visible keys as a :class:`KeyRange` (None: all); ``softcap``:
+    c of c·tanh(x / c) (None: none); ``normalizer``: ``softmax`` (with ``sink`` (H,) the sink logits: softmax1 is a
+    sink of 0) or ``sigmoid`` (σ(x + b) with b = ``sigmoid_bias``, None: −log of the keys the row sees). A row that
+    sees no key gives 0."""
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"tiled_attention takes float32 or float64, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if normalizer not in ("softmax", "sigmoid"):
+        raise ValueError(f"tiled_attention: normalizer must be softmax or sigmoid, got {normalizer!r}")
+    if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"tiled_attention: {q.shape[1]} query heads do not group over {k.shape[1]} key heads")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    kr = keys or KeyRange()
+    table = None if bias is None else bias.table
+    args = (
+        q, k, v, table, kr.lo, kr.hi, kr.keys, sink,
+        0 if bias is None else int(bias.low), 0 if bias is None else int(bias.high), float(scale),
+        0.0 if softcap is None else float(softcap), normalizer == "sigmoid",
+        None if sigmoid_bias is None else float(sigmoid_bias), int(block_q), int(block_k), bool(blas),
+    )  # fmt: skip
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return _forward_op(*args)[0]  # (a dispatch mode, e.g. the FLOP counter, sees the operator)
+    with torch.profiler.record_function("attnlab::tiled_attention"):  # named in profiles
+        return _TiledFunction.apply(*args)
