@@ -752,6 +752,7 @@ FAST_CHOICES = {
 }
 
 
+@pytest.mark.usefixtures("without_tiled")  # (the tiled kernel takes the biased ones first: tests/test_tiled.py)
 @pytest.mark.parametrize("mask_kind", ["none", "causal", "padding_tensor"])
 @pytest.mark.parametrize("choice", list(FAST_CHOICES))
 def test_fast_path_calls_sdpa_and_equals_the_eager_path(choice, mask_kind):

@@ -9,6 +9,11 @@ conditions of a call (device, dtype, weights asked for, training, gradients), th
 ==================  =====================================================================  ======================
 backend             computes                                                               when
 ==================  =====================================================================  ======================
+``tiled``           attnlab's tiled C kernel (FlashAttention-2 on the CPU, no (L, L)       CPU, f32/64; a plain
+                    tensor): a dot-product score with a bias over offsets (T5, ALiBi,       softmax with no mask or
+                    Shaw's key term), soft-capping, softmax / softmax1 / sink / sigmoid,    a causal one is sdpa's
+                    differential maps, masks as key intervals + key padding
+                    (:mod:`attnlab.backends.tiled`)
 ``relative``        attnlab's fused C kernel for one learned relative-position table       CPU, training, f32/64
                     (Shaw, T5) beside a dot-product score (:mod:`attnlab.kernels.relative`)
 ``biased_softmax``  softmax(scale·q kᵀ + bias) v with a learned bias, in fewer passes than  CPU, gradients on
