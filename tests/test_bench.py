@@ -542,3 +542,24 @@ def test_the_bench_csv_never_starts_a_text_cell_with_a_formula(tmp_path):
     with (tmp_path / "targets.csv").open() as f:
         (t,) = list(csv.DictReader(f))
     assert t["what"] == "'@sum" and t["note"] == "'-note" and t["value"] == "-0.5"
+
+
+def test_the_tiled_section_times_the_kernel_both_ways_against_sdpa(single_thread):
+    """The quick plan's tiled section: for each case (a T5 table; causal) and length, SDPA, the tiled kernel with
+    PyTorch's BLAS and with its own loops, each with its ratio to SDPA (1 for SDPA itself), in the table and the
+    CSV. Timings are not asserted."""
+    from attnlab.bench.report import format_tables
+    from attnlab.bench.sections import TILED_CASES, bench_tiled
+
+    plan = quick_plan()
+    rows = bench_tiled(plan, torch.device("cpu"), torch.float32, log=lambda msg: None)
+    lengths = [s.length for s in plan.variant_shapes[1:]]
+    impls = ["sdpa", "tiled_blas", "tiled_loops"]
+    assert [(r["length"], r["variant"], r["impl"]) for r in rows] == [
+        (n, case, impl) for n in lengths for case, _ in TILED_CASES for impl in impls
+    ]
+    assert all(r["median_ms"] > 0 and r["section"] == "tiled" for r in rows)
+    assert all(r["ratio_sdpa"] == 1.0 for r in rows if r["impl"] == "sdpa")
+    table = format_tables({"machine": machine_info(torch.device("cpu"), torch.float32), "targets": [], "tiled": rows})
+    assert "| tiled kernel alone (forward + backward) |" in table and "| t5: tiled_loops |" in table
+    assert bench_tiled(plan, torch.device("cpu"), torch.bfloat16, log=lambda msg: None) == []  # float32 only

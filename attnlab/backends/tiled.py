@@ -141,7 +141,8 @@ class Tiled(FusedSoftmax):
     @staticmethod
     def _plain(spec: LayerSpec) -> bool:
         form = spec.form
-        return not _terms(form) and form.softcap is None and normalizer_kind(form) == "softmax"
+        plain = not _terms(form) and form.softcap is None and normalizer_kind(form) == "softmax"
+        return plain and not spec.config.differential
 
     def compute(self, spec: LayerSpec, inputs: FormInputs, dropout: float) -> FormOutput:
         form = spec.form

@@ -20,11 +20,16 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
   biases, every eager normalizer), against attnlab's plain ``scaled_dot`` timed in the same interleaved rounds, at
   L ∈ {128, 512, 1024}; each marked with whether it takes the SDPA fast path
   (``MultiHeadAttention.uses_fast_path``) and with the backend its first layer's training step runs
-  (``backend_for(device, dtype)``: ``sdpa``, ``relative``, ``eager``, ...). Goals at L = 512: issue 7's (rotary,
-  QK-norm, grouped heads ≤ 1.10), issue 8's (softmax1, sink, sigmoid ≤ 2.5) and issue 31's (31a–e: soft-capping
-  ≤ 1.3, entmax15 ≤ 2.0, differential ≤ 1.3, sparsemax and softpick ≤ 1.5; these replace issue 8's 2.5).
+  (``backend_for(device, dtype)``: ``sdpa``, ``tiled``, ``eager``, ...). Goals at L = 512: issue 7's (rotary,
+  QK-norm, grouped heads ≤ 1.10) and issue 31's (31b–e: entmax15 ≤ 2.0, differential ≤ 1.3, sparsemax and
+  softpick ≤ 1.5); issue 48's at L 512 and 1024 (48a: ALiBi, T5, Shaw, rope + T5, soft-capping, softmax1, sink,
+  sigmoid ≤ 1.15, replacing issue 8's 2.5 and 31a's 1.3; 48b: differential ≤ 1.3 at L 1024 too; 48c: every softmax
+  variant's roofline fraction at least 45 % at L 512; 48d: its peak memory ≤ 1.2× scaled_dot's at L 1024).
 * ``blocks``: bare stacks of attnlab encoder layers (forward + backward, no optimizer): the relative-position and
   T5 kernels against scaled_dot, the additive kernels against the naive (B, H, L, L, d_a) form.
+* ``tiled``: attnlab's tiled kernel alone (:mod:`attnlab.kernels.tiled`), forward + backward of one call with a T5
+  table and causal, its block products through PyTorch's BLAS and through its own loops (the fully fused form),
+  against SDPA's flash kernel on the same tensors; reported, no goal.
 * ``linear``: causal training steps of linear attention and the decay/delta-rule forms, each at its defaults and
   at each of its named settings (from the registry: retnet, gla, gla_channel, gla_mamba2, deltanet,
   deltanet_beta2, gated_deltanet, gated_deltanet_beta2, kda, kda_beta2, deltaproduct, deltaproduct_beta2, rwkv7;

@@ -39,6 +39,7 @@ from attnlab.bench.sections import (
     bench_encoder,
     bench_linear,
     bench_mha,
+    bench_tiled,
     bench_variants,
     check_fused_sdpa,
 )
@@ -55,6 +56,7 @@ SECTIONS = (
     "mha",
     "variants",
     "blocks",
+    "tiled",
     "linear",
     "decode",
     "diagnostics",
@@ -133,6 +135,7 @@ def run_bench(opts: Options, log: Callable[[str], None] = print, partial: Path |
         "mha": bench_mha,
         "variants": bench_variants,
         "blocks": bench_blocks,
+        "tiled": bench_tiled,
         "linear": bench_linear,
         "decode": bench_decode,
     }

@@ -73,6 +73,7 @@ CSV_FIELDS = (
     "ratio_scaled_dot",
     "ratio_causal",
     "ratio_naive",
+    "ratio_sdpa",
     "backend",
     "memory_ratio",
     "state_size",
@@ -471,6 +472,18 @@ def format_tables(results: dict[str, Any]) -> str:
                 f"{r['sdpa_kernel']} | {_fmt(r['ratio_scaled_dot'])} | {_fmt(r['ratio_naive'])} | "
                 f"{_pct(r.get('roofline'))} |"
             )
+    tiled = results.get("tiled") or []
+    if tiled:
+        lines += [
+            "",
+            "| tiled kernel alone (forward + backward) | L | B | ms | ÷ sdpa |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for r in tiled:
+            lines.append(
+                f"| {r['variant']}: {r['impl']} | {r['length']} | {r['batch']} | {r['median_ms']:.1f} | "
+                f"{_fmt(r['ratio_sdpa'])} |"
+            )
     linear = results.get("linear") or []
     if linear:
         lines += ["", *format_linear(linear)]
@@ -557,6 +570,7 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
             *results.get("encoder", []),
             *results.get("variants", []),
             *results.get("blocks", []),
+            *results.get("tiled", []),
             *results.get("linear", []),
             *results.get("decode", []),
             *results.get("mha", []),

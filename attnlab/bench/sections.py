@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
@@ -559,6 +560,77 @@ def bench_default_run(log: Callable[[str], None]) -> dict[str, Any]:
         "val_acc_best": metrics.get("val/acc_best"),
         "test_acc": metrics.get("test/acc"),
     }
+
+
+TILED_CASES: tuple[tuple[str, str], ...] = (("t5", "none"), ("causal", "causal"))
+"""The ``tiled`` section's cases: (name, mask): a per-head bias over the offsets (T5's table) with no mask, and a
+plain causal softmax."""
+
+
+def _tiled_step(
+    tensors: tuple[Tensor, ...], blas: bool | None, keys: Any, bias: Any, causal: bool
+) -> Callable[[], None]:
+    """Forward + backward of one call: SDPA (``blas`` None, no bias) or the tiled kernel."""
+    from attnlab.kernels import tiled
+
+    q, k, v, dz = tensors
+
+    def run() -> None:
+        if blas is None:
+            z = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:
+            z = tiled.tiled_attention(q, k, v, q.shape[-1] ** -0.5, bias=bias, keys=keys, blas=blas)
+        z.backward(dz)
+
+    return run
+
+
+def bench_tiled(plan: Plan, device: torch.device, dtype: torch.dtype, log: Callable[[str], None]) -> list[dict]:
+    """attnlab's tiled kernel alone (:mod:`attnlab.kernels.tiled`), forward + backward of one call at the variants'
+    shapes (4 heads, d_k 32) beyond the shortest: its block products through PyTorch's BLAS (``tiled_blas``) and
+    through its own loops (``tiled_loops``, the fully fused form), against SDPA's flash kernel on the same q, k, v
+    without the bias (``sdpa``: the floor the variants are measured against) → one row per (case, length, impl)
+    with ``ratio_sdpa``. CPU, float32 only (the kernel's); empty elsewhere."""
+    from attnlab.kernels import tiled
+
+    if device.type != "cpu" or dtype != torch.float32 or not tiled.available():
+        log("tiled: skipped (the CPU kernel, float32)")
+        return []
+    rows: list[dict] = []
+    gen = torch.Generator().manual_seed(0)
+    shapes = plan.variant_shapes[1:] or plan.variant_shapes
+    for shape in shapes:
+        B, H, L, d = shape.batch, shape.num_heads, shape.length, shape.d_k
+        q, k, v = (torch.randn(B, H, L, d, generator=gen).requires_grad_() for _ in range(3))
+        dz = torch.randn(B, H, L, d, generator=gen)
+        table = torch.randn(H, 2 * L - 1, generator=gen).requires_grad_()
+        for case, mask in TILED_CASES:
+            causal = mask == "causal"
+            keys = tiled.KeyRange(torch.zeros(L, dtype=torch.long), torch.arange(1, L + 1)) if causal else None
+            bias = None if causal else tiled.OffsetTable.over_offsets(table, L, L)
+
+            steps = {
+                impl: _tiled_step((q, k, v, dz), blas, keys, bias, causal)
+                for impl, blas in (("sdpa", None), ("tiled_blas", True), ("tiled_loops", False))
+            }
+            log(f"tiled: {case}, L {L} ...")
+            times = interleaved_times(steps, plan.warmup, plan.reps, device)
+            ref = statistics.median(times["sdpa"])
+            for impl, ts in times.items():
+                rows.append(
+                    {
+                        "section": "tiled",
+                        "group": f"L{L}",
+                        "label": f"{case} {impl}",
+                        "impl": impl,
+                        "variant": case,
+                        **asdict(shape),
+                        **_summary(ts),
+                        "reps": len(ts),
+                        "ratio_sdpa": statistics.median(ts) / ref,
+                    }
+                )
+    return rows
 
 
 def check_fused_sdpa(
