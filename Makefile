@@ -1,25 +1,35 @@
 # Set-up and everyday commands. Every target creates .venv and installs what it needs on first use.
-#   make train ARGS="variant=additive"    train (the default run takes under a minute on 2 CPU cores)
+#   make train ARGS="variant=additive"    train (a fresh clone's set-up and the default run: under a minute on 2 cores)
 #   make test                             the test suite on every core (CI runs this); WORKERS=0: one process
 #   make docs                             the docs site into site/ (strict: a broken link or API entry fails; CI runs this)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+RUN_STAMP := $(VENV)/.attnlab-run
 STAMP  := $(VENV)/.attnlab-installed
 ARGS   ?=
+# pip without its version check (a network round trip) and without byte-compiling every installed file (torch's
+# thousands: Python compiles what a run imports, once, on first use)
+PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet --no-compile
 
 .PHONY: setup train test docs lint format clean
 
-$(STAMP): pyproject.toml scripts/install-torch.sh
+# what training needs: torch (never a CUDA build on a machine without a GPU) and the package with its dependencies
+$(RUN_STAMP): pyproject.toml scripts/install-torch.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade "pip>=23.1"
-	bash scripts/install-torch.sh $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 23)" || $(PIP) --upgrade "pip>=23.1"
+	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python
+	$(PIP) -e .
+	touch $@
+
+# and the tools: tests, lint, docs, the optional Hydra plugins
+$(STAMP): $(RUN_STAMP)
+	$(PIP) -e ".[dev]"
 	touch $@
 
 setup: $(STAMP)
 
-train: $(STAMP)
+train: $(RUN_STAMP)
 	$(BIN)/python train.py $(ARGS)
 
 # the suite on every core (pytest-xdist); a test file stays on one worker, so its shared fixtures are built once.

@@ -296,3 +296,44 @@ def test_no_length_by_length_tensor_is_kept_for_the_backward_pass():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         tiled_attention(q, k, v, 0.25, bias=OffsetTable.over_offsets(table, L, L)).sum().backward()
     assert sum(saved) < 2 * 1024 * 1024, saved
+
+
+def test_the_thread_count_does_not_change_a_bit():
+    """Each work item (a block of query rows forward, a key/value head backward) is computed by one thread in a
+    fixed order, whatever the thread count: one and two threads give the same bits, values and gradients."""
+    q, k, v, gen = _case(21, dtype=torch.float32, Lq=150, Lk=150)
+    H, L = q.shape[1], q.shape[2]
+    table = torch.randn(H, 2 * L - 1, generator=gen).requires_grad_()
+    keys = KeyRange(**_mask("causal+padding", L, L, q.shape[0], gen))
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            z = tiled_attention(q, k, v, 0.4, bias=OffsetTable.over_offsets(table, L, L), keys=keys, softcap=3.0)
+            results.append([z, *torch.autograd.grad(z.square().sum(), [q, k, v, table])])
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("table_kind", ["offsets", "shaw"])
+def test_the_operators_pass_torch_library_opcheck(table_kind):
+    """What torch.compile and the FLOP counter see: the schema, the autograd registration, and fake kernels whose
+    outputs have the real ones' shapes and strides, forward and backward (with the table's gradient)."""
+    q, k, v, gen = _case(31, Lq=6, Lk=6)
+    B, H, L = q.shape[0], q.shape[1], 6
+    if table_kind == "offsets":
+        table, low, high = torch.randn(1, H, 1, 2 * L - 1, generator=gen, dtype=q.dtype), -(L - 1), L - 1
+    else:
+        table, low, high = torch.randn(B, H, L, 5, generator=gen, dtype=q.dtype), -2, 2
+    table.requires_grad_()
+    m = _mask("causal+padding", L, L, B, gen)
+    scalars = (low, high, 0.5, 2.0, False, None, 4, 4, True)
+    args = (q, k, v, table, m["lo"], m["hi"], m["keys"], torch.zeros(H, dtype=q.dtype), *scalars)
+    torch.library.opcheck(tiled._forward_op, args)
+    z, lse = tiled._forward_op(*args)
+    dz = torch.randn_like(z)
+    back = (dz, q.detach(), k.detach(), v.detach(), z.detach(), lse, table.detach(), *args[4:8], *scalars, True)
+    torch.library.opcheck(tiled._backward_op, back)

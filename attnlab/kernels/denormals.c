@@ -11,27 +11,7 @@
    `threads` OpenMP threads (torch's own pool: this library links the libgomp that torch has loaded); returns the
    previous state of the calling thread (1: set), or -1 where the platform has no such mode (then nothing is done). */
 
-#include <stdint.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#define FLUSH_BITS 0x8040u /* FTZ (bit 15) | DAZ (bit 6) */
-static int get_mode(void) { return (_mm_getcsr() & FLUSH_BITS) == FLUSH_BITS; }
-static void set_mode(int on) { _mm_setcsr(on ? (_mm_getcsr() | FLUSH_BITS) : (_mm_getcsr() & ~FLUSH_BITS)); }
-#define HAS_MODE 1
-#elif defined(__aarch64__)
-static inline uint64_t get_fpcr(void) {
-    uint64_t r;
-    __asm__ __volatile__("mrs %0, fpcr" : "=r"(r));
-    return r;
-}
-static inline void put_fpcr(uint64_t r) { __asm__ __volatile__("msr fpcr, %0" : : "r"(r)); }
-static int get_mode(void) { return (get_fpcr() >> 24) & 1u; }
-static void set_mode(int on) { put_fpcr(on ? (get_fpcr() | (1ull << 24)) : (get_fpcr() & ~(1ull << 24))); }
-#define HAS_MODE 1
-#else
-#define HAS_MODE 0
-#endif
+#include "flush.h"
 
 int attnlab_denormals(int mode, int threads) {
 #if HAS_MODE
