@@ -18,8 +18,7 @@ PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet -
 $(RUN_STAMP): pyproject.toml scripts/install-torch.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 23)" || $(PIP) --upgrade "pip>=23.1"
-	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python
-	$(PIP) -e .
+	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e .
 	touch $@
 
 # and the tools: tests, lint, docs, the optional Hydra plugins
