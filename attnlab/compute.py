@@ -161,24 +161,15 @@ def relative_flops(q_shape: Any, k_shape: Any, v_shape: Any, backward: bool = Fa
     return attention_flops(q_shape, k_shape, v_shape, backward)
 
 
-@_register(torch.ops.attnlab.relative_attention)
+# the relative and tiled kernels take q, k, v first (their backwards dz, then q, k, v): the same count
+@_register(torch.ops.attnlab.relative_attention, torch.ops.attnlab.tiled_attention)
 def _relative_forward_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
     return relative_flops(q_shape, k_shape, v_shape)
 
 
-@_register(torch.ops.attnlab.relative_attention_backward)
+@_register(torch.ops.attnlab.relative_attention_backward, torch.ops.attnlab.tiled_attention_backward)
 def _relative_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
     return relative_flops(q_shape, k_shape, v_shape, backward=True)
-
-
-@_register(torch.ops.attnlab.tiled_attention)
-def _tiled_forward_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
-    return attention_flops(q_shape, k_shape, v_shape)
-
-
-@_register(torch.ops.attnlab.tiled_attention_backward)
-def _tiled_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
-    return attention_flops(q_shape, k_shape, v_shape, backward=True)
 
 
 @_register(torch.ops.attnlab.causal_conv)

@@ -233,7 +233,7 @@ class ShawBias(PositionBias):
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
         """score + (q · w^Kᵀ / √d_k)[b, h, q, clip(k − q, k) + k]: the (B, H, Lq, 2k + 1) table that :meth:`bias`
         gathers from, read by index (a^V, the value term, is not part of it)."""
-        return _clipped_distance_mod(torch.matmul(q, self.rel_k.t() * self.scale), self.clip)
+        return _clipped_distance_mod(self.offset_table(q, num_keys).table, self.clip)
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         if self.rel_v is None:
@@ -352,10 +352,7 @@ class T5Bias(PositionBias):
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
         """score + b_h[bucket(k − q)], read from the per-head table over the offsets (H, Lq + Lk − 1) (the
         (num_buckets, H) parameter gathered once per call, so its gradient flows through the table)."""
-        Lq = q.shape[-2]
-        idx = self.offset_buckets(Lq, num_keys, q.device)
-        table = self.rel_bias.t().to(q.dtype)[:, idx]  # (H, Lq + Lk − 1)
-        return _offset_table_mod(table, Lq)
+        return _offset_table_mod(self.offset_table(q, num_keys).table[0, :, 0], q.shape[-2])  # (H, Lq + Lk − 1)
 
     def extra_repr(self) -> str:
         return (

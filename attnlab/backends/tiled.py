@@ -90,8 +90,10 @@ def key_range(pm: PreparedMask | None, num_queries: int, num_keys: int) -> KeyRa
     keys = None if pm.keys is None else pm.keys.reshape(-1, num_keys)
     if pm.structure == "none":
         return KeyRange(keys=keys)
-    if pm.structure == "causal":
-        lo, hi = _causal(num_queries, num_keys)
+    if pm.structure == "causal":  # (a KeyPaddedMask's base holds the cached causal mask: the intervals once)
+        base = getattr(pm, "base", pm)
+        key = ("tiled_causal", num_queries, num_keys)
+        lo, hi = base.derived.get_or_make(key, lambda: _causal(num_queries, num_keys))
         return KeyRange(lo, hi, keys)
     allowed = pm.allowed
     if isinstance(pm, KeyPaddedMask) or allowed.dim() < 2:

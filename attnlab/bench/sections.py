@@ -50,6 +50,7 @@ from attnlab.bench.harness import (
     make_train_step,
     profile_step,
 )
+from attnlab.kernels import tiled
 from attnlab.runs import load_run
 from attnlab.scores import AdditiveScore
 
@@ -571,8 +572,6 @@ def _tiled_step(
     tensors: tuple[Tensor, ...], blas: bool | None, keys: Any, bias: Any, causal: bool
 ) -> Callable[[], None]:
     """Forward + backward of one call: SDPA (``blas`` None, no bias) or the tiled kernel."""
-    from attnlab.kernels import tiled
-
     q, k, v, dz = tensors
 
     def run() -> None:
@@ -591,8 +590,6 @@ def bench_tiled(plan: Plan, device: torch.device, dtype: torch.dtype, log: Calla
     through its own loops (``tiled_loops``, the fully fused form), against SDPA's flash kernel on the same q, k, v
     without the bias (``sdpa``: the floor the variants are measured against) → one row per (case, length, impl)
     with ``ratio_sdpa``. CPU, float32 only (the kernel's); empty elsewhere."""
-    from attnlab.kernels import tiled
-
     if device.type != "cpu" or dtype != torch.float32 or not tiled.available():
         log("tiled: skipped (the CPU kernel, float32)")
         return []

@@ -174,64 +174,50 @@ def _prepare_table(table: Tensor | None, B: int, H: int, dtype: torch.dtype) -> 
     return t, (t.stride(0), t.stride(1), t.stride(2) if rows > 1 else 0)
 
 
-def _args(q: Tensor, k: Tensor, v: Tensor, extra: dict[str, Any]) -> _Args:
-    B, H, Lq, d = q.shape
-    a = _Args()
-    a.dtype = DTYPES[q.dtype]
-    a.normalizer = extra["normalizer"]
-    a.B, a.H, a.G, a.Lq, a.Lk, a.d, a.dv = B, H, k.shape[1], Lq, k.shape[2], d, v.shape[-1]
-    a.BQ, a.BK = extra["block_q"], extra["block_k"]
-    a.scale, a.cap = extra["scale"], extra["softcap"]
-    a.q, a.k, a.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
-    if extra["table"] is not None:
-        a.table = extra["table"].data_ptr()
-        a.ts[:] = extra["ts"]
-        a.clo, a.chi = extra["low"], extra["high"]
-    a.sink, a.row_bias = _ptr(extra["sink"]), _ptr(extra["row_bias"])
-    a.rbs = extra["rbs"]
-    a.lo, a.hi, a.keys, a.kcount = (_ptr(extra[n]) for n in ("lo", "hi", "keys", "kcount"))
-    if extra["blas"]:
-        a.sgemm, a.dgemm = _blas()
-    return a
-
-
-def _extra(
+def _kernel_args(
     q: Tensor,
-    num_keys: int,
+    k: Tensor,
+    v: Tensor,
     table: Tensor | None,
-    low: int,
-    high: int,
     lo: Tensor | None,
     hi: Tensor | None,
     keys: Tensor | None,
     sink: Tensor | None,
-    sigmoid_bias: float | None,
-    sigmoid: bool,
+    low: int,
+    high: int,
     scale: float,
     softcap: float,
+    sigmoid: bool,
+    sigmoid_bias: float | None,
     block_q: int,
     block_k: int,
     blas: bool,
-) -> dict[str, Any]:
-    """The kernel's arguments besides q, k, v, in the forms it reads (contiguous, its dtype)."""
-    B, H, Lq, _ = q.shape
-    t, ts = _prepare_table(table, B, H, q.dtype)
+) -> tuple[_Args, list[Tensor | None], Tensor | None]:
+    """The kernel's ``Args`` for q, k, v and the rest in the forms it reads (contiguous, its dtype), the tensors it
+    points into (keep them alive for the call), and the table expanded to (B, H, R, W) (None without one)."""
+    B, H, Lq, d = q.shape
+    a = _Args()
+    a.dtype, a.normalizer = DTYPES[q.dtype], _SIGMOID if sigmoid else _SOFTMAX
+    a.B, a.H, a.G, a.Lq, a.Lk, a.d, a.dv = B, H, k.shape[1], Lq, k.shape[2], d, v.shape[-1]
+    a.BQ, a.BK, a.scale, a.cap = int(block_q), int(block_k), float(scale), float(softcap)
+    a.q, a.k, a.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    t, a.ts[:] = _prepare_table(table, B, H, q.dtype)
+    if t is not None:
+        a.table, a.clo, a.chi = t.data_ptr(), low, high
     kcount = None
-    keys_u8 = None
     if keys is not None:
-        keys_u8 = keys.reshape(B, -1).to(torch.bool).contiguous().view(torch.uint8)
-        kcount = torch.zeros(B, keys_u8.shape[1] + 1, dtype=torch.int64)
-        torch.cumsum(keys_u8, 1, out=kcount[:, 1:])
-    lo_, hi_ = (None, None) if lo is None else (lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous())
-    row_bias, rbs = None, 0
+        keys = keys.reshape(B, -1).to(torch.bool).contiguous().view(torch.uint8)
+        kcount = torch.zeros(B, keys.shape[1] + 1, dtype=torch.int64)
+        torch.cumsum(keys, 1, out=kcount[:, 1:])
+    if lo is not None:
+        lo, hi = lo.to(torch.int64).contiguous(), hi.to(torch.int64).contiguous()
+    row_bias = None
     if sigmoid:
         if sigmoid_bias is not None:
             row_bias = torch.full((1, Lq), float(sigmoid_bias), dtype=q.dtype)
         else:  # −log n, n the keys row i sees
-            if lo_ is None:
-                lo_r, hi_r = torch.zeros(Lq, dtype=torch.int64), torch.full((Lq,), num_keys, dtype=torch.int64)
-            else:
-                lo_r, hi_r = lo_, hi_
+            lo_r = torch.zeros(Lq, dtype=torch.int64) if lo is None else lo
+            hi_r = torch.full((Lq,), a.Lk, dtype=torch.int64) if hi is None else hi
             if kcount is not None:
                 n = kcount[:, hi_r.clamp(min=0)] - kcount[:, lo_r.clamp(min=0)]
                 n = torch.where(hi_r > lo_r, n, torch.zeros_like(n))  # (B, Lq)
@@ -239,26 +225,13 @@ def _extra(
                 n = (hi_r - lo_r).clamp(min=0)[None]  # (1, Lq)
             row_bias = -torch.log(n.clamp(min=1).to(q.dtype))
         row_bias = row_bias.contiguous()
-        rbs = row_bias.stride(0) if row_bias.shape[0] > 1 else 0
-    return {
-        "normalizer": _SIGMOID if sigmoid else _SOFTMAX,
-        "table": t,
-        "ts": ts,
-        "low": low,
-        "high": high,
-        "sink": None if sink is None else sink.to(q.dtype).contiguous(),
-        "row_bias": row_bias,
-        "rbs": rbs,
-        "lo": lo_,
-        "hi": hi_,
-        "keys": keys_u8,
-        "kcount": kcount,
-        "scale": float(scale),
-        "softcap": float(softcap),
-        "block_q": int(block_q),
-        "block_k": int(block_k),
-        "blas": bool(blas),
-    }
+        a.rbs = row_bias.stride(0) if row_bias.shape[0] > 1 else 0
+    sink = None if sink is None else sink.to(q.dtype).contiguous()
+    a.sink, a.row_bias = _ptr(sink), _ptr(row_bias)
+    a.lo, a.hi, a.keys, a.kcount = _ptr(lo), _ptr(hi), _ptr(keys), _ptr(kcount)
+    if blas:
+        a.sgemm, a.dgemm = _blas()
+    return a, [t, sink, row_bias, lo, hi, keys, kcount], t
 
 
 def _forward_impl(
@@ -282,13 +255,11 @@ def _forward_impl(
 ) -> tuple[Tensor, Tensor]:
     """z (B, H, Lq, d_v) and the rows' log-sum-exp (B, H, Lq) (0 for sigmoid and for a row that sees no key)."""
     B, H, Lq, _ = q.shape
-    extra = _extra(
-        q, k.shape[2], table, low, high, lo, hi, keys, sink, sigmoid_bias, sigmoid, scale, softcap, block_q, block_k,
-        blas,
-    )  # fmt: skip
+    a, _keep, _ = _kernel_args(
+        q, k, v, table, lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas
+    )
     z = q.new_empty(B, H, Lq, v.shape[-1])
     lse = q.new_empty(B, H, Lq)
-    a = _args(q, k, v, extra)
     a.z, a.lse = z.data_ptr(), lse.data_ptr()
     if _LIBRARY.require().attnlab_tiled_forward(ctypes.byref(a), torch.get_num_threads()):
         raise MemoryError("the tiled attention kernel ran out of memory")
@@ -329,19 +300,16 @@ def _backward_impl(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, the table's gradient (B, H, R, W) (empty without ``table_grad``) and D = Σ dz·z (B, H, Lq), from
     which the sink's gradient follows."""
-    extra = _extra(
-        q, k.shape[2], table, low, high, lo, hi, keys, sink, sigmoid_bias, sigmoid, scale, softcap, block_q, block_k,
-        blas,
-    )  # fmt: skip
+    a, _keep, t = _kernel_args(
+        q, k, v, table, lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas
+    )
     dz = dz.contiguous()
     delta = (dz * z).sum(-1)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    a = _args(q, k, v, extra)
     a.z, a.lse, a.dz, a.delta = z.data_ptr(), lse.data_ptr(), dz.data_ptr(), delta.data_ptr()
     a.dq, a.dk, a.dvv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
     d_table = q.new_empty(0)
-    if table_grad and extra["table"] is not None:
-        t = extra["table"]
+    if table_grad and t is not None:
         d_table = torch.zeros(t.shape, dtype=q.dtype)  # (B, H, R, W): each (b, h) written by one thread
         a.dtable = d_table.data_ptr()
         a.dts[:] = (d_table.stride(0), d_table.stride(1), d_table.stride(2) if t.shape[2] > 1 else 0)
