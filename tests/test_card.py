@@ -273,7 +273,8 @@ def test_a_signal_stops_the_cards_sweep_and_prints_the_card_so_far(tmp_path: Pat
     assert proc.returncode == code, stdout[-2000:] + stderr[-3000:]
     assert f"card: stopped by {signal.Signals(signum).name}" in stderr
     assert "card: " in stdout and (out / "card.html").exists() and (out / "card.csv").exists()
-    assert json.loads(summary.read_text())["status"] == "interrupted"  # the job heard it, and can be resumed
+    ended = json.loads(summary.read_text())
+    assert ended["status"] == "interrupted", (ended, stderr[-3000:])  # the job heard it, and can be resumed
     assert _processes_naming(str(out)) == []  # the sweep and its job are gone
 
 

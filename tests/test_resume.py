@@ -207,6 +207,39 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(
     assert [(s["kind"], s["from_step"]) for s in read_summary(out)["segments"]] == [("new", 0), ("resume", 0)]
 
 
+def test_a_signal_inside_a_checkpoint_save_ends_the_run_as_interrupted_and_it_resumes(
+    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C inside ``torch.save`` leaves its zip writer half-way, whose closing raises a RuntimeError (the
+    KeyboardInterrupt its context): the run was interrupted, not failed (the card's SIGTERM once landed there), and
+    resumes to the uninterrupted result."""
+    import io
+
+    class Interrupting(io.BytesIO):
+        def write(self, data: bytes) -> int:  # (the signal, as Python raises it at the next bytecode)
+            if self.tell() > 0:
+                raise KeyboardInterrupt
+            return super().write(data)
+
+    save = torch.save
+
+    def interrupted_save(obj, f, *args, **kwargs):
+        if isinstance(obj, dict) and "state_dict" in obj:  # the first checkpoint
+            save(obj, Interrupting(), *args, **kwargs)
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt) as raised:
+        T.run(compose("config", overrides=list(SMALL)), out)
+    monkeypatch.undo()
+    assert isinstance(raised.value.__cause__, RuntimeError)  # what torch.save raised on its way out
+    summary = read_summary(out)
+    assert summary["status"] == "interrupted", summary
+    T.run(compose("config", overrides=[*SMALL, "resume=true"]), out)
+    assert_same_run(reference, out)
+
+
 def test_a_failed_start_leaves_the_run_as_it_was(hydra_ctx: None, tmp_path: Path, monkeypatch, capsys, snapshot):
     """A crashed run whose last.ckpt is corrupt (or was cut off): the resume is refused in one line and not a byte
     of the folder changes; the same for a finished run asked to start again without resume=true."""

@@ -185,6 +185,8 @@ class Run:
         except (KeyboardInterrupt, SystemExit) as exc:
             return self.interrupted(exc)
         except Exception as exc:
+            if _from_signal(exc):  # the interruption, turned into another error on its way out
+                return self.interrupted(exc)
             return self.fail(exc)
         finally:
             self._restore_deterministic()
@@ -890,3 +892,20 @@ class Run:
                 path.rmdir()
             except OSError:
                 return
+
+
+def _from_signal(exc: BaseException) -> bool:
+    """Whether an error is Ctrl-C or SIGTERM in disguise: raised while handling (or because of) a KeyboardInterrupt
+    or SystemExit, or after the signal arrived (``train.py``'s handler notes it). A signal that lands inside
+    ``torch.save`` ends its zip writer half-way, whose closing then raises a RuntimeError: that run was interrupted,
+    not failed, and resumes from its last complete checkpoint."""
+    from attnlab.training.multirun import signalled
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return signalled()
