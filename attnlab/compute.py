@@ -46,6 +46,8 @@ it has one (``torch.utils.flop_counter.flop_registry``, which ``FlopCounterMode`
   inside the relative kernel are counted once, by this formula.
 * attnlab's tiled kernel (``attnlab::tiled_attention``, :mod:`attnlab.kernels.tiled`) the same way: q·kᵀ and P·v
   forward, dv, dP, dq and dk backward; the tiles it recomputes in its backward pass are not counted (as for SDPA).
+  Its differential operator (``attnlab::tiled_differential``) counts each map's q·kᵀ and P·v forward, and dv and dP
+  once (the combined weights), dq and dk per map backward.
 
 **The decay and delta-rule forms** (:mod:`attnlab.forms.transitions`, computed by :mod:`attnlab.transition`) are
 counted through the matrix products of the form a training step runs (the ``chunked`` backend): per chunk P = q kᵀ
@@ -170,6 +172,22 @@ def _relative_forward_flops(q_shape: Any, k_shape: Any, v_shape: Any, *args: Any
 @_register(torch.ops.attnlab.relative_attention_backward, torch.ops.attnlab.tiled_attention_backward)
 def _relative_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, v_shape: Any, *args: Any, **kwargs: Any) -> int:
     return relative_flops(q_shape, k_shape, v_shape, backward=True)
+
+
+@_register(torch.ops.attnlab.tiled_differential)
+def _differential_forward_flops(q_shape: Any, k_shape: Any, q2_shape: Any, k2_shape: Any, v_shape: Any, *args: Any,
+                                **kwargs: Any) -> int:  # fmt: skip
+    """Differential attention in the tiled kernel, forward: each map's q·kᵀ and P·v (two passes)."""
+    return 2 * attention_flops(q_shape, k_shape, v_shape)
+
+
+@_register(torch.ops.attnlab.tiled_differential_backward)
+def _differential_backward_flops(dz_shape: Any, q_shape: Any, k_shape: Any, q2_shape: Any, k2_shape: Any,
+                                 v_shape: Any, *args: Any, **kwargs: Any) -> int:  # fmt: skip
+    """Its backward, one pass over both maps: dv and dP once (on the combined weights, as eager's autograd), dq
+    and dk per map: 2·B·H·Lq·Lk·(2·d_v + 4·d_k)."""
+    B, H, Lq, d_k = q_shape
+    return 2 * B * H * Lq * k_shape[-2] * (2 * v_shape[-1] + 4 * d_k)
 
 
 @_register(torch.ops.attnlab.causal_conv)

@@ -522,6 +522,20 @@ def test_every_backend_counts_the_same_attention(name: str, config: AttentionCon
         assert counts["eager"] == linear + attention_hand_count(B, H, L, L, d_k, d_k)
 
 
+def test_the_tiled_differential_operator_counts_each_maps_products_and_the_shared_ones_once() -> None:
+    """Differential attention in the tiled kernel (2H maps of d_k, H heads of d_v): forward each map's q·kᵀ and
+    P·v; backward dv and dP once on the combined weights (as eager's autograd) and dq, dk per map."""
+    B, L, H, d_k = 2, 8, 4, 3
+    sizes = {"d_model": 12, "num_heads": H, "d_k": d_k, "max_len": L}
+    config = AttentionConfig(differential=True, backend="tiled", position_bias="t5", position_bias_params=T5)
+    module = encoder(config, **sizes)
+    u = 2 * B * H * L * L  # one (B, H, L, L) product per unit of inner size
+    attention = 2 * u * (d_k + d_k) + u * (2 * d_k + 4 * d_k)
+    counted = counted_step(module, B, L)
+    assert counted["attnlab.tiled_differential"] == 2 * u * (d_k + d_k), counted
+    assert sum(counted.values()) == linear_step_flops(module, B, L) + attention
+
+
 @pytest.mark.parametrize("op", [*compute.SDPA_FORWARD, *compute.SDPA_BACKWARD], ids=str)
 @pytest.mark.parametrize(("Hq", "G"), [(6, 6), (6, 2), (6, 1)])
 def test_torchs_sdpa_formulas_are_replaced_and_count_grouped_heads(op, Hq: int, G: int) -> None:

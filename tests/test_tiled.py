@@ -5,6 +5,8 @@
   the gradients of q, k, v, the bias table and the sink; every mask form (none, causal, sliding window, key padding,
   causal + padding, rows that see no key), every normaliser (softmax, softmax1, sink, sigmoid), grouped heads, odd
   tile sizes, both block products (PyTorch's BLAS and the kernel's own loops); float32 to rounding.
+* ``tiled_differential`` (both maps in one backward pass) against ref(map 1) − λ·ref(map 2) of the same row formula,
+  with the gradients of both maps' q, k and tables, v, λ and the sink, every mask form, keys shared or not.
 * The ``tiled`` backend inside ``MultiHeadAttention`` against the eager path (float64), for the configurations the
   issue names: ALiBi, T5, Shaw, rope + T5, soft-capping, softmax1, sink, sigmoid, differential attention, windows.
 * No (L, L) tensor: the kernel's peak memory at L 2048 is far below one (B, H, L, L) float tensor.
@@ -21,7 +23,7 @@ import torch
 import attnlab
 from attnlab.backends import build_backend
 from attnlab.kernels import tiled
-from attnlab.kernels.tiled import KeyRange, OffsetTable, tiled_attention
+from attnlab.kernels.tiled import KeyRange, OffsetTable, tiled_attention, tiled_differential
 
 pytestmark = [
     pytest.mark.skipif(not tiled.available(), reason="the tiled kernel cannot be built here"),
@@ -200,6 +202,73 @@ def test_the_block_sizes_do_not_change_the_result():
         torch.testing.assert_close(z, outs[0], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize(
+    "kind", ["offsets", "shaw_shared_keys", "cap_sink", "sigmoid", "loops"], ids=lambda k: k.replace("_", "-")
+)
+def test_the_differential_pass_equals_two_maps_of_the_row_formula_in_float64(kind, mask):
+    """z = z1 − λ z2 over the same values (Ye et al. 2024, eq. 1), each map by the row formula: one backward pass
+    over both maps, which shares the products with the values, against the two maps' references."""
+    seed = 100 + MASKS.index(mask) * 10 + ["offsets", "shaw_shared_keys", "cap_sink", "sigmoid", "loops"].index(kind)
+    q1, k1, v, gen = _case(seed)
+    B, H, Lq, d = q1.shape
+    Lk = k1.shape[2]
+    q2 = torch.randn(q1.shape, generator=gen, dtype=q1.dtype).requires_grad_()
+    shared = kind == "shaw_shared_keys"
+    k2 = k1 if shared else torch.randn(k1.shape, generator=gen, dtype=k1.dtype).requires_grad_()
+    lam = torch.tensor(0.6, dtype=q1.dtype, requires_grad=True)
+    m = _mask(mask, Lq, Lk, B, gen)
+    inputs = [q1, k1, q2, v, lam] if shared else [q1, k1, q2, k2, v, lam]
+    kw: dict = {"blas": kind != "loops"}
+    rk1: dict = {}
+    rk2: dict = {}
+    if kind in ("offsets", "loops"):
+        t1, t2 = (torch.randn(H, Lq + Lk - 1, generator=gen, dtype=q1.dtype).requires_grad_() for _ in range(2))
+        kw["bias1"], kw["bias2"] = OffsetTable.over_offsets(t1, Lq, Lk), OffsetTable.over_offsets(t2, Lq, Lk)
+        rk1 = {"table": t1[:, None, :], "low": -(Lq - 1), "high": Lk - 1}
+        rk2 = {"table": t2[:, None, :], "low": -(Lq - 1), "high": Lk - 1}
+        inputs += [t1, t2]
+    elif shared:  # one table for both maps: its gradient is both maps' sum
+        t = torch.randn(B, H, Lq, 5, generator=gen, dtype=q1.dtype).requires_grad_()
+        kw["bias1"] = kw["bias2"] = OffsetTable.clipped(t, 2)
+        rk1 = rk2 = {"table": t, "low": -2, "high": 2}
+        inputs.append(t)
+    elif kind == "cap_sink":
+        sink = torch.randn(H, generator=gen, dtype=q1.dtype).requires_grad_()
+        kw.update(softcap=1.5, sink=sink)
+        rk1 = rk2 = {"cap": 1.5, "sink": sink}
+        inputs.append(sink)
+    else:
+        kw["normalizer"] = "sigmoid"
+        rk1 = rk2 = {"norm": "sigmoid"}
+    got = tiled_differential(q1, k1, q2, k2, v, lam, d**-0.5, keys=KeyRange(**m), block_q=4, block_k=5, **kw)
+    ref = reference(q1, k1, v, d**-0.5, **m, **rk1) - lam * reference(q2, k2, v, d**-0.5, **m, **rk2)
+    _check(got, ref, inputs)
+
+
+def test_the_differential_pass_is_the_same_on_one_thread_and_two_and_refuses_mismatched_maps():
+    q1, k1, v, gen = _case(41, dtype=torch.float32, Lq=150, Lk=150)
+    q2, k2 = (torch.randn(t.shape, generator=gen).requires_grad_() for t in (q1, k1))
+    lam = torch.tensor(0.3, requires_grad=True)
+    keys = KeyRange(**_mask("causal+padding", 150, 150, q1.shape[0], gen))
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            z = tiled_differential(q1, k1, q2, k2, v, lam, 0.4, keys=keys, softcap=3.0)
+            results.append([z, *torch.autograd.grad(z.square().sum(), [q1, k1, q2, k2, v, lam])])
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="maps differ in shape"):
+        tiled_differential(q1, k1, q2[:, :, :5], k2, v, lam, 0.4)
+    with pytest.raises(ValueError, match="or neither does"):
+        table = torch.zeros(q1.shape[1], 299)
+        tiled_differential(q1, k1, q2, k2, v, lam, 0.4, bias1=OffsetTable.over_offsets(table, 150, 150))
+
+
 def test_bad_inputs_get_one_line():
     q = torch.randn(1, 2, 4, 3)
     with pytest.raises(TypeError, match="float32 or float64"):
@@ -337,3 +406,33 @@ def test_the_operators_pass_torch_library_opcheck(table_kind):
     dz = torch.randn_like(z)
     back = (dz, q.detach(), k.detach(), v.detach(), z.detach(), lse, table.detach(), *args[4:8], *scalars, True)
     torch.library.opcheck(tiled._backward_op, back)
+
+
+def test_the_differential_operators_pass_torch_library_opcheck():
+    q1, k1, v, gen = _case(33, Lq=6, Lk=6)
+    q2, k2 = torch.randn(q1.shape, generator=gen, dtype=q1.dtype), torch.randn(k1.shape, generator=gen, dtype=q1.dtype)
+    B, H, L = q1.shape[0], q1.shape[1], 6
+    t1, t2 = (torch.randn(1, H, 1, 2 * L - 1, generator=gen, dtype=q1.dtype).requires_grad_() for _ in range(2))
+    lam = torch.tensor(0.4, dtype=q1.dtype, requires_grad=True)
+    m = _mask("causal+padding", L, L, B, gen)
+    scalars = (-(L - 1), L - 1, 0.5, 2.0, False, None, 4, 4, True)
+    args = (
+        q1,
+        k1,
+        q2.requires_grad_(),
+        k2.requires_grad_(),
+        v,
+        lam,
+        t1,
+        t2,
+        m["lo"],
+        m["hi"],
+        m["keys"],
+        None,
+        *scalars,
+    )
+    torch.library.opcheck(tiled._pair_forward_op, args)
+    z, z1, z2, lse1, lse2 = tiled._pair_forward_op(*args)
+    detached = tuple(t.detach() for t in (q1, k1, q2, k2, v, lam))
+    back = (torch.randn_like(z), *detached, z1, z2, lse1, lse2, t1.detach(), t2.detach(), *args[8:12], *scalars, True)
+    torch.library.opcheck(tiled._pair_backward_op, back)

@@ -7,7 +7,8 @@ It computes a dot-product score (scale · φ(q) · ψ(k)ᵀ, grouped heads as th
   key term; ``rope`` + ``t5`` too, rotary being part of q and k);
 * soft-capping; the normalizers ``softmax``, ``softmax1``, ``sink`` (the learned sink's gradient too) and
   ``sigmoid`` (its bias, −log n by default, from the mask's structure);
-* differential attention, one kernel call per map, both reading the same values (as ``sdpa`` does);
+* differential attention: both maps in one operator (:func:`~attnlab.kernels.tiled.tiled_differential`: a pass per
+  map forward, one pass over both backward, sharing the products with the values);
 * the mask as structure: no mask, causal, a position-only mask whose rows are intervals (sliding windows, causal
   windows: found once per shape), key padding, and any of these with key padding. Whole key blocks outside them
   are skipped.
@@ -164,22 +165,11 @@ class Tiled(FusedSoftmax):
         normalizer = "sigmoid" if kind == "sigmoid" else "softmax"
         sigmoid_bias = getattr(form.normalizer, "bias", None) if kind == "sigmoid" else None
 
-        def call(q: Tensor, k: Tensor, bias: OffsetTable | None) -> Tensor:
-            return tiled_kernel.tiled_attention(
-                q,
-                k,
-                v,
-                score.scale,
-                bias=bias,
-                keys=keys,
-                softcap=form.softcap,
-                normalizer=normalizer,
-                sink=sink,
-                sigmoid_bias=sigmoid_bias,
-            )
-
+        options = dict(keys=keys, softcap=form.softcap, normalizer=normalizer, sink=sink, sigmoid_bias=sigmoid_bias)
         if not spec.config.differential:
-            return FormOutput(visible_rows(call(q, k, bias), pm))
+            return FormOutput(
+                visible_rows(tiled_kernel.tiled_attention(q, k, v, score.scale, bias=bias, **options), pm)
+            )
         H, G = spec.num_heads, spec.num_kv_heads
         b1 = b2 = bias
         if bias is not None and bias.table.dim() >= 3 and bias.table.shape[-3] == 2 * H:
@@ -187,8 +177,9 @@ class Tiled(FusedSoftmax):
             b1 = OffsetTable(t[..., :H, :, :], bias.low, bias.high)
             b2 = OffsetTable(t[..., H:, :, :], bias.low, bias.high)
         k1, k2 = (k[:, :G], k[:, G:]) if k.shape[1] == 2 * G else (k, k)
-        z1, z2 = call(q[:, :H], k1, b1), call(q[:, H:], k2, b2)
-        return FormOutput(visible_rows(z1, pm), z2=visible_rows(z2, pm))
+        lam = form.differential_lambda()
+        z = tiled_kernel.tiled_differential(q[:, :H], k1, q[:, H:], k2, v, lam, score.scale, b1, b2, **options)
+        return FormOutput(visible_rows(z, pm))  # z₁ − λ z₂ (B, H, Lq, d_v), sub-normed by the form
 
     def _next(self, spec: LayerSpec, inputs: FormInputs, dropout: float, q: Tensor) -> FormOutput:
         when = Conditions(q.device.type, q.dtype, False, True, torch.is_grad_enabled(), "other")

@@ -59,6 +59,9 @@ NUM_CLASSES = 16
 
 # The ``variants`` section: name → the Encoder options that differ from the reference ``scaled_dot`` (score
 # scaled_dot, sinusoidal positions, softmax, H key/value heads). Rotary positions replace the sinusoidal table.
+# ``diff`` is attnlab's variant=diff: H heads of two d_k maps each, so twice scaled_dot's q·k products and
+# parameters; ``diff_paired`` (``paired_heads``, a bench-only option) is Ye et al.'s arrangement (2024, §2.1:
+# h = d_model / 2d): H/2 heads of two d_k maps and values of 2·d_k, scaled_dot's parameters and q·k products.
 ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
     "scaled_dot": {},
     "rope": {"pos_encoding": "rope"},
@@ -69,6 +72,7 @@ ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
     "mqa": {"num_kv_heads": 1},
     "cosine": {"score": "cosine"},
     "diff": {"differential": True},
+    "diff_paired": {"differential": True, "paired_heads": True},
     "softcap50": {"softcap": 50.0},
     "alibi_bias": {"position_bias": "alibi"},
     "shaw_stage": {"position_bias": "shaw"},
@@ -234,8 +238,11 @@ def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
     else:
         options = {k: v for k, v in ATTENTION_VARIANTS[spec.variant].items() if k != "score"} if spec.variant else {}
         options.setdefault("pos_encoding", "sinusoidal")
+        heads = s.num_heads
+        if options.pop("paired_heads", False):  # Ye et al.'s H/2 heads of values 2·d_k (ATTENTION_VARIANTS)
+            heads, options["d_v"] = s.num_heads // 2, 2 * s.d_k
         encoder = Encoder(
-            VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, d_k=s.d_k, score=spec.score, max_len=s.length, **options
+            VOCAB_SIZE, s.d_model, heads, s.num_layers, d_k=s.d_k, score=spec.score, max_len=s.length, **options
         )
     return _Tagger(encoder, s.d_model)
 

@@ -59,6 +59,8 @@ typedef struct {
 
 typedef struct {
     const Args *a;
+    const Args *a2; /* backward of differential attention: the second map (NULL otherwise) */
+    double lam;     /* its lambda */
     int64_t begin, end;
     void *scratch;
 } Job;
@@ -153,7 +155,7 @@ static void bwd_job(Job *job) {
 }
 
 int attnlab_tiled_forward(const Args *a, int threads) {
-    Job base = {a, 0, 0, NULL};
+    Job base = {.a = a};
     const int64_t nqb = (a->Lq + a->BQ - 1) / a->BQ;
     const size_t scratch = real_size(a) * (size_t)(a->BQ * a->BK + 2 * a->BQ + a->BQ * a->dv);
     return parallel(fwd_job, base, a->B * a->H * nqb, threads, scratch);
@@ -161,8 +163,17 @@ int attnlab_tiled_forward(const Args *a, int threads) {
 
 /* dq, dk, dv, dtable zeroed by the caller (dk, dv and dtable are accumulated). */
 int attnlab_tiled_backward(const Args *a, int threads) {
-    Job base = {a, 0, 0, NULL};
-    const size_t scratch = real_size(a) * (size_t)(3 * a->BQ * a->BK + a->BQ);
+    Job base = {.a = a};
+    const size_t scratch = real_size(a) * (size_t)(3 * a->BQ * a->BK);
+    return parallel(bwd_job, base, a->B * a->G, threads, scratch);
+}
+
+/* Differential attention's backward, z = z1 - lam z2: a the first map (its dz the gradient of z, its dvv the values'
+   gradient), a2 the second (the same shapes, mask and values; its own q, k, lse, delta = -lam sum dz z2, dq, dk,
+   dtable). Zeroed by the caller as above. */
+int attnlab_tiled_backward_pair(const Args *a, const Args *a2, double lam, int threads) {
+    Job base = {.a = a, .a2 = a2, .lam = lam};
+    const size_t scratch = real_size(a) * (size_t)(6 * a->BQ * a->BK);
     return parallel(bwd_job, base, a->B * a->G, threads, scratch);
 }
 

@@ -37,7 +37,17 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from attnlab.kernels.build import DTYPES, Library
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "OffsetTable", "available", "blas_available", "tiled_attention", "unavailable_reason"]
+__all__ = [
+    "BLOCK_K",
+    "BLOCK_Q",
+    "KeyRange",
+    "OffsetTable",
+    "available",
+    "blas_available",
+    "tiled_attention",
+    "tiled_differential",
+    "unavailable_reason",
+]
 
 BLOCK_Q = 64
 """Query rows per tile (FlashAttention-2's B_r)."""
@@ -78,6 +88,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name in ("attnlab_tiled_forward", "attnlab_tiled_backward"):
         getattr(lib, name).argtypes = [ctypes.POINTER(_Args), ctypes.c_int]
         getattr(lib, name).restype = ctypes.c_int
+    lib.attnlab_tiled_backward_pair.argtypes = [ctypes.POINTER(_Args), ctypes.POINTER(_Args), ctypes.c_double,
+                                                ctypes.c_int]  # fmt: skip
+    lib.attnlab_tiled_backward_pair.restype = ctypes.c_int
 
 
 _LIBRARY = Library(Path(__file__).with_name("tiled.c"), _declare)
@@ -342,10 +355,7 @@ def _gradients(
     lo, hi, keys = ctx.mask
     want_table = table is not None and ctx.needs_input_grad[3]
     dq, dk, dv, d_table, delta = backward(dz, q, k, v, z, lse, table, lo, hi, keys, sink, *ctx.scalars, want_table)
-    d_tab = None
-    if want_table:
-        full = (1,) * (4 - table.dim()) + tuple(table.shape)
-        d_tab = d_table.sum_to_size(full).reshape(table.shape)
+    d_tab = _table_grad(d_table, table) if want_table else None
     d_sink = None
     if sink is not None and ctx.needs_input_grad[7]:  # its weight p₀ = e^{s_h − lse}, its value 0: ∂/∂s_h = −Σ p₀ D
         d_sink = -(torch.exp(sink.to(lse.dtype).view(1, -1, 1) - lse) * delta).sum((0, 2)).to(sink.dtype)
@@ -386,6 +396,33 @@ class _TiledFunction(torch.autograd.Function):
         return _gradients(ctx, dz, q, k, v, z, lse, table, sink, _backward_impl)
 
 
+def _check_inputs(name: str, q: Tensor, k: Tensor, v: Tensor, normalizer: str) -> None:
+    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{name} takes float32 or float64, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if normalizer not in ("softmax", "sigmoid"):
+        raise ValueError(f"{name}: normalizer must be softmax or sigmoid, got {normalizer!r}")
+    if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"{name}: {q.shape[1]} query heads do not group over {k.shape[1]} key heads")
+
+
+def _scalars(
+    bias: OffsetTable | None, scale: float, softcap: float | None, normalizer: str, sigmoid_bias: float | None,
+    block_q: int, block_k: int, blas: bool,
+) -> tuple[Any, ...]:  # fmt: skip
+    """The operators' trailing scalar arguments: low, high, scale, softcap, sigmoid, sigmoid_bias, the blocks, blas."""
+    return (
+        0 if bias is None else int(bias.low), 0 if bias is None else int(bias.high), float(scale),
+        0.0 if softcap is None else float(softcap), normalizer == "sigmoid",
+        None if sigmoid_bias is None else float(sigmoid_bias), int(block_q), int(block_k), bool(blas),
+    )  # fmt: skip
+
+
+def _use_operator() -> bool:
+    """Whether to call the registered operator (compiling, or under a dispatch mode such as the FLOP counter, which
+    then sees it) rather than the plain autograd function."""
+    return torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+
+
 def tiled_attention(
     q: Tensor,
     k: Tensor,
@@ -408,22 +445,232 @@ def tiled_attention(
     c of c·tanh(x / c) (None: none); ``normalizer``: ``softmax`` (with ``sink`` (H,) the sink logits: softmax1 is a
     sink of 0) or ``sigmoid`` (σ(x + b) with b = ``sigmoid_bias``, None: −log of the keys the row sees). A row that
     sees no key gives 0."""
-    if q.dtype not in DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"tiled_attention takes float32 or float64, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if normalizer not in ("softmax", "sigmoid"):
-        raise ValueError(f"tiled_attention: normalizer must be softmax or sigmoid, got {normalizer!r}")
-    if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
-        raise ValueError(f"tiled_attention: {q.shape[1]} query heads do not group over {k.shape[1]} key heads")
+    _check_inputs("tiled_attention", q, k, v, normalizer)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     kr = keys or KeyRange()
     table = None if bias is None else bias.table
-    args = (
-        q, k, v, table, kr.lo, kr.hi, kr.keys, sink,
-        0 if bias is None else int(bias.low), 0 if bias is None else int(bias.high), float(scale),
-        0.0 if softcap is None else float(softcap), normalizer == "sigmoid",
-        None if sigmoid_bias is None else float(sigmoid_bias), int(block_q), int(block_k), bool(blas),
-    )  # fmt: skip
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
-        return _forward_op(*args)[0]  # (a dispatch mode, e.g. the FLOP counter, sees the operator)
+    scalars = _scalars(bias, scale, softcap, normalizer, sigmoid_bias, block_q, block_k, blas)
+    args = (q, k, v, table, kr.lo, kr.hi, kr.keys, sink, *scalars)
+    if _use_operator():
+        return _forward_op(*args)[0]
     with torch.profiler.record_function("attnlab::tiled_attention"):  # named in profiles
         return _TiledFunction.apply(*args)
+
+
+# ------------------------------------------------------------------------------ differential attention, two maps
+
+
+def _pair_forward_impl(
+    q1: Tensor,
+    k1: Tensor,
+    q2: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    table1: Tensor | None,
+    table2: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+    keys: Tensor | None,
+    sink: Tensor | None,
+    low: int,
+    high: int,
+    scale: float,
+    softcap: float,
+    sigmoid: bool,
+    sigmoid_bias: float | None,
+    block_q: int,
+    block_k: int,
+    blas: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """z = z1 − λ z2 (B, H, Lq, d_v), then z1, z2 and the two maps' log-sum-exp (B, H, Lq), kept for the backward."""
+    rest = (lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas)
+    z1, lse1 = _forward_impl(q1, k1, v, table1, *rest)
+    z2, lse2 = _forward_impl(q2, k2, v, table2, *rest)
+    return z1 - lam.to(z1.dtype) * z2, z1, z2, lse1, lse2
+
+
+_pair_forward_op = torch.library.custom_op("attnlab::tiled_differential", mutates_args=(), device_types="cpu")(
+    _pair_forward_impl
+)
+
+
+@_pair_forward_op.register_fake
+def _pair_forward_fake(q1, k1, q2, k2, v, *rest):
+    B, H, Lq, _ = q1.shape
+    z = q1.new_empty(B, H, Lq, v.shape[-1])
+    return z, z.new_empty(z.shape), z.new_empty(z.shape), q1.new_empty(B, H, Lq), q1.new_empty(B, H, Lq)
+
+
+def _pair_backward_impl(
+    dz: Tensor,
+    q1: Tensor,
+    k1: Tensor,
+    q2: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    z1: Tensor,
+    z2: Tensor,
+    lse1: Tensor,
+    lse2: Tensor,
+    table1: Tensor | None,
+    table2: Tensor | None,
+    lo: Tensor | None,
+    hi: Tensor | None,
+    keys: Tensor | None,
+    sink: Tensor | None,
+    low: int,
+    high: int,
+    scale: float,
+    softcap: float,
+    sigmoid: bool,
+    sigmoid_bias: float | None,
+    block_q: int,
+    block_k: int,
+    blas: bool,
+    table_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq1, dk1, dq2, dk2, dv, the two tables' gradients (empty without ``table_grad``) and each map's D = Σ dz_m·z_m
+    (B, H, Lq), dz_1 = dz and dz_2 = −λ dz: one pass of the kernel over both maps."""
+    rest = (lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas)
+    a1, _keep1, t1 = _kernel_args(q1, k1, v, table1, *rest)
+    a2, _keep2, t2 = _kernel_args(q2, k2, v, table2, *rest)
+    dz = dz.contiguous()
+    delta1 = (dz * z1).sum(-1)
+    delta2 = -lam.to(dz.dtype) * (dz * z2).sum(-1)
+    dq1, dk1, dq2, dk2, dv = (torch.zeros_like(t) for t in (q1, k1, q2, k2, v))
+    d_tables = []
+    for a, t, z, lse, delta, dq, dk in ((a1, t1, z1, lse1, delta1, dq1, dk1), (a2, t2, z2, lse2, delta2, dq2, dk2)):
+        a.z, a.lse, a.dz, a.delta = z.data_ptr(), lse.data_ptr(), dz.data_ptr(), delta.data_ptr()
+        a.dq, a.dk, a.dvv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+        d_table = q1.new_empty(0)
+        if table_grad and t is not None:
+            d_table = torch.zeros(t.shape, dtype=q1.dtype)
+            a.dtable = d_table.data_ptr()
+            a.dts[:] = (d_table.stride(0), d_table.stride(1), d_table.stride(2) if t.shape[2] > 1 else 0)
+        d_tables.append(d_table)
+    if _LIBRARY.require().attnlab_tiled_backward_pair(
+        ctypes.byref(a1), ctypes.byref(a2), float(lam), torch.get_num_threads()
+    ):
+        raise MemoryError("the tiled attention kernel ran out of memory")
+    return dq1, dk1, dq2, dk2, dv, d_tables[0], d_tables[1], delta1, delta2
+
+
+_pair_backward_op = torch.library.custom_op(
+    "attnlab::tiled_differential_backward", mutates_args=(), device_types="cpu"
+)(_pair_backward_impl)
+
+
+@_pair_backward_op.register_fake
+def _pair_backward_fake(dz, q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, table2, lo, hi, keys, sink, *rest):
+    table_grad = rest[-1]
+
+    def d_table(table: Tensor | None) -> Tensor:
+        if table_grad and table is not None:
+            rows = table.shape[-2] if table.dim() == 4 else 1
+            return q1.new_empty(q1.shape[0], q1.shape[1], rows, table.shape[-1])
+        return q1.new_empty(0)
+
+    grads = tuple(t.new_empty(t.shape) for t in (q1, k1, q2, k2, v))
+    return *grads, d_table(table1), d_table(table2), lse1.new_empty(lse1.shape), lse2.new_empty(lse2.shape)
+
+
+def _table_grad(d_table: Tensor, table: Tensor) -> Tensor:
+    full = (1,) * (4 - table.dim()) + tuple(table.shape)
+    return d_table.sum_to_size(full).reshape(table.shape)
+
+
+def _pair_gradients(ctx: Any, dz: Tensor, saved: tuple[Tensor, ...], backward: Any) -> tuple[Tensor | None, ...]:
+    q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, table2, sink = saved
+    lo, hi, keys = ctx.mask
+    needs = ctx.needs_input_grad
+    want = (table1 is not None and needs[6]) or (table2 is not None and needs[7])
+    dq1, dk1, dq2, dk2, dv, dt1, dt2, delta1, delta2 = backward(
+        dz, q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, table2, lo, hi, keys, sink, *ctx.scalars, want
+    )
+    d_t1 = _table_grad(dt1, table1) if table1 is not None and needs[6] else None
+    d_t2 = _table_grad(dt2, table2) if table2 is not None and needs[7] else None
+    d_lam = -(dz * z2).sum().to(lam.dtype).reshape(lam.shape) if needs[5] else None
+    d_sink = None
+    if sink is not None and needs[11]:  # each map's sink weight p₀ = e^{s_h − lse}: −Σ p₀ D over both maps
+        s = sink.to(lse1.dtype).view(1, -1, 1)
+        d_sink = -(torch.exp(s - lse1) * delta1 + torch.exp(s - lse2) * delta2).sum((0, 2)).to(sink.dtype)
+    return dq1, dk1, dq2, dk2, dv, d_lam, d_t1, d_t2, None, None, None, d_sink, *(None,) * len(ctx.scalars)
+
+
+def _pair_setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    q1, k1, q2, k2, v, lam, table1, table2, lo, hi, keys, sink, *scalars = inputs
+    _, z1, z2, lse1, lse2 = output
+    ctx.mark_non_differentiable(z1, z2, lse1, lse2)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, table2, sink)
+    ctx.mask, ctx.scalars = (lo, hi, keys), tuple(scalars)
+
+
+def _pair_autograd_backward(ctx: Any, dz: Tensor, *_unused: Tensor | None) -> tuple[Tensor | None, ...]:
+    return _pair_gradients(ctx, dz, ctx.saved_tensors, _pair_backward_op)
+
+
+_pair_forward_op.register_autograd(_pair_autograd_backward, setup_context=_pair_setup_context)
+
+
+class _PairFunction(torch.autograd.Function):
+    """The differential operator for eager mode (as :class:`_TiledFunction`)."""
+
+    @staticmethod
+    def forward(ctx: Any, q1, k1, q2, k2, v, lam, table1, table2, lo, hi, keys, sink, *scalars):
+        z, z1, z2, lse1, lse2 = _pair_forward_impl(q1, k1, q2, k2, v, lam, table1, table2, lo, hi, keys, sink, *scalars)
+        ctx.save_for_backward(q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, table2, sink)
+        ctx.mask, ctx.scalars = (lo, hi, keys), scalars
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dz: Tensor) -> tuple[Tensor | None, ...]:
+        return _pair_gradients(ctx, dz, ctx.saved_tensors, _pair_backward_impl)
+
+
+def tiled_differential(
+    q1: Tensor,
+    k1: Tensor,
+    q2: Tensor,
+    k2: Tensor,
+    v: Tensor,
+    lam: Tensor,
+    scale: float,
+    bias1: OffsetTable | None = None,
+    bias2: OffsetTable | None = None,
+    keys: KeyRange | None = None,
+    softcap: float | None = None,
+    normalizer: str = "softmax",
+    sink: Tensor | None = None,
+    sigmoid_bias: float | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+    blas: bool = True,
+) -> Tensor:
+    """Differential attention's two maps over the same values (Ye et al. 2024, eq. 1), z = z1 − λ·z2 with
+    z_m = tiled_attention(q_m, k_m, v, bias_m, …) (B, H, Lq, d_v): q1, q2 (B, H, Lq, d), k1, k2 (B, G, Lk, d) (the same
+    tensor where the maps share their keys), v (B, G, Lk, d_v), λ a 0-dim tensor; differentiable (once) in all of
+    them, the tables and the sink. The forward is the two maps' passes; the backward is one pass over both, which
+    shares the products with the values (dV += (P1 − λP2)ᵀ dZ, dP = dZ Vᵀ): 8 block products instead of 10."""
+    _check_inputs("tiled_differential", q1, k1, v, normalizer)
+    _check_inputs("tiled_differential", q2, k2, v, normalizer)
+    if q1.shape != q2.shape or k1.shape != k2.shape:
+        raise ValueError(f"tiled_differential: the maps differ in shape: {tuple(q1.shape)}, {tuple(q2.shape)}")
+    if (bias1 is None) != (bias2 is None) or (
+        bias1 is not None and bias2 is not None and (bias1.low, bias1.high) != (bias2.low, bias2.high)
+    ):
+        raise ValueError("tiled_differential: both maps take a bias table over the same offsets, or neither does")
+    q1, k1, q2, k2, v = (t.contiguous() for t in (q1, k1, q2, k2, v))
+    kr = keys or KeyRange()
+    lam = lam.reshape(()).to(q1.dtype)
+    t1 = None if bias1 is None else bias1.table
+    t2 = None if bias2 is None else bias2.table
+    scalars = _scalars(bias1, scale, softcap, normalizer, sigmoid_bias, block_q, block_k, blas)
+    args = (q1, k1, q2, k2, v, lam, t1, t2, kr.lo, kr.hi, kr.keys, sink, *scalars)
+    if _use_operator():
+        return _pair_forward_op(*args)[0]
+    with torch.profiler.record_function("attnlab::tiled_differential"):
+        return _PairFunction.apply(*args)

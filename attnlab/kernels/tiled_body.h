@@ -194,89 +194,129 @@ static void TILED_NAME(fwd)(Job *job) {
     }
 }
 
+/* The tile's weights P (nq, nk), recomputed from the rows' log-sum-exp (softmax) or their bias (sigmoid): 0 for
+   hidden keys; cf (or NULL) gets the cap's factor. Q is the block's first query row, K the keys' first row. */
+static void TILED_NAME(weights)(const Args *a, REAL *P, REAL *cf, const REAL *Q, const REAL *K, const REAL *lse,
+                                int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+    const uint8_t *kr = a->keys ? a->keys + b * a->Lk : NULL;
+    const REAL *rb = a->row_bias ? (const REAL *)a->row_bias + b * a->rbs : NULL;
+    TILED_NAME(gemm)(a, 'T', 'N', (int)nk, (int)nq, (int)a->d, (REAL)a->scale, K + j0 * a->d, (int)a->d, Q, (int)a->d,
+                     0, P, (int)nk);
+    for (int64_t r = 0; r < nq; ++r) {
+        const int64_t i = i0 + r;
+        REAL *x = P + r * nk;
+        int64_t a0, a1;
+        TILED_NAME(modify)(a, x, cf ? cf + r * nk : NULL, b, h, i, j0, nk, &a0, &a1);
+        if (a->normalizer == 1) {
+            const REAL bias = rb[i];
+            for (int64_t j = a0; j < a1; ++j) {
+                const REAL p = (REAL)1 / ((REAL)1 + EXP(-(x[j - j0] + bias)));
+                x[j - j0] = !kr || kr[j] ? p : (REAL)0;
+            }
+        } else {
+            const REAL s = lse[r];
+            for (int64_t j = a0; j < a1; ++j) {
+                const REAL p = EXP(x[j - j0] - s);
+                x[j - j0] = !kr || kr[j] ? p : (REAL)0;
+            }
+        }
+    }
+}
+
+/* The tile's score gradient dS into out (which may be P or dP itself), from the weights P and dP = dZ V^T scaled by
+   c (a map's share of the output: 1, or -lambda for differential attention's second map): p (c dP - D_i) for a
+   softmax, c dP p (1 - p) for sigmoid, times the cap's factor cf (or NULL); the bias table's gradient added to dt
+   (or NULL). */
+static void TILED_NAME(dscores)(const Args *a, REAL *out, const REAL *P, const REAL *dP, REAL c, const REAL *cf,
+                                const REAL *D, REAL *dt, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+    for (int64_t r = 0; r < nq; ++r) {
+        const int64_t i = i0 + r;
+        const REAL *p = P + r * nk, *g = dP + r * nk;
+        REAL *gr = out + r * nk;
+        if (a->normalizer == 1) {
+            for (int64_t j = 0; j < nk; ++j) gr[j] = c * g[j] * p[j] * ((REAL)1 - p[j]);
+        } else {
+            const REAL di = D[r];
+            for (int64_t j = 0; j < nk; ++j) gr[j] = p[j] * (c * g[j] - di);
+        }
+        if (cf) {
+            const REAL *cr = cf + r * nk;
+            for (int64_t j = 0; j < nk; ++j) gr[j] *= cr[j];
+        }
+        if (dt) {
+            int64_t a0 = j0, a1 = j0 + nk;
+            if (a->lo) {
+                a0 = a->lo[i] > a0 ? a->lo[i] : a0;
+                a1 = a->hi[i] < a1 ? a->hi[i] : a1;
+            }
+            if (a0 < a1) TILED_NAME(add_bias_grad)(dt + i * a->dts[2], gr, i, j0, a0, a1, a->clo, a->chi);
+        }
+    }
+}
+
+/* dQ += scale dS K; dK += scale dS^T Q for one tile. */
+static inline void TILED_NAME(dqdk)(const Args *a, const REAL *dS, const REAL *Q, const REAL *K, REAL *dQ, REAL *dK,
+                                    int64_t nq, int64_t j0, int64_t nk) {
+    const int d = (int)a->d;
+    TILED_NAME(gemm)(a, 'N', 'N', d, (int)nq, (int)nk, (REAL)a->scale, K + j0 * d, d, dS, (int)nk, 1, dQ, d);
+    TILED_NAME(gemm)(a, 'N', 'T', d, (int)nk, (int)nq, (REAL)a->scale, Q, d, dS, (int)nk, 1, dK + j0 * d, d);
+}
+
+/* The backward pass over the items (b, key/value head). With job->a2 (differential attention, Ye et al. 2024), a is
+   the first map and a2 the second, z = z1 - lambda z2 over the same values: both maps' weights are recomputed, and
+   the two products with the values are shared, dV += (P1 - lambda P2)^T dZ and dP = dZ V^T (each map's dP is its
+   share of it), 8 block products instead of two passes' 10. */
 static void TILED_NAME(bwd)(Job *job) {
-    const Args *a = job->a;
+    const Args *a = job->a, *a2 = job->a2;
     const int64_t H = a->H, G = a->G, Lq = a->Lq, Lk = a->Lk, d = a->d, dv = a->dv, BQ = a->BQ, BK = a->BK;
-    const int64_t group = H / G;
-    REAL *P = job->scratch, *dP = P + BQ * BK, *cf = dP + BQ * BK;
+    const int64_t group = H / G, tile = BQ * BK;
+    const REAL lam = (REAL)job->lam;
     const int capped = a->cap > 0;
+    REAL *P = job->scratch, *dP = P + tile, *cf = capped ? dP + tile : NULL;
+    REAL *P2 = dP + 2 * tile, *cf2 = capped ? P2 + tile : NULL, *Pc = P2 + 2 * tile; /* (a2 only) */
     for (int64_t item = job->begin; item < job->end; ++item) {
-        const int64_t g = item % G, b = item / G;
-        const REAL *K = (const REAL *)a->k + (b * G + g) * Lk * d;
-        const REAL *V = (const REAL *)a->v + (b * G + g) * Lk * dv;
-        REAL *dK = (REAL *)a->dk + (b * G + g) * Lk * d;
-        REAL *dV = (REAL *)a->dvv + (b * G + g) * Lk * dv;
-        const uint8_t *kr = a->keys ? a->keys + b * Lk : NULL;
-        const REAL *rb = a->row_bias ? (const REAL *)a->row_bias + b * a->rbs : NULL;
+        const int64_t g = item % G, b = item / G, kvo = (b * G + g) * Lk;
+        const REAL *K = (const REAL *)a->k + kvo * d, *V = (const REAL *)a->v + kvo * dv;
+        REAL *dK = (REAL *)a->dk + kvo * d, *dV = (REAL *)a->dvv + kvo * dv;
+        const REAL *K2 = a2 ? (const REAL *)a2->k + kvo * d : NULL;
+        REAL *dK2 = a2 ? (REAL *)a2->dk + kvo * d : NULL;
         for (int64_t h = g * group; h < (g + 1) * group; ++h) {
             const int64_t bh = b * H + h;
             REAL *dt = a->dtable ? (REAL *)a->dtable + b * a->dts[0] + h * a->dts[1] : NULL;
+            REAL *dt2 = a2 && a2->dtable ? (REAL *)a2->dtable + b * a2->dts[0] + h * a2->dts[1] : NULL;
             for (int64_t i0 = 0; i0 < Lq; i0 += BQ) {
-                const int64_t nq = Lq - i0 < BQ ? Lq - i0 : BQ;
-                const REAL *Q = (const REAL *)a->q + (bh * Lq + i0) * d;
-                REAL *dQ = (REAL *)a->dq + (bh * Lq + i0) * d;
-                const REAL *dZ = (const REAL *)a->dz + (bh * Lq + i0) * dv;
-                const REAL *lse = (const REAL *)a->lse + bh * Lq + i0;
-                const REAL *D = (const REAL *)a->delta + bh * Lq + i0;
+                const int64_t nq = Lq - i0 < BQ ? Lq - i0 : BQ, qo = bh * Lq + i0;
+                const REAL *Q = (const REAL *)a->q + qo * d, *lse = (const REAL *)a->lse + qo;
+                const REAL *dZ = (const REAL *)a->dz + qo * dv, *D = (const REAL *)a->delta + qo;
+                REAL *dQ = (REAL *)a->dq + qo * d;
                 int64_t klo, khi;
                 block_keys(a, b, i0, i0 + nq, &klo, &khi);
                 for (int64_t j0 = klo; j0 < khi; j0 += BK) {
                     const int64_t nk = khi - j0 < BK ? khi - j0 : BK;
                     if (!block_has_keys(a, b, j0, j0 + nk)) continue;
-                    TILED_NAME(gemm)(a, 'T', 'N', (int)nk, (int)nq, (int)d, (REAL)a->scale, K + j0 * d, (int)d, Q,
-                                     (int)d, 0, P, (int)nk);
-                    for (int64_t r = 0; r < nq; ++r) {
-                        const int64_t i = i0 + r;
-                        REAL *x = P + r * nk;
-                        int64_t a0, a1;
-                        TILED_NAME(modify)(a, x, capped ? cf + r * nk : NULL, b, h, i, j0, nk, &a0, &a1);
-                        if (a->normalizer == 1) {
-                            const REAL bias = rb[i];
-                            for (int64_t j = a0; j < a1; ++j) {
-                                const REAL p = (REAL)1 / ((REAL)1 + EXP(-(x[j - j0] + bias)));
-                                x[j - j0] = !kr || kr[j] ? p : (REAL)0;
-                            }
-                        } else {
-                            const REAL s = lse[r];
-                            for (int64_t j = a0; j < a1; ++j) {
-                                const REAL p = EXP(x[j - j0] - s);
-                                x[j - j0] = !kr || kr[j] ? p : (REAL)0;
-                            }
-                        }
+                    TILED_NAME(weights)(a, P, cf, Q, K, lse, b, h, i0, nq, j0, nk);
+                    const REAL *W = P;
+                    if (a2) { /* the second map's weights, and the combined ones the values see */
+                        TILED_NAME(weights)(a2, P2, cf2, (const REAL *)a2->q + qo * d, K2, (const REAL *)a2->lse + qo,
+                                            b, h, i0, nq, j0, nk);
+                        for (int64_t e = 0; e < nq * nk; ++e) Pc[e] = P[e] - lam * P2[e];
+                        W = Pc;
                     }
-                    /* dV += P^T dZ; dP = dZ V^T */
-                    TILED_NAME(gemm)(a, 'N', 'T', (int)dv, (int)nk, (int)nq, 1, dZ, (int)dv, P, (int)nk, 1, dV + j0 * dv,
+                    /* dV += W^T dZ; dP = dZ V^T */
+                    TILED_NAME(gemm)(a, 'N', 'T', (int)dv, (int)nk, (int)nq, 1, dZ, (int)dv, W, (int)nk, 1, dV + j0 * dv,
                                      (int)dv);
                     TILED_NAME(gemm)(a, 'T', 'N', (int)nk, (int)nq, (int)dv, 1, V + j0 * dv, (int)dv, dZ, (int)dv, 0, dP,
                                      (int)nk);
-                    for (int64_t r = 0; r < nq; ++r) {
-                        const int64_t i = i0 + r;
-                        const REAL *p = P + r * nk;
-                        REAL *gr = dP + r * nk;
-                        if (a->normalizer == 1) {
-                            for (int64_t j = 0; j < nk; ++j) gr[j] = gr[j] * p[j] * ((REAL)1 - p[j]);
-                        } else {
-                            const REAL di = D[r];
-                            for (int64_t j = 0; j < nk; ++j) gr[j] = p[j] * (gr[j] - di);
-                        }
-                        if (capped) {
-                            const REAL *c = cf + r * nk;
-                            for (int64_t j = 0; j < nk; ++j) gr[j] *= c[j];
-                        }
-                        if (dt) {
-                            int64_t a0 = j0, a1 = j0 + nk;
-                            if (a->lo) {
-                                a0 = a->lo[i] > a0 ? a->lo[i] : a0;
-                                a1 = a->hi[i] < a1 ? a->hi[i] : a1;
-                            }
-                            if (a0 < a1) TILED_NAME(add_bias_grad)(dt + i * a->dts[2], gr, i, j0, a0, a1, a->clo, a->chi);
-                        }
+                    if (!a2) {
+                        TILED_NAME(dscores)(a, dP, P, dP, 1, cf, D, dt, i0, nq, j0, nk);
+                        TILED_NAME(dqdk)(a, dP, Q, K, dQ, dK, nq, j0, nk);
+                        continue;
                     }
-                    /* dQ += scale dS K; dK += scale dS^T Q */
-                    TILED_NAME(gemm)(a, 'N', 'N', (int)d, (int)nq, (int)nk, (REAL)a->scale, K + j0 * d, (int)d, dP,
-                                     (int)nk, 1, dQ, (int)d);
-                    TILED_NAME(gemm)(a, 'N', 'T', (int)d, (int)nk, (int)nq, (REAL)a->scale, Q, (int)d, dP, (int)nk, 1,
-                                     dK + j0 * d, (int)d);
+                    TILED_NAME(dscores)(a, P, P, dP, 1, cf, D, dt, i0, nq, j0, nk);
+                    TILED_NAME(dscores)(a2, P2, P2, dP, -lam, cf2, (const REAL *)a2->delta + qo, dt2, i0, nq, j0, nk);
+                    TILED_NAME(dqdk)(a, P, Q, K, dQ, dK, nq, j0, nk);
+                    TILED_NAME(dqdk)(a2, P2, (const REAL *)a2->q + qo * d, K2, (REAL *)a2->dq + qo * d, dK2, nq, j0,
+                                     nk);
                 }
             }
         }
