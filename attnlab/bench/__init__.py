@@ -16,8 +16,9 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
 * ``mha``: the attention module alone, attnlab ``MultiHeadAttention`` against ``nn.MultiheadAttention``.
 * ``variants``: the same encoder training step (same shapes: 4096 tokens per batch, d_model 128, 2 layers, H = 4,
   d_k = 32) with each attention stage of :data:`ATTENTION_VARIANTS` switched on in turn (rotary positions, QK-norm,
-  grouped/multi-query heads, cosine score, differential attention, soft-capping, ALiBi, Shaw and T5 position
-  biases, every eager normalizer), against attnlab's plain ``scaled_dot`` timed in the same interleaved rounds, at
+  grouped/multi-query heads, cosine score, differential attention (``diff``: H heads of two maps; ``diff_paired``:
+  Ye et al.'s H/2 heads with values of 2·d_k), soft-capping, ALiBi, Shaw and T5 position biases, every eager
+  normalizer), against attnlab's plain ``scaled_dot`` timed in the same interleaved rounds, at
   L ∈ {128, 512, 1024}; each marked with whether it takes the SDPA fast path
   (``MultiHeadAttention.uses_fast_path``) and with the backend its first layer's training step runs
   (``backend_for(device, dtype)``: ``sdpa``, ``tiled``, ``eager``, ...). Goals at L = 512: issue 7's (rotary,
