@@ -14,16 +14,17 @@ PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet -
 
 .PHONY: setup train test docs lint format clean
 
-# what training needs: torch (never a CUDA build on a machine without a GPU) and the package with its dependencies
+# what training needs: torch (never a CUDA build on a machine without a GPU) and the package with its dependencies,
+# in one resolve, by uv where it can be installed (scripts/install-torch.sh says why), else pip
 $(RUN_STAMP): pyproject.toml scripts/install-torch.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 23)" || $(PIP) --upgrade "pip>=23.1"
 	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e .
 	touch $@
 
-# and the tools: tests, lint, docs, the optional Hydra plugins
+# and the tools: tests, lint, docs, the optional Hydra plugins (with uv, as above, where it can)
 $(STAMP): $(RUN_STAMP)
-	$(PIP) -e ".[dev]"
+	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e ".[dev]"
 	touch $@
 
 setup: $(STAMP)
