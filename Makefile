@@ -8,9 +8,8 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.attnlab-run
 STAMP  := $(VENV)/.attnlab-installed
 ARGS   ?=
-# pip without its version check (a network round trip) and without byte-compiling every installed file (torch's
-# thousands: Python compiles what a run imports, once, on first use)
-PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet --no-compile
+# pip without its version check (a network round trip); here only to bring an old pip up to date
+PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet
 
 .PHONY: setup train test docs lint format clean
 
@@ -19,12 +18,12 @@ PIP    := PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet -
 $(RUN_STAMP): pyproject.toml scripts/install-torch.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 23)" || $(PIP) --upgrade "pip>=23.1"
-	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e .
+	PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e .
 	touch $@
 
 # and the tools: tests, lint, docs, the optional Hydra plugins (with uv, as above, where it can)
 $(STAMP): $(RUN_STAMP)
-	PIP_NO_COMPILE=1 PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e ".[dev]"
+	PIP_DISABLE_PIP_VERSION_CHECK=1 bash scripts/install-torch.sh $(BIN)/python -e ".[dev]"
 	touch $@
 
 setup: $(STAMP)

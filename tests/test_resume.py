@@ -208,7 +208,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_from_the_start(
 
 
 def test_a_signal_inside_a_checkpoint_save_ends_the_run_as_interrupted_and_it_resumes(
-    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ctrl-C inside ``torch.save`` leaves its zip writer half-way, whose closing raises a RuntimeError (the
     KeyboardInterrupt its context): the run was interrupted, not failed (the card's SIGTERM once landed there), and
@@ -236,6 +236,8 @@ def test_a_signal_inside_a_checkpoint_save_ends_the_run_as_interrupted_and_it_re
     assert isinstance(raised.value.__cause__, RuntimeError)  # what torch.save raised on its way out
     summary = read_summary(out)
     assert summary["status"] == "interrupted", summary
+    said = capsys.readouterr()
+    assert "stopped by a signal; on the way out: RuntimeError" in said.out + said.err  # (said, not hidden)
     T.run(compose("config", overrides=[*SMALL, "resume=true"]), out)
     assert_same_run(reference, out)
 

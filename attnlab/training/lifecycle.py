@@ -185,7 +185,8 @@ class Run:
         except (KeyboardInterrupt, SystemExit) as exc:
             return self.interrupted(exc)
         except Exception as exc:
-            if _from_signal(exc):  # the interruption, turned into another error on its way out
+            if _from_signal(exc):  # the interruption, turned into another error on its way out (said, not hidden)
+                self.log.info(f"stopped by a signal; on the way out: {_one_line(exc)}")
                 return self.interrupted(exc)
             return self.fail(exc)
         finally:
@@ -902,10 +903,13 @@ def _from_signal(exc: BaseException) -> bool:
     from attnlab.training.multirun import signalled
 
     seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
+    todo: list[BaseException] = [exc]
+    while todo:  # (the causes and the contexts)
+        cause = todo.pop()
+        if id(cause) in seen:
+            continue
         if isinstance(cause, (KeyboardInterrupt, SystemExit)):
             return True
         seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+        todo.extend(c for c in (cause.__cause__, cause.__context__) if c is not None)
     return signalled()
