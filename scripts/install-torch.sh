@@ -10,7 +10,7 @@
 #
 # The installing is done by uv (installed into the environment first, a few MB) when it can be: it resolves in a
 # second and unpacks the wheels in parallel, where pip resolves the ~80 packages for ~18 s and unpacks them one after
-# the other (a fresh `make train` took 60-85 s with pip, about 30 s with uv, on 2 cores). uv reads no pip.conf, so it
+# the other (a fresh `make train` took 60-85 s with pip, about 35 s with uv, on 2 cores). uv reads no pip.conf, so it
 # gets torch as the file pip chose, and the rest from PyPI (or $UV_INDEX_URL). Where uv cannot be installed or
 # fails (no route to PyPI, say), pip does it all as before; ATTNLAB_INSTALLER=pip asks for pip.
 #
