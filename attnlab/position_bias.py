@@ -212,10 +212,14 @@ class ShawBias(PositionBias):
             lambda: self.relative_positions(num_queries, num_keys, device).clamp(-self.clip, self.clip) + self.clip,
         )
 
+    def key_table(self, q: Tensor) -> Tensor:
+        """q · w^Kᵀ / √d_k over the 2k + 1 clipped distances: (B, H, Lq, 2k + 1), what every form of the bias reads."""
+        return torch.matmul(q, self.rel_k.t() * self.scale)
+
     def bias(self, q: Tensor, num_keys: int) -> Tensor:
         Lq = q.shape[-2]
         idx = self.distance_index(Lq, num_keys, q.device)  # (Lq, Lk)
-        qa = torch.matmul(q, self.rel_k.t() * self.scale)  # (B, H, Lq, 2k+1)
+        qa = self.key_table(q)  # (B, H, Lq, 2k+1)
         # gather along the last dimension (its backward is one scatter-add; advanced indexing's is 3x slower)
         return torch.gather(qa, -1, idx.expand(*qa.shape[:-1], num_keys))  # (B, H, Lq, Lk)
 
@@ -224,16 +228,16 @@ class ShawBias(PositionBias):
         runs = self._tables.get_or_make(
             ("runs", Lq, num_keys), lambda: relative_kernel.Runs(self.distance_index(Lq, num_keys, torch.device("cpu")))
         )
-        return torch.matmul(q, self.rel_k.t() * self.scale), runs  # (B, H, Lq, 2k+1)
+        return self.key_table(q), runs  # (B, H, Lq, 2k+1)
 
     def offset_table(self, q: Tensor, num_keys: int) -> OffsetTable:
         """q · w^Kᵀ / √d_k (B, H, Lq, 2k + 1), one row per query, read at clip(j − i, k) + k (a^K only)."""
-        return OffsetTable.clipped(torch.matmul(q, self.rel_k.t() * self.scale), self.clip)
+        return OffsetTable.clipped(self.key_table(q), self.clip)
 
     def score_mod(self, q: Tensor, num_keys: int) -> ScoreMod:
         """score + (q · w^Kᵀ / √d_k)[b, h, q, clip(k − q, k) + k]: the (B, H, Lq, 2k + 1) table that :meth:`bias`
         gathers from, read by index (a^V, the value term, is not part of it)."""
-        return _clipped_distance_mod(self.offset_table(q, num_keys).table, self.clip)
+        return _clipped_distance_mod(self.key_table(q), self.clip)
 
     def value_term(self, weights: Tensor) -> Tensor | None:
         if self.rel_v is None:

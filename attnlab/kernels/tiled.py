@@ -247,6 +247,35 @@ def _kernel_args(
     return a, [t, sink, row_bias, lo, hi, keys, kcount], t
 
 
+def _call(name: str, *args: Any) -> None:
+    """Run the kernel's entry point ``name`` on torch's thread count; MemoryError when it ran out of memory."""
+    if getattr(_LIBRARY.require(), name)(*args, torch.get_num_threads()):
+        raise MemoryError("the tiled attention kernel ran out of memory")
+
+
+def _backward_buffers(
+    a: _Args, t: Tensor | None, z: Tensor, lse: Tensor, dz: Tensor, delta: Tensor, dq: Tensor, dk: Tensor,
+    dv: Tensor, table_grad: bool,
+) -> Tensor:  # fmt: skip
+    """Point ``a`` at a backward pass's inputs and (zeroed) outputs → the table's gradient it accumulates into,
+    (B, H, R, W) zeros like ``t`` (each (b, h) written by one thread), or an empty tensor without ``table_grad``."""
+    a.z, a.lse, a.dz, a.delta = z.data_ptr(), lse.data_ptr(), dz.data_ptr(), delta.data_ptr()
+    a.dq, a.dk, a.dvv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
+    if not table_grad or t is None:
+        return dz.new_empty(0)
+    d_table = torch.zeros(t.shape, dtype=dz.dtype)
+    a.dtable = d_table.data_ptr()
+    a.dts[:] = (d_table.stride(0), d_table.stride(1), d_table.stride(2) if t.shape[2] > 1 else 0)
+    return d_table
+
+
+def _fake_table_grad(q: Tensor, table: Tensor | None, table_grad: bool) -> Tensor:
+    """The fake kernels' table gradient: (B, H, R, W) for a (…, R, W) table, or empty."""
+    if not table_grad or table is None:
+        return q.new_empty(0)
+    return q.new_empty(q.shape[0], q.shape[1], table.shape[-2] if table.dim() == 4 else 1, table.shape[-1])
+
+
 def _forward_impl(
     q: Tensor,
     k: Tensor,
@@ -274,8 +303,7 @@ def _forward_impl(
     z = q.new_empty(B, H, Lq, v.shape[-1])
     lse = q.new_empty(B, H, Lq)
     a.z, a.lse = z.data_ptr(), lse.data_ptr()
-    if _LIBRARY.require().attnlab_tiled_forward(ctypes.byref(a), torch.get_num_threads()):
-        raise MemoryError("the tiled attention kernel ran out of memory")
+    _call("attnlab_tiled_forward", ctypes.byref(a))
     return z, lse
 
 
@@ -319,15 +347,8 @@ def _backward_impl(
     dz = dz.contiguous()
     delta = (dz * z).sum(-1)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    a.z, a.lse, a.dz, a.delta = z.data_ptr(), lse.data_ptr(), dz.data_ptr(), delta.data_ptr()
-    a.dq, a.dk, a.dvv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-    d_table = q.new_empty(0)
-    if table_grad and t is not None:
-        d_table = torch.zeros(t.shape, dtype=q.dtype)  # (B, H, R, W): each (b, h) written by one thread
-        a.dtable = d_table.data_ptr()
-        a.dts[:] = (d_table.stride(0), d_table.stride(1), d_table.stride(2) if t.shape[2] > 1 else 0)
-    if _LIBRARY.require().attnlab_tiled_backward(ctypes.byref(a), torch.get_num_threads()):
-        raise MemoryError("the tiled attention kernel ran out of memory")
+    d_table = _backward_buffers(a, t, z, lse, dz, delta, dq, dk, dv, table_grad)
+    _call("attnlab_tiled_backward", ctypes.byref(a))
     return dq, dk, dv, d_table, delta
 
 
@@ -338,13 +359,7 @@ _backward_op = torch.library.custom_op("attnlab::tiled_attention_backward", muta
 
 @_backward_op.register_fake
 def _backward_fake(dz, q, k, v, z, lse, table, lo, hi, keys, sink, *rest):
-    table_grad = rest[-1]
-    B, H = q.shape[:2]
-    if table_grad and table is not None:
-        t = table
-        d_table = q.new_empty(B, H, t.shape[-2] if t.dim() >= 2 and t.dim() == 4 else 1, t.shape[-1])
-    else:
-        d_table = q.new_empty(0)
+    d_table = _fake_table_grad(q, table, rest[-1])
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), d_table, q.new_empty(q.shape[:3])
 
 
@@ -540,21 +555,10 @@ def _pair_backward_impl(
     delta1 = (dz * z1).sum(-1)
     delta2 = -lam.to(dz.dtype) * (dz * z2).sum(-1)
     dq1, dk1, dq2, dk2, dv = (torch.zeros_like(t) for t in (q1, k1, q2, k2, v))
-    d_tables = []
-    for a, t, z, lse, delta, dq, dk in ((a1, t1, z1, lse1, delta1, dq1, dk1), (a2, t2, z2, lse2, delta2, dq2, dk2)):
-        a.z, a.lse, a.dz, a.delta = z.data_ptr(), lse.data_ptr(), dz.data_ptr(), delta.data_ptr()
-        a.dq, a.dk, a.dvv = dq.data_ptr(), dk.data_ptr(), dv.data_ptr()
-        d_table = q1.new_empty(0)
-        if table_grad and t is not None:
-            d_table = torch.zeros(t.shape, dtype=q1.dtype)
-            a.dtable = d_table.data_ptr()
-            a.dts[:] = (d_table.stride(0), d_table.stride(1), d_table.stride(2) if t.shape[2] > 1 else 0)
-        d_tables.append(d_table)
-    if _LIBRARY.require().attnlab_tiled_backward_pair(
-        ctypes.byref(a1), ctypes.byref(a2), float(lam), torch.get_num_threads()
-    ):
-        raise MemoryError("the tiled attention kernel ran out of memory")
-    return dq1, dk1, dq2, dk2, dv, d_tables[0], d_tables[1], delta1, delta2
+    dt1 = _backward_buffers(a1, t1, z1, lse1, dz, delta1, dq1, dk1, dv, table_grad)
+    dt2 = _backward_buffers(a2, t2, z2, lse2, dz, delta2, dq2, dk2, dv, table_grad)  # (its dv unread: a1's)
+    _call("attnlab_tiled_backward_pair", ctypes.byref(a1), ctypes.byref(a2), float(lam))
+    return dq1, dk1, dq2, dk2, dv, dt1, dt2, delta1, delta2
 
 
 _pair_backward_op = torch.library.custom_op(
@@ -564,16 +568,9 @@ _pair_backward_op = torch.library.custom_op(
 
 @_pair_backward_op.register_fake
 def _pair_backward_fake(dz, q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, table2, lo, hi, keys, sink, *rest):
-    table_grad = rest[-1]
-
-    def d_table(table: Tensor | None) -> Tensor:
-        if table_grad and table is not None:
-            rows = table.shape[-2] if table.dim() == 4 else 1
-            return q1.new_empty(q1.shape[0], q1.shape[1], rows, table.shape[-1])
-        return q1.new_empty(0)
-
+    d_tables = (_fake_table_grad(q1, table1, rest[-1]), _fake_table_grad(q1, table2, rest[-1]))
     grads = tuple(t.new_empty(t.shape) for t in (q1, k1, q2, k2, v))
-    return *grads, d_table(table1), d_table(table2), lse1.new_empty(lse1.shape), lse2.new_empty(lse2.shape)
+    return *grads, *d_tables, lse1.new_empty(lse1.shape), lse2.new_empty(lse2.shape)
 
 
 def _table_grad(d_table: Tensor, table: Tensor) -> Tensor:
