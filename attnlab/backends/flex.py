@@ -66,7 +66,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from attnlab.backends.base import Conditions, LayerSpec, register_backend, spec_of
+from attnlab.backends.base import Conditions, LayerSpec, build_backend, register_backend, spec_of
 from attnlab.backends.sdpa import FusedSoftmax
 from attnlab.forms import FormInputs, FormOutput
 from attnlab.forms.forgetting import cumulative_log_forget
@@ -331,6 +331,8 @@ class Flex(FusedSoftmax):
         q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
         B, Hq, Lq, _ = q.shape
         Lk = k.shape[2]
+        if Lq == 0 or Lk == 0:  # (FlexAttention fails an internal assert on an empty sequence): the eager path's z
+            return build_backend("eager").compute(spec, inputs, dropout)
         if form.differential:
             v = v.repeat(1, 2, 1, 1)  # (B, 2G, Lk, d_v): both maps of a head read the same values
         score_mod = score_mod_for(form, q, Lk)  # from q before the score's query_map, as the eager path

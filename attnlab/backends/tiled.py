@@ -151,6 +151,8 @@ class Tiled(FusedSoftmax):
         form = spec.form
         q, k, v, pm = inputs.q, inputs.k, inputs.v, inputs.mask
         Lq, Lk = q.shape[2], k.shape[2]
+        if Lq == 0 or Lk == 0:  # nothing to tile (no offsets for a bias table either): the eager path's empty/zero z
+            return build_backend("eager").compute(spec, inputs, dropout)
         keys = key_range(pm, Lq, Lk)
         if keys is None:  # a mask that is not intervals and key padding: the next backend that computes it
             return self._next(spec, inputs, dropout, q)
@@ -161,7 +163,7 @@ class Tiled(FusedSoftmax):
         kind = normalizer_kind(form)
         sink = None
         if kind == "sink":
-            sink = form.extra_logit().to(q.dtype).expand(spec.num_heads)
+            sink = form.extra_logit().to(q.dtype).expand(q.shape[1])  # (Hq,): differential attention's 2H, a map's own
         normalizer = "sigmoid" if kind == "sigmoid" else "softmax"
         sigmoid_bias = getattr(form.normalizer, "bias", None) if kind == "sigmoid" else None
 

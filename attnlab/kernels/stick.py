@@ -74,6 +74,8 @@ class StickRowOp:
             raise TypeError(f"stick-breaking kernel: logits must be contiguous 4-d float32/64, got {logits.dtype}")
         if out is None:  # the logits are the state: the weights go to a new tensor
             out = torch.empty_like(logits)
+        if logits.numel() == 0:  # (no row: nothing to do, and the kernel refuses an empty tensor's null pointers)
+            return out, (logits, allowed)
         B, H, Lq, Lk = logits.shape
         mask, strides = _mask_args(allowed, logits.shape)
         status = _LIBRARY.require().attnlab_stick_forward(
@@ -88,6 +90,8 @@ class StickRowOp:
         if not (d_weights.is_contiguous() and weights.is_contiguous()) or d_weights.dtype != weights.dtype:
             raise TypeError("stick-breaking kernel: d_weights and weights must be contiguous, of one dtype")
         d = d_weights if out is None else out
+        if weights.numel() == 0:
+            return d
         B, H, Lq, Lk = weights.shape
         mask, strides = _mask_args(allowed, weights.shape)
         status = _LIBRARY.require().attnlab_stick_backward(

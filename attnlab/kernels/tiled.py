@@ -499,9 +499,10 @@ def _pair_forward_impl(
     blas: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """z = z1 − λ z2 (B, H, Lq, d_v), then z1, z2 and the two maps' log-sum-exp (B, H, Lq), kept for the backward."""
-    rest = (lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas)
-    z1, lse1 = _forward_impl(q1, k1, v, table1, *rest)
-    z2, lse2 = _forward_impl(q2, k2, v, table2, *rest)
+    sink1, sink2 = _map_sinks(sink, q1.shape[1])
+    rest = (low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas)
+    z1, lse1 = _forward_impl(q1, k1, v, table1, lo, hi, keys, sink1, *rest)
+    z2, lse2 = _forward_impl(q2, k2, v, table2, lo, hi, keys, sink2, *rest)
     return z1 - lam.to(z1.dtype) * z2, z1, z2, lse1, lse2
 
 
@@ -548,9 +549,10 @@ def _pair_backward_impl(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq1, dk1, dq2, dk2, dv, the two tables' gradients (empty without ``table_grad``) and each map's D = Σ dz_m·z_m
     (B, H, Lq), dz_1 = dz and dz_2 = −λ dz: one pass of the kernel over both maps."""
-    rest = (lo, hi, keys, sink, low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas)
-    a1, _keep1, t1 = _kernel_args(q1, k1, v, table1, *rest)
-    a2, _keep2, t2 = _kernel_args(q2, k2, v, table2, *rest)
+    sink1, sink2 = _map_sinks(sink, q1.shape[1])
+    rest = (low, high, scale, softcap, sigmoid, sigmoid_bias, block_q, block_k, blas)
+    a1, _keep1, t1 = _kernel_args(q1, k1, v, table1, lo, hi, keys, sink1, *rest)
+    a2, _keep2, t2 = _kernel_args(q2, k2, v, table2, lo, hi, keys, sink2, *rest)
     dz = dz.contiguous()
     delta1 = (dz * z1).sum(-1)
     delta2 = -lam.to(dz.dtype) * (dz * z2).sum(-1)
@@ -573,6 +575,14 @@ def _pair_backward_fake(dz, q1, k1, q2, k2, v, lam, z1, z2, lse1, lse2, table1, 
     return *grads, *d_tables, lse1.new_empty(lse1.shape), lse2.new_empty(lse2.shape)
 
 
+def _map_sinks(sink: Tensor | None, heads: int) -> tuple[Tensor | None, Tensor | None]:
+    """The two maps' sink logits (H,) each: a (2H,) sink is the maps' own (component-major, as q: a learned sink
+    per map and head); an (H,) one serves both."""
+    if sink is None or sink.numel() != 2 * heads:
+        return sink, sink
+    return sink[:heads], sink[heads:]
+
+
 def _table_grad(d_table: Tensor, table: Tensor) -> Tensor:
     full = (1,) * (4 - table.dim()) + tuple(table.shape)
     return d_table.sum_to_size(full).reshape(table.shape)
@@ -590,9 +600,11 @@ def _pair_gradients(ctx: Any, dz: Tensor, saved: tuple[Tensor, ...], backward: A
     d_t2 = _table_grad(dt2, table2) if table2 is not None and needs[7] else None
     d_lam = -(dz * z2).sum().to(lam.dtype).reshape(lam.shape) if needs[5] else None
     d_sink = None
-    if sink is not None and needs[11]:  # each map's sink weight p₀ = e^{s_h − lse}: −Σ p₀ D over both maps
-        s = sink.to(lse1.dtype).view(1, -1, 1)
-        d_sink = -(torch.exp(s - lse1) * delta1 + torch.exp(s - lse2) * delta2).sum((0, 2)).to(sink.dtype)
+    if sink is not None and needs[11]:  # each map's sink weight p₀ = e^{s_h − lse}: −Σ p₀ D (over both maps, shared)
+        s1, s2 = (s.to(lse1.dtype).view(1, -1, 1) for s in _map_sinks(sink, q1.shape[1]))
+        g1 = -(torch.exp(s1 - lse1) * delta1).sum((0, 2))
+        g2 = -(torch.exp(s2 - lse2) * delta2).sum((0, 2))
+        d_sink = (torch.cat((g1, g2)) if sink.numel() == 2 * q1.shape[1] else g1 + g2).to(sink.dtype)
     return dq1, dk1, dq2, dk2, dv, d_lam, d_t1, d_t2, None, None, None, d_sink, *(None,) * len(ctx.scalars)
 
 
@@ -651,7 +663,8 @@ def tiled_differential(
     z_m = tiled_attention(q_m, k_m, v, bias_m, …) (B, H, Lq, d_v): q1, q2 (B, H, Lq, d), k1, k2 (B, G, Lk, d) (the same
     tensor where the maps share their keys), v (B, G, Lk, d_v), λ a 0-dim tensor; differentiable (once) in all of
     them, the tables and the sink. The forward is the two maps' passes; the backward is one pass over both, which
-    shares the products with the values (dV += (P1 − λP2)ᵀ dZ, dP = dZ Vᵀ): 8 block products instead of 10."""
+    shares the products with the values (dV += (P1 − λP2)ᵀ dZ, dP = dZ Vᵀ): 8 block products instead of 10.
+    ``sink``: (H,) both maps' sink logits, or (2H,) each map's own (map 1's heads first, as q)."""
     _check_inputs("tiled_differential", q1, k1, v, normalizer)
     _check_inputs("tiled_differential", q2, k2, v, normalizer)
     if q1.shape != q2.shape or k1.shape != k2.shape:

@@ -70,6 +70,14 @@ static inline void TILED_NAME(add_bias_grad)(REAL *dt, const REAL *g, int64_t i,
     dt[chi - clo] += acc;
 }
 
+/* σ(y) = e^{min(y, 0)} / (1 + e^{−|y|}): e^{−|y|} lies in (0, 1], so nothing overflows for any finite y (the plain
+   1 / (1 + e^{−y}) overflows e^{−y} to inf below y ≈ −88 in float32, and -ffast-math's reciprocal of inf is NaN).
+   Branch-free: two selects, one exp, one division, vectorised as the plain form was. */
+static inline REAL TILED_NAME(sigmoid)(REAL y) {
+    const REAL e = EXP(y > 0 ? -y : y);
+    return (y > 0 ? (REAL)1 : e) / ((REAL)1 + e);
+}
+
 /* The modified logits of row i over its visible part [a0, a1) of the block [j0, j0 + nk): the bias, the cap (cf,
    when not NULL, gets 1 - tanh^2, the cap's derivative); 0 outside [a0, a1). Returns the row's visible range
    through a0, a1 (a0 >= a1: none). */
@@ -140,9 +148,9 @@ static void TILED_NAME(fwd)(Job *job) {
                     const REAL bias = rb[i];
                     if (kr) {
                         for (int64_t j = a0; j < a1; ++j)
-                            x[j - j0] = kr[j] ? (REAL)1 / ((REAL)1 + EXP(-(x[j - j0] + bias))) : (REAL)0;
+                            x[j - j0] = kr[j] ? TILED_NAME(sigmoid)(x[j - j0] + bias) : (REAL)0;
                     } else {
-                        for (int64_t j = a0; j < a1; ++j) x[j - j0] = (REAL)1 / ((REAL)1 + EXP(-(x[j - j0] + bias)));
+                        for (int64_t j = a0; j < a1; ++j) x[j - j0] = TILED_NAME(sigmoid)(x[j - j0] + bias);
                     }
                     continue;
                 }
@@ -209,9 +217,10 @@ static void TILED_NAME(weights)(const Args *a, REAL *P, REAL *cf, const REAL *Q,
         TILED_NAME(modify)(a, x, cf ? cf + r * nk : NULL, b, h, i, j0, nk, &a0, &a1);
         if (a->normalizer == 1) {
             const REAL bias = rb[i];
-            for (int64_t j = a0; j < a1; ++j) {
-                const REAL p = (REAL)1 / ((REAL)1 + EXP(-(x[j - j0] + bias)));
-                x[j - j0] = !kr || kr[j] ? p : (REAL)0;
+            if (kr) { /* (two loops, as in the forward pass: one condition more and it is no longer vectorised) */
+                for (int64_t j = a0; j < a1; ++j) x[j - j0] = kr[j] ? TILED_NAME(sigmoid)(x[j - j0] + bias) : (REAL)0;
+            } else {
+                for (int64_t j = a0; j < a1; ++j) x[j - j0] = TILED_NAME(sigmoid)(x[j - j0] + bias);
             }
         } else {
             const REAL s = lse[r];
