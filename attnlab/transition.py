@@ -47,7 +47,8 @@ Four functions compute the same numbers:
   Factors are at least e^{log(eps) − 7} (:func:`_decay_exp`: no subnormal arithmetic). Linear attention
   (no decay, no β) is :class:`_CausalLinear`, the masked form with a backward pass written by hand (no second
   derivative).
-* :func:`effective_matrix`: the (L, L) matrix, O(L²) (per channel by the same halving blocks).
+* :func:`effective_matrix`: the (L, L) matrix, :func:`chunked` applied to the identity V = I (column j of the output
+  is the matrix's column j), so its numbers are the chunked form's, every exponent chunk-local; O(L² (C + d_k)) work.
 
 β may lie in (0, 2) (Grazzi et al. 2025: I − β k kᵀ with ‖k‖ = 1 has the eigenvalue 1 − β ∈ (−1, 1)); nothing here
 assumes β ≤ 1. Two richer transitions (:class:`Transition`'s ``householder_steps`` and ``low_rank``):
@@ -59,7 +60,7 @@ assumes β ≤ 1. Two richer transitions (:class:`Transition`'s ``householder_st
 * **Diagonal plus low rank** (RWKV-7, Peng et al. 2025): M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ. With
   u_t = a_tᵀ M_{t−1} (the state before the decay), a chunk is U = (I − A_ab)⁻¹ (A_ak V + (a ⊙ e^{b̃_{t−1}}) M₀),
   O = (q ⊙ e^{b̃}) M₀ + P_qb U + P_qk V, the four per-channel matrices by the halving route (every factor ≤ 1)
-  (:func:`_low_rank_chunked`, :func:`_low_rank_matrix`).
+  (:func:`_low_rank_chunked`; the effective matrix P_qk + P_qb (I − A_ab)⁻¹ A_ak is its map from V).
 This module is the bottom layer: it imports torch and :mod:`attnlab.checks` only.
 """
 
@@ -438,39 +439,37 @@ def _solve_unit_lower(a: Tensor, rhs: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(a + eye, rhs, upper=False, unitriangular=True)
 
 
-def effective_matrix(q: Tensor, k: Tensor, transition: Transition | None = None) -> Tensor:
-    """The lower-triangular map from v to the output: q, k (B, H, L, d_k), transition (:class:`Transition`) →
-    A (B, H, L, L), o = A v: P = (Q Kᵀ ⊙ Γ) per head (Sun et al. 2023; Yang et al. 2024, GLA), P_ij = Σ_c q_ic k_jc
-    exp(b_ic − b_jc) per channel (GLA; Kimi Team 2025, KDA), times T diag(β) under the delta rule (Yang et al. 2024,
+EFFECTIVE_CHUNK = 64
+"""The chunk size :func:`effective_matrix` runs :func:`chunked` with (the chunked backend's default)."""
+
+
+def effective_matrix(
+    q: Tensor, k: Tensor, transition: Transition | None = None, chunk_size: int = EFFECTIVE_CHUNK
+) -> Tensor:
+    """The lower-triangular map from v to the output: q (B, H, L, d_k), k (B, H, L·n, d_k), transition
+    (:class:`Transition`) → A (B, H, L, L·n), o = A v (n = ``householder_steps``, 1 but for DeltaProduct, whose A maps
+    the L·n values): A = P per head (Q Kᵀ ⊙ Γ; Sun et al. 2023; Yang et al. 2024, GLA) or per channel (P_ij =
+    Σ_c q_ic k_jc exp(b_ic − b_jc); GLA; Kimi Team 2025, KDA), times T diag(β) under the delta rule (Yang et al. 2024,
     DeltaNet's WY/UT form; Yang et al. 2025, Gated DeltaNet), signed; P_qk + P_qb (I − A_ab)⁻¹ A_ak with a low-rank
-    term (:func:`_low_rank_matrix`). With n = ``householder_steps`` > 1, k is (B, H, L·n, d_k) and A (B, H, L, L·n)
-    maps the L·n values (DeltaProduct). Γ is exp of differences of the global cumulative log-decay b, exact in
-    float64."""
+    term (Peng et al. 2025, RWKV-7).
+
+    It is :func:`chunked` (chunks of C = ``chunk_size`` tokens) applied to the identity, V = I (B, H, L·n, L·n):
+    column j of the output is the map's column j, with the chunked form's numbers, so that every exponent is a
+    chunk-local difference ≤ 0 and the delta rule a unit-triangular solve per chunk (not one of L × L). The matrix
+    on the whole sequence's cumulative log-decay b lost float32's precision as the gates forget: b_i − b_j, two sums
+    of order L·|log α|, keeps few digits of their difference (values 1.4e-5, gradients 6e-5 off the float64 loop at
+    L 4096 with log α ∈ (−20, −5), B 1, H 2, d_k 16, unit q and k; chunk-local 3e-7 and 1.7e-6). What remains is the
+    chunk's share, of order C·|log α|·eps (chunk-local b̃ up to C·|log α|). O(L² (C + d_k)) work, a few
+    (B, H, L, L·n) tensors of memory. Linear attention (no decay, no β) has no decay to lose and is the masked
+    Q Kᵀ (exact, and twice differentiable, unlike :class:`_CausalLinear`)."""
     transition = _resolve(transition)
     _check_sequence(q, k, None, transition)
-    transition = _bounded(transition)
-    n = transition.householder_steps
-    if n > 1:  # the map from the L·n values: the expanded sequence's rows at each token's last step
-        q, transition = _expanded(q, transition)
-    if transition.low_rank is not None:
-        return _low_rank_matrix(q, k, transition)
-    log_decay, beta = transition.log_decay, transition.beta
-    if transition.per_channel:
-        b = log_decay.cumsum(-2)  # (B, H, L, d_k)
-        P = _lower_channels(q, k, b)
-    else:
-        b = None if log_decay is None else log_decay.cumsum(-1)
-        P = _lower(torch.matmul(q, k.transpose(-1, -2)), b)  # (B, H, L, L)
-    if n > 1:  # only the read rows (the others' q is 0): (B, H, L, L·n)
-        P = P[:, :, n - 1 :: n]
-    if beta is None:
-        return P
-    if transition.per_channel:
-        kk = _lower_channels(k, k, b, -1)  # strictly below the diagonal
-    else:
-        kk = _lower(torch.matmul(k, k.transpose(-1, -2)), b, -1)  # strictly below the diagonal
-    T = _solve_unit_lower(beta.unsqueeze(-1) * kk, torch.diag_embed(beta))  # T diag(β), (B, H, L, L)
-    return torch.matmul(P, T)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    if transition.log_decay is None and transition.beta is None and transition.low_rank is None:
+        return _lower(torch.matmul(q, k.transpose(-1, -2)), None)  # linear attention: (B, H, L, L)
+    B, H, steps = k.shape[:3]
+    identity = torch.eye(steps, dtype=k.dtype, device=k.device).expand(B, H, steps, steps)
+    return chunked(q, k, identity, transition, chunk_size)
 
 
 # ---------------------------------------------------------------------------------------------- richer transitions
@@ -486,13 +485,6 @@ def _step_record(transition: Transition) -> Transition:
         rest = log_decay.new_zeros(*first.shape[:3], n - 1, *first.shape[4:])
         log_decay = torch.cat([first, rest], dim=3).flatten(2, 3)
     return Transition(log_decay, transition.beta)
-
-
-def _expanded(q: Tensor, transition: Transition) -> tuple[Tensor, Transition]:
-    """DeltaProduct's record as the delta rule over L·n steps (Siems et al. 2025; fla's ``gated_delta_product``
-    does the same): q (B, H, L, d_k) → q at each token's last step and 0 at the others (B, H, L·n, d_k), and the
-    token's log α at its first step, 0 (α = 1) at the others."""
-    return _at_last_step(q, transition.householder_steps), _step_record(transition)
 
 
 def _at_last_step(q: Tensor, n: int) -> Tensor:
@@ -523,19 +515,6 @@ def _low_rank_blocks(q: Tensor, k: Tensor, a: Tensor, b: Tensor, g: Tensor) -> t
     shift = (0, 0, 1, 0)  # row t ← row t − 1, row 0 ← 0
     A_ak, A_ab = (F.pad(m[..., :-1, :], shift) for m in (A_ak, A_ab))
     return P_qk, P_qb, A_ak, A_ab
-
-
-def _low_rank_matrix(q: Tensor, k: Tensor, transition: Transition) -> Tensor:
-    """The effective matrix of M_t = (diag(α_t) + b_t a_tᵀ) M_{t−1} + k_t v_tᵀ, o_t = M_tᵀ q_t (B, H, L, L):
-    with u_t = a_tᵀ M_{t−1}, U = (I − A_ab)⁻¹ A_ak V and O = P_qb U + P_qk V (:func:`_low_rank_blocks`), so
-    A = P_qk + P_qb (I − A_ab)⁻¹ A_ak (the generalized delta rule's chunk form, Peng et al. 2025, RWKV-7; fla's
-    ``dplr``)."""
-    a, b = transition.low_rank
-    if q.shape[2] == 0:
-        return q.new_zeros(*q.shape[:2], 0, 0)
-    g = _channel_log_decay(transition, q).cumsum(-2)
-    P_qk, P_qb, A_ak, A_ab = _low_rank_blocks(q, k, a, b, g)
-    return P_qk + torch.matmul(P_qb, _solve_unit_lower(-A_ab, A_ak))
 
 
 def _low_rank_chunked(q: Tensor, k: Tensor, v: Tensor, transition: Transition, chunk_size: int) -> Tensor:
