@@ -4,9 +4,14 @@
 step 0 (initialisation, before any update), every ``every_n_steps`` optimizer steps, and at the end of training,
 and logs :func:`attnlab.metrics.attention_stats` for every layer and head:
 ``attn/L{layer}H{head}/{metric}``, layer means ``attn/L{layer}/{metric}`` and model means ``attn/{metric}``.
-A layer whose attention module has ``differential = True`` (signed weights) is measured with ``signed=True`` and
-also logs ``negative_mass``; every other layer with ``signed=False``, so the logged columns never depend on the
-values of the weights and are the same at every step. Each layer's statistics use that layer's own mask.
+A layer whose form says its weights are signed (:meth:`attnlab.forms.Form.weights_signed`: differential attention,
+the decay and delta-rule forms, RWKV-7, MTA) is measured with ``signed=True, probability_rows=False``: it logs
+``negative_mass``, and its ``entropy``, ``entropy_norm``, ``max_prob`` and ``saturation`` are NaN (null in
+``metrics.jsonl``), since its rows are no probability distributions; the model means of those are then of the other
+layers. Every other layer is measured with ``signed=False``, so the logged columns never depend on the values of
+the weights and are the same at every step. Every probe logs ``attn/L{layer}/signed`` (1 for such a layer, 0
+otherwise) and ``attn/signed``, the fraction of the layers that are signed. Each layer's statistics use that
+layer's own mask.
 
 With ``heads=True`` (the default) the same probes also log what the heads do (:mod:`attnlab.heads`): the
 dilution of each head on the validation probe (``near_mass``, ``locality``), each layer's rank collapse
@@ -38,7 +43,7 @@ from attnlab.heads import HEAD_SCORES, dilution, head_scores, rank_residual
 from attnlab.metrics import attention_stats, flatten_stats, gate_stats
 from attnlab.runs import atomic_open
 
-__all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_attention_maps"]
+__all__ = ["AttentionDiagnostics", "DivergenceError", "DivergenceGuard", "plot_attention_maps", "weights_signed"]
 
 
 def plot_attention_maps(weights: list[Tensor], tokens: Tensor, pad_id: int | None, path: str | Path) -> Path:
@@ -175,24 +180,19 @@ class AttentionDiagnostics(L.Callback):
                 for hook in hooks:
                     hook.remove()
             masks = [None if m is None else m.allowed for m in encoder.build_masks(tokens)]
-            # differential attention has signed weights: its layers always report negative_mass (the others
-            # never), so a run logs the same columns at every step
+            # a layer whose form gives signed weights always reports negative_mass and no entropy or saturation
+            # (the others never and always), so a run logs the same columns at every step
+            signed = [weights_signed(layer.self_attn) for layer in encoder.layers]
             per_layer = [
-                attention_stats(
-                    r.weights,
-                    r.logits,
-                    key_mask,
-                    self.threshold,
-                    signed=bool(getattr(layer.self_attn, "differential", False)),
-                )
-                for r, layer, key_mask in zip(records, encoder.layers, masks, strict=True)
+                attention_stats(r.weights, r.logits, key_mask, self.threshold, signed=s, probability_rows=not s)
+                for r, s, key_mask in zip(records, signed, masks, strict=True)
             ]
             keep = None if encoder.pad_id is None else tokens != encoder.pad_id
             for stats, r in zip(per_layer, records, strict=True):
                 if r.gate is not None:  # the gated output (Qiu et al. 2025): its mean per head
                     stats.update(gate_stats(r.gate, keep))
             for stats, layer in zip(per_layer, encoder.layers, strict=True):
-                if getattr(getattr(layer.self_attn, "normalizer", None), "leaves_mass", False):
+                if getattr(getattr(layer.self_attn.form, "normalizer", None), "leaves_mass", False):
                     stats["leftover"] = 1.0 - stats["row_mass"]  # stick-breaking: the stick no key took
             ranks: dict[str, list[float]] = {"rank_residual": [], "rank_residual_attn": []}  # one per layer
             if self.heads:
@@ -207,6 +207,9 @@ class AttentionDiagnostics(L.Callback):
         finally:
             pl_module.train(was_training)
         flat = flatten_stats(per_layer)
+        # which layers' weights are signed (no entropy or saturation): per layer, and the fraction of the layers
+        flat |= {f"attn/L{n}/signed": float(s) for n, s in enumerate(signed)}
+        flat["attn/signed"] = sum(signed) / len(signed) if signed else 0.0
         # the largest |activation| of the residual stream after each layer, over the kept positions (the "massive
         # activations" of Sun et al. 2024, which Qiu et al. 2025 report the output gate lowers): the model's entry is
         # the largest over the layers, not their mean
@@ -312,6 +315,16 @@ class AttentionDiagnostics(L.Callback):
     def model_means(self, stats: dict[str, float]) -> dict[str, float]:
         """Only the model-level ``attn/{metric}`` entries of a flat stats dict."""
         return {k: v for k, v in stats.items() if k.count("/") == 1}
+
+
+def weights_signed(attention: torch.nn.Module) -> bool:
+    """Whether an attention module's weights may be negative, as its form says
+    (:meth:`attnlab.forms.Form.weights_signed`: differential attention, the decay and delta-rule forms, RWKV-7, MTA);
+    a module without a form (a user's own) by its ``differential`` attribute."""
+    form = getattr(attention, "form", None)
+    if form is not None and hasattr(form, "weights_signed"):
+        return bool(form.weights_signed())
+    return bool(getattr(attention, "differential", False))
 
 
 def _largest_activation(h: Tensor, keep: Tensor | None) -> Tensor:

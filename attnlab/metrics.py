@@ -31,6 +31,13 @@ row whose nonnegative mass is 0 (an all-zero softpick row, an all-nonpositive si
 it is left out of these five averages, and a head none of whose rows has one gets NaN for them. It still
 counts for ``row_mass``, ``support`` and ``negative_mass``, which are over all valid rows.
 
+Weights that are no probability rows at all (``probability_rows=False``: a layer whose form says its weights are
+signed, :meth:`attnlab.forms.Form.weights_signed`: differential attention, the decay and delta-rule forms, RWKV-7,
+MTA's head mixing) get no ``entropy``, ``entropy_norm``, ``max_prob`` or ``saturation`` (:data:`PROBABILITY_STATS`):
+they are NaN for every head, so the logged columns stay the same, and the model means are of the other layers. Their
+``attn_distance`` is still that of each row's nonnegative part (where the row reads from), and every raw-weight
+statistic is kept.
+
 Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
 
 * ``entropy``       ``H_i = -sum_j p_ij log p_ij`` in nats (``0 log 0 = 0``).
@@ -54,9 +61,9 @@ Metrics (``n_i`` = number of visible keys of row i, sums over visible keys j):
   (*Efficient Streaming Language Models with Attention Sinks*), where softmax parks the mass a head does not want
   to spend. Averaged over the valid rows i >= 1 that see key 0 (row 0 is left out: under a causal mask it sees only
   key 0, and its weight there says nothing); NaN when there is no such row.
-* ``negative_mass`` ``sum_j max(-w_ij, 0)``, the weight a signed (differential) row puts below zero. Present
-  when ``signed=True`` (then also for weights that happen to be all >= 0, where it is 0), or when
-  ``signed=None`` and some visible weight is negative; never with ``signed=False``.
+* ``negative_mass`` ``sum_j max(-w_ij, 0)``, the weight a signed row (differential attention, the delta rule) puts
+  below zero. Present when ``signed=True`` (then also for weights that happen to be all >= 0, where it is 0), or
+  when ``signed=None`` and some visible weight is negative; never with ``signed=False``.
 * ``leftover``      ``1 − sum_j w_ij``, the mass a stick-breaking row leaves unspent (Tan et al. 2025: the stick
   no key took, Π_k (1 − β_ik)), averaged over the valid rows; reported for a layer whose normalizer leaves mass
   (``leaves_mass``: ``stickbreaking``), beside ``row_mass``.
@@ -78,7 +85,19 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["RowDistribution", "attention_stats", "flatten_stats", "gate_stats", "row_distribution", "summarize"]
+__all__ = [
+    "PROBABILITY_STATS",
+    "RowDistribution",
+    "attention_stats",
+    "flatten_stats",
+    "gate_stats",
+    "row_distribution",
+    "summarize",
+]
+
+PROBABILITY_STATS: tuple[str, ...] = ("entropy", "entropy_norm", "max_prob", "saturation")
+"""The statistics that read a row as a probability distribution: NaN for weights that are no probability rows
+(:func:`attention_stats` with ``probability_rows=False``: a form whose weights are signed)."""
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -134,6 +153,7 @@ def attention_stats(
     key_mask: Tensor | None = None,
     threshold: float = 0.99,
     signed: bool | None = None,
+    probability_rows: bool = True,
 ) -> dict[str, Tensor]:
     """Per-head attention statistics of one layer.
 
@@ -148,6 +168,9 @@ def attention_stats(
         signed: whether to report ``negative_mass``: True always (0 for nonnegative weights), False never,
             None (default) only when some visible weight (of any head) is negative, which costs one
             device-to-host read; callers that know their normalizer should say so.
+        probability_rows: False for weights that are no probability rows (a form whose weights are signed,
+            :meth:`attnlab.forms.Form.weights_signed`): ``entropy``, ``entropy_norm``, ``max_prob`` and ``saturation``
+            (:data:`PROBABILITY_STATS`) are then NaN for every head; everything else is as with True.
 
     Returns:
         Dict of detached (H,) tensors, each the mean over valid (b, i) rows (at least one visible key) of the per-row
@@ -159,7 +182,8 @@ def attention_stats(
         rows i >= 1 that see key 0), and (see ``signed``) ``negative_mass`` = sum_j max(-w, 0). If ``logits`` is given,
         ``logit_std`` (population std over visible keys, row mean) and ``logit_max`` (max over visible entries of all
         rows and batch elements), the rows of all k maps of a head pooled. Rows with no visible key are excluded
-        everywhere. For softmax weights the renormalisation changes nothing beyond float rounding.
+        everywhere. For softmax weights the renormalisation changes nothing beyond float rounding. With
+        ``probability_rows=False`` the statistics of :data:`PROBABILITY_STATS` are NaN.
     """
     if weights.dim() != 4:
         raise ValueError(f"weights must be (B, H, Lq, Lk), got shape {tuple(weights.shape)}")
@@ -175,6 +199,8 @@ def attention_stats(
         )
     if signed is not None and not isinstance(signed, bool):
         raise TypeError(f"signed must be True, False or None, got {signed!r}")
+    if not isinstance(probability_rows, bool):
+        raise TypeError(f"probability_rows must be True or False, got {probability_rows!r}")
     w, visible, p, has_dist = row_distribution(weights, key_mask)
     dtype = w.dtype
     b, h, lq, lk = w.shape
@@ -215,6 +241,9 @@ def attention_stats(
         "support": _row_mean(support, valid),
         "first_mass": _row_mean(w[..., 0], visible[..., 0] & (torch.arange(lq, device=w.device) > 0)),
     }
+    if not probability_rows:  # no distribution to read: NaN, so that the columns stay those of any layer
+        for name in PROBABILITY_STATS:
+            stats[name] = torch.full_like(stats[name], math.nan)
     if signed is None:
         signed = bool((w < 0).any())  # masked entries are 0 here, so only visible weights count
     if signed:

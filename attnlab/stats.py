@@ -2,8 +2,9 @@
 
 Training's terminal reports (the tuned sweeper's table, :mod:`attnlab.training.tuned`), the dashboard
 (:mod:`attnlab.dashboard`) and the card (:mod:`attnlab.card`) print the same numbers the same way from here; this
-module imports nothing of attnlab, so that training never imports the dashboard (whose modules re-export these
-names as before: :mod:`attnlab.dashboard.stats`, :mod:`attnlab.dashboard.metrics`, :mod:`attnlab.dashboard.load`).
+module imports nothing of attnlab, so that training never imports the dashboard (these names' old paths in
+:mod:`attnlab.dashboard.stats`, :mod:`attnlab.dashboard.metrics`, :mod:`attnlab.dashboard.load` and
+:mod:`attnlab.dashboard.tuned` read through :mod:`attnlab.compat` until 1.0).
 
 * **Intervals and tests**: every interval in attnlab is the mean over seeds ± the half-width
   ``t_{0.975, n-1} · s / sqrt(n)`` (:func:`mean_ci`; sample standard deviation ``s``, ``n`` seeds; none with one
@@ -193,6 +194,7 @@ register_spec(r"attn/row_mass", "sum of a row's weights", low=0.0)
 register_spec(r"attn/negative_mass", "weight below 0", low=0.0)
 register_spec(r"attn/first_mass", "weight on the first key", **_FRACTION)
 register_spec(r"attn/leftover", "stick left over (1 − row sum)", **_FRACTION)
+register_spec(r"attn/signed", "layers with signed weights (no entropy)", unit="fraction", **_FRACTION)
 register_spec(r"attn/logit_std", "std of a row's logits", low=0.0)
 register_spec(r"attn/logit_max", "largest logit")
 register_spec(r"attn/attn_distance", "mean |i − j| attended", unit="tokens", low=0.0)

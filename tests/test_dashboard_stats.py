@@ -17,23 +17,20 @@ import numpy as np
 import pytest
 from scipy.stats import t as student_t
 
-from attnlab.dashboard import metrics as metrics_module
+from attnlab import stats as core_stats
 from attnlab.dashboard import stats as stats_module
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.load import MISSING, Run
-from attnlab.dashboard.metrics import MetricSpec, parse_metric, register_metric, spec_for
-from attnlab.dashboard.stats import (
-    MAX_CURVE_POINTS,
-    Cell,
-    Point,
-    aggregate,
-    best_runs,
-    curves,
-    headline,
+from attnlab.dashboard.metrics import register_metric
+from attnlab.dashboard.stats import MAX_CURVE_POINTS, Cell, Point, aggregate, best_runs, curves, headline
+from attnlab.stats import (
+    MetricSpec,
     holm,
     interval_text,
     mean_ci,
     paired_difference,
+    parse_metric,
+    spec_for,
     t_critical,
     t_two_sided_p,
     welch_difference,
@@ -929,7 +926,7 @@ def test_an_unknown_metric_gets_the_catch_all_spec() -> None:
 
 
 def test_a_registered_metric_takes_precedence_over_the_built_in_families() -> None:
-    before = list(metrics_module._FAMILIES)
+    before = list(core_stats._FAMILIES)
     assert spec_for("test/acc").title == "accuracy"
     made = None
     try:
@@ -938,8 +935,8 @@ def test_a_registered_metric_takes_precedence_over_the_built_in_families() -> No
         assert spec_for("test/acc@64") is made
         assert spec_for("val/acc").title == "accuracy"  # the pattern is matched in full
     finally:
-        metrics_module._FAMILIES[:] = [f for f in metrics_module._FAMILIES if made is None or f[1] is not made]
-    assert metrics_module._FAMILIES == before
+        core_stats._FAMILIES[:] = [f for f in core_stats._FAMILIES if made is None or f[1] is not made]
+    assert core_stats._FAMILIES == before
     assert spec_for("test/acc").title == "accuracy"
 
 

@@ -82,7 +82,8 @@ def test_diagnostics_log_at_step_zero_every_n_steps_and_at_the_end(tmp_path):
     assert diag.initial["attn/entropy_norm"] > 0.5  # near-uniform at initialisation
     # digits has no vocabulary: dilution and rank collapse, but no head-type scores (and a note saying why)
     heads = {"near_mass", "locality", "rank_residual", "rank_residual_attn"}
-    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in (*METRICS, *heads, "act_max")}
+    assert set(diag.model_means(diag.final)) == {f"attn/{m}" for m in (*METRICS, *heads, "act_max", "signed")}
+    assert diag.final["attn/signed"] == 0.0 and row["attn/L1/signed"] == 0.0  # softmax: no layer is signed
     assert {"attn/L1/rank_residual", "attn/L0/rank_residual_attn", "attn/L1H2/locality"} <= set(row)
     assert diag.notes and "pixel" in diag.notes[0]
 

@@ -24,7 +24,6 @@ import numpy as np
 
 from attnlab.dashboard.dims import Dimension, Sweep, format_value, wide_range
 from attnlab.dashboard.load import Run, natural_key
-from attnlab.dashboard.metrics import MetricSpec, spec_for
 from attnlab.dashboard.stats import (
     Curve,
     Series,
@@ -37,12 +36,14 @@ from attnlab.dashboard.stats import (
     pareto_points,
     x_position,
 )
+from attnlab.stats import MetricSpec, parse_metric, spec_for
 
 if TYPE_CHECKING:
     from attnlab.dashboard.tuned import TunedSweep
 
 __all__ = [
     "MAX_COLS",
+    "PROBABILITY_METRICS",
     "Style",
     "comparison_figure",
     "curves_figure",
@@ -52,6 +53,8 @@ __all__ = [
     "plain",
     "search_figure",
     "sensitivity_figure",
+    "signed_layers",
+    "signed_note",
     "unnormalised",
 ]
 
@@ -581,11 +584,73 @@ def curves_figure(
 ROW_MASS_TOLERANCE = 0.01  # a row mass this far from 1 (or any negative weight): not a distribution
 
 
+PROBABILITY_METRICS = ("entropy", "entropy_norm", "max_prob", "saturation")
+"""The statistics that read a row as a probability distribution (:data:`attnlab.metrics.PROBABILITY_STATS`): none
+for a layer whose weights are signed."""
+
+SIGNED_CELL = "signed"
+"""What a per-head heatmap of an entropy-like statistic shows in a layer whose weights are signed."""
+
+
+def _layer_finals(run: Run, name: str) -> dict[int, float]:
+    """The run's final ``attn/L{l}/{name}`` by layer l (the layers that logged a finite value)."""
+    out = {}
+    for metric in run.metric_names:
+        kind, base, where = parse_metric(metric)
+        if kind == "layer" and base == f"attn/{name}":
+            value = run.final(metric)
+            if value is not None:
+                out[where["layer"]] = value
+    return dict(sorted(out.items()))
+
+
+def signed_layers(run: Run) -> tuple[tuple[int, ...], int] | None:
+    """(the layers whose weights are signed, the number of layers) from the run's ``attn/L{l}/signed`` (1 where the
+    layer's form says its weights may be negative: differential attention, the decay and delta-rule forms, RWKV-7,
+    MTA); such a layer logs no entropy, ``max_prob`` or saturation. None for a run that logged no such marker (one
+    from before it was logged)."""
+    marks = _layer_finals(run, "signed")
+    if not marks:
+        return None
+    return tuple(layer for layer, value in marks.items() if value > 0.5), len(marks)
+
+
+def signed_note(run: Run) -> str | None:
+    """Why the run has no entropy-like statistic for some layers (``signed weights in layer 1 of 2: no entropy or
+    saturation there; ...``), or None when every layer has them (or the run logged no marker)."""
+    found = signed_layers(run)
+    if found is None or not found[0]:
+        return None
+    layers, total = found
+    if len(layers) == total:
+        return "signed weights in every layer: no entropy or saturation"
+    named = ", ".join(map(str, layers))
+    return (
+        f"signed weights in layer{'s' if len(layers) > 1 else ''} {named} of {total}: no entropy or saturation there; "
+        "the model's are of the other layers"
+    )
+
+
 def unnormalised(run: Run) -> str | None:
-    """Why the run's attention rows are no distribution, or None when they are: its final ``attn/row_mass`` is not
-    1 (GLA, the delta rule, sigmoid, softmax1: ``row mass 0.62``), or it has weight below 0 (``attn/negative_mass``:
-    signed effective weights, differential attention). Its ``entropy_norm``, ``max_prob`` and ``saturation`` are then
-    statistics of each row's nonnegative part renormalised to 1 (:mod:`attnlab.metrics`), not of the weights."""
+    """Why the run's attention rows, where it reports an entropy, are no distribution, or None when they are: its
+    final ``attn/row_mass`` is not 1 (linear attention without a normaliser, sigmoid, softmax1: ``row mass 0.62``),
+    or it has weight below 0 (``attn/negative_mass``). Its ``entropy_norm``, ``max_prob`` and ``saturation`` are
+    then statistics of each row's nonnegative part renormalised to 1 (:mod:`attnlab.metrics`), not of the weights.
+
+    A run that marks its signed layers (``attn/L{l}/signed``, :func:`signed_layers`) has no entropy for them, so only
+    its other layers are read here (their row masses; they never log weight below 0): a run whose every layer is
+    signed gives None (:func:`signed_note` says why it has no entropy). An older run is read from its model means
+    (its signed layers, differential attention's, were scored on their nonnegative part)."""
+    found = signed_layers(run)
+    if found is not None:
+        layers = found[0]
+        masses = [m for layer, m in _layer_finals(run, "row_mass").items() if layer not in layers]
+        if not masses:
+            return None
+        mass = sum(masses) / len(masses)
+        if abs(mass - 1.0) > ROW_MASS_TOLERANCE:
+            return f"rows that do not sum to 1 (row mass {mass:.3g})"
+        return None
     negative = run.final("attn/negative_mass")
     mass = run.final("attn/row_mass")
     if negative is not None and negative > 1e-6:
@@ -597,23 +662,37 @@ def unnormalised(run: Run) -> str | None:
 
 def head_figure(run: Run, metrics: Sequence[str]) -> dict[str, Any] | None:
     """The run's final per-layer x per-head values of ``metrics`` (``entropy_norm``, ``saturation``) as heatmaps
-    with a shared 0..1 colour bar; None when the run logged no per-head diagnostics."""
+    with a shared 0..1 colour bar; None when the run logged no per-head diagnostics. In a panel of an entropy-like
+    statistic (:data:`PROBABILITY_METRICS`), a layer whose weights are signed (:func:`signed_layers`) has no values:
+    its cells say ``signed`` and its row label ``(signed)``, and a note under the figure names those layers."""
     grids = [(m, run.head_grid(m)) for m in metrics]
     grids = [(m, g) for m, g in grids if g is not None]
     if not grids:
         return None
     why = unnormalised(run)
+    found = signed_layers(run)
+    signed = set(found[0]) if found is not None else set()
     layout = _grid(1, len(grids), [f"final {m}" + (" (renormalised rows)" if why else "") for m, _ in grids])
     layers, _heads = grids[0][1].shape
+    notes = []
     if why:  # said on the figure: these are not the entropy of the weights
+        notes.append(f"Not a distribution: {why}. These are of each row's nonnegative part, renormalised.")
+    if signed and any(m in PROBABILITY_METRICS for m, _ in grids):
+        named = ", ".join(map(str, sorted(signed)))
+        several = len(signed) > 1
+        notes.append(
+            f"Signed weights: no entropy or saturation in layer{'s' if several else ''} {named} "
+            f"({'their forms' if several else 'its form'} may give negative weights: no distributions)."
+        )
+    for k, text in enumerate(notes):
         layout["annotations"].append(
             {
-                "text": plain(f"Not a distribution: {why}. These are of each row's nonnegative part, renormalised."),
+                "text": plain(text),
                 "xref": "paper",
                 "yref": "paper",
                 "x": 0,
                 "y": 0,
-                "yshift": -40,
+                "yshift": -40 - 18 * k,
                 "xanchor": "left",
                 "yanchor": "top",
                 "showarrow": False,
@@ -622,9 +701,9 @@ def head_figure(run: Run, metrics: Sequence[str]) -> dict[str, Any] | None:
         )
     layout["height"] = 130 + max(150, 48 * layers)
     layout["margin"]["t"] = 40
-    if why:  # room for the note under the x axis title
-        layout["margin"]["b"] += 30
-        layout["height"] += 30
+    if notes:  # room for the notes under the x axis title
+        layout["margin"]["b"] += 12 + 18 * len(notes)
+        layout["height"] += 12 + 18 * len(notes)
     for i in range(len(grids)):
         layout[f"yaxis{_axis(i)}"]["domain"] = [0, 1]
     layout["coloraxis"] = {
@@ -636,23 +715,41 @@ def head_figure(run: Run, metrics: Sequence[str]) -> dict[str, Any] | None:
     data = []
     for i, (metric, grid) in enumerate(grids):
         n = _axis(i)
-        data.append(
-            {
-                "type": "heatmap",
-                "z": [[None if math.isnan(v) else round(float(v), 4) for v in row] for row in grid],
-                "x": list(range(grid.shape[1])),
-                "y": list(range(grid.shape[0])),
-                "xaxis": f"x{n}",
-                "yaxis": f"y{n}",
-                "coloraxis": "coloraxis",
-                "texttemplate": "%{z:.2f}",
-                "hovertemplate": f"{metric} layer %{{y}} head %{{x}}: %{{z:.3f}}<extra></extra>",
-            }
-        )
+        marked = signed if metric in PROBABILITY_METRICS else set()
+        trace = {
+            "type": "heatmap",
+            "z": [[None if math.isnan(v) else round(float(v), 4) for v in row] for row in grid],
+            "x": list(range(grid.shape[1])),
+            "y": list(range(grid.shape[0])),
+            "xaxis": f"x{n}",
+            "yaxis": f"y{n}",
+            "coloraxis": "coloraxis",
+            "texttemplate": "%{z:.2f}",
+            "hovertemplate": f"{metric} layer %{{y}} head %{{x}}: %{{z:.3f}}<extra></extra>",
+        }
+        if marked:  # the signed layers' cells say so (their values are NaN: no colour, no number)
+            trace["text"] = [
+                [SIGNED_CELL if layer in marked else ("" if math.isnan(v) else f"{v:.2f}") for v in row]
+                for layer, row in enumerate(grid)
+            ]
+            trace["customdata"] = [
+                [
+                    f"signed weights, no {metric}" if layer in marked else ("-" if math.isnan(v) else f"{v:.3f}")
+                    for v in row
+                ]
+                for layer, row in enumerate(grid)
+            ]
+            trace["texttemplate"] = "%{text}"
+            trace["hovertemplate"] = f"{metric} layer %{{y}} head %{{x}}: %{{customdata}}<extra></extra>"
+        data.append(trace)
         layout[f"xaxis{n}"].update(title={"text": "head", "standoff": 4}, tickvals=list(range(grid.shape[1])))
         layout[f"yaxis{n}"].update(
             title={"text": "layer", "standoff": 4}, tickvals=list(range(grid.shape[0])), autorange="reversed"
         )
+        if marked:
+            layout[f"yaxis{n}"]["ticktext"] = [
+                f"{layer} ({SIGNED_CELL})" if layer in marked else str(layer) for layer in range(grid.shape[0])
+            ]
     return _figure(data, layout)
 
 

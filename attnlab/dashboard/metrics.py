@@ -8,12 +8,12 @@ naming convention splits them into a *base* name and where it was measured:
 * ``attn/L<l>/<stat>``      one layer's mean (listed in the CSV only);
 * anything else             one number per run (drawn against the swept keys).
 
-The base name picks a :class:`MetricSpec` from the first family whose pattern matches it: the axis title and
-unit, the range that intervals are clipped to, which direction is better, whether the task's chance accuracy is
-drawn, and whether the value is shown as a percentage. A metric that no family names still gets drawn, with a
-plain spec; a new family is one :func:`register_metric` call, and every chart, table and CSV column picks it up.
-The specs, their families and :func:`spec_for` live in :mod:`attnlab.stats` (training's terminal reports use them
-too); this module adds where the dashboard lists each metric.
+The base name picks a :class:`~attnlab.stats.MetricSpec` from the first family whose pattern matches it: the axis
+title and unit, the range that intervals are clipped to, which direction is better, whether the task's chance
+accuracy is drawn, and whether the value is shown as a percentage. A metric that no family names still gets drawn,
+with a plain spec; a new family is one :func:`register_metric` call, and every chart, table and CSV column picks it
+up. The specs, their families and :func:`~attnlab.stats.spec_for` live in :mod:`attnlab.stats` (training's terminal
+reports use them too); this module adds where the dashboard lists each metric.
 
 Where a metric is listed by name (the page's views, the terminal table, the CSV columns) is registered here too:
 :func:`show_metric` puts a logged name in some of the :data:`VIEWS`, in the order of the calls, and
@@ -26,27 +26,27 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from attnlab.compat import forward
 from attnlab.registry import unknown_name_message
+from attnlab.stats import register_spec
 
-# The specs and their families moved to attnlab.stats (training prints intervals too, and never imports the
-# dashboard); importable from here as before. _FAMILIES: the one list of families, shared.
-from attnlab.stats import _FAMILIES, MetricSpec, parse_metric, plain_number, register_spec, si_number, spec_for  # noqa: F401
+if TYPE_CHECKING:
+    from attnlab.stats import MetricSpec
 
 __all__ = [
     "VIEWS",
-    "MetricSpec",
     "listed_metrics",
     "metrics_in",
-    "parse_metric",
-    "plain_number",
     "register_metric",
     "short_name",
     "show_metric",
-    "si_number",
-    "spec_for",
 ]
+
+# the specs and their families lived here before attnlab.stats (training prints intervals too, and never imports the
+# dashboard): they read through attnlab.compat's table, each with a DeprecationWarning
+__getattr__ = forward(__name__)
 
 
 VIEWS: dict[str, str] = {
@@ -135,6 +135,7 @@ show_metric("attn/logit_std", "final", "init", "csv")
 show_metric("attn/attn_distance", "final", "csv")
 show_metric("attn/first_mass", "final", "csv")
 show_metric("attn/negative_mass", "final", "csv")
+show_metric("attn/signed", "csv")  # the fraction of the layers whose weights are signed: a setting, never charted
 show_metric("attn/row_mass", "final", "csv")
 show_metric("attn/leftover", "final", "csv")
 show_metric("attn/support", "final", "csv")

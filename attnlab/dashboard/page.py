@@ -23,15 +23,16 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from attnlab.dashboard import figures
+import attnlab.dashboard.figures as figures
 from attnlab.dashboard.dims import Dimension, Sweep, format_value
 from attnlab.dashboard.heads import TYPE_COLOURS, atlas_figure, pruning_figure, rank_figure
 from attnlab.dashboard.load import Run, natural_key
-from attnlab.dashboard.metrics import listed_metrics, metrics_in, parse_metric, spec_for
-from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, half_width_text, headline
+from attnlab.dashboard.metrics import listed_metrics, metrics_in
+from attnlab.dashboard.stats import ALPHA, Headline, best_run, best_runs, grouped, headline
 from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
 from attnlab.heads import HEAD_THRESHOLD, HEAD_TYPES
 from attnlab.runs import RunFileError, read_bytes
+from attnlab.stats import half_width_text, parse_metric, spec_for
 
 __all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
 
@@ -339,21 +340,35 @@ def _tuned_html(tuned: TunedSweep) -> str:
 
 
 def _not_distributions(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> str:
-    """A sentence naming the configurations whose attention rows are no distribution
-    (:func:`~attnlab.dashboard.figures.unnormalised`: signed weights, or a row mass other than 1: GLA, the delta
-    rule), where ``metrics`` draws an entropy-like statistic of them; "" otherwise."""
-    drawn = [m for m in metrics if m.removeprefix("attn/") in ("entropy", "entropy_norm", "max_prob", "saturation")]
-    odd = [run for run in runs if run.ok and figures.unnormalised(run)]
-    if not drawn or not odd:
+    """Sentences naming the configurations with layers whose weights are signed, which have no entropy-like
+    statistic (:func:`~attnlab.dashboard.figures.signed_note`: the delta rule, RWKV-7, MTA, differential attention),
+    and those whose attention rows are no distribution (:func:`~attnlab.dashboard.figures.unnormalised`: a row mass
+    other than 1, or an older run's signed weights), where ``metrics`` draws an entropy-like statistic; "" when
+    there are none."""
+    drawn = [m for m in metrics if m.removeprefix("attn/") in figures.PROBABILITY_METRICS]
+    if not drawn:
         return ""
     named = sweep.label_dims(sweep.dims)
-    labels = sorted({sweep.label(run, named) or run.name for run in odd}, key=natural_key)
-    shown = ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
-    return (
-        f" Not entropies of a distribution for {_e(shown)}: their effective weights are signed or their rows do not "
-        f"sum to 1 ({_e(figures.unnormalised(odd[0]))}), so {_e(', '.join(drawn))} are statistics of each row's "
-        "nonnegative part renormalised to 1, not of the weights themselves."
-    )
+
+    def shown(group: Sequence[Run]) -> str:
+        labels = sorted({sweep.label(run, named) or run.name for run in group}, key=natural_key)
+        return ", ".join(labels[:4]) + (f" and {len(labels) - 4} more" if len(labels) > 4 else "")
+
+    text = ""
+    signed = [run for run in runs if run.ok and figures.signed_note(run)]
+    if signed:
+        text += (
+            f" No {_e(', '.join(drawn))} where the weights are signed (their rows are no distributions): "
+            f"{_e(shown(signed))} ({_e(figures.signed_note(signed[0]))})."
+        )
+    odd = [run for run in runs if run.ok and figures.unnormalised(run)]
+    if odd:
+        text += (
+            f" Not entropies of a distribution for {_e(shown(odd))}: their effective weights are signed or their rows "
+            f"do not sum to 1 ({_e(figures.unnormalised(odd[0]))}), so {_e(', '.join(drawn))} are statistics of each "
+            "row's nonnegative part renormalised to 1, not of the weights themselves."
+        )
+    return text
 
 
 def _chance_note(runs: Sequence[Run]) -> str:
