@@ -953,9 +953,7 @@ class RunFolder:
         try:
             lock.acquire()
         except Timeout:
-            raise RunFolderBusy(
-                f"run folder {self.path} is in use by {self._holder()}; wait for it to end, or use another folder"
-            ) from None
+            raise RunFolderBusy(self.busy_message()) from None
         holder = self.path / HOLDER_FILE
         try:
             write_json_atomic(
@@ -973,6 +971,11 @@ class RunFolder:
             return text + (f" ({info['command']})" if info.get("command") else "")
         except (OSError, ValueError, KeyError, TypeError):
             return "another process"
+
+    def busy_message(self) -> str:
+        """Why a run cannot start here while another process holds the lock (:class:`RunFolderBusy`'s message, also
+        what a dry run says of such a folder)."""
+        return f"run folder {self.path} is in use by {self._holder()}; wait for it to end, or use another folder"
 
     def is_active(self) -> bool | None:
         """Whether a process holds the lock now (None when that cannot be told: no lock file, as in folders of

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+import attnlab.stats as core_stats
+from attnlab.compat import forward
 from attnlab.runs import (
     ATTENTION_DIR,
     RunFileError,
@@ -32,7 +34,6 @@ from attnlab.runs import (
     iter_metrics,
 )
 from attnlab.runs import load_run as read_run_folder
-from attnlab.stats import finite  # (moved to attnlab.stats; importable from here as before)
 
 __all__ = [
     "COMPUTE_FIELDS",
@@ -43,11 +44,13 @@ __all__ = [
     "MetricLog",
     "Run",
     "find_run_dirs",
-    "finite",
     "load_run",
     "load_runs",
     "natural_key",
 ]
+
+# finite lived here before attnlab.stats: it reads through attnlab.compat's table, with a DeprecationWarning
+__getattr__ = forward(__name__)
 
 NO_SUMMARY = "failed (no summary)"
 RESOLVED_KEYS = {
@@ -86,7 +89,7 @@ the page draws at most :data:`attnlab.dashboard.stats.MAX_CURVE_POINTS` (200) st
 
 
 def _int(value: Any) -> int | None:
-    x = finite(value)
+    x = core_stats.finite(value)
     return None if x is None else int(x)
 
 
@@ -174,13 +177,13 @@ class MetricLog:
         """Take in one row."""
         self.row_count += 1
         raw_step = row.get("step")
-        step = finite(raw_step)
+        step = core_stats.finite(raw_step)
         at_zero = raw_step == 0
         for key, raw in row.items():
             series = self._series.get(key)
             if series is None:
                 series = self._series[key] = _Series(key)
-            value = raw if type(raw) is float and raw - raw == 0.0 else finite(raw)  # the common case first
+            value = raw if type(raw) is float and raw - raw == 0.0 else core_stats.finite(raw)  # the common case first
             if value is not None:
                 series.final = value
                 if at_zero and series.init is None:
@@ -414,12 +417,12 @@ class Run:
     @property
     def wall_time_s(self) -> float | None:
         """Wall time in seconds (from the summary)."""
-        return finite(self.summary.get("wall_time_s")) if self.summary else None
+        return core_stats.finite(self.summary.get("wall_time_s")) if self.summary else None
 
     @property
     def chance(self) -> float | None:
         """The task's chance accuracy (the summary's ``chance_accuracy``; None for runs older than it)."""
-        return finite(self.summary.get("chance_accuracy")) if self.summary else None
+        return core_stats.finite(self.summary.get("chance_accuracy")) if self.summary else None
 
     @property
     def optimized_metric(self) -> str | None:
@@ -436,7 +439,7 @@ class Run:
             return None
         if name == "state_size":
             return self.state_size
-        value = finite(self.summary.get(name))
+        value = core_stats.finite(self.summary.get(name))
         return None if value is None else COMPUTE_FIELDS[name](value)
 
     def final(self, metric: str) -> float | None:
@@ -445,8 +448,8 @@ class Run:
         if metric in COMPUTE_FIELDS:
             return self.compute(metric)
         metrics = _dig(self.summary, "metrics") if self.summary is not None else None
-        if isinstance(metrics, dict) and finite(metrics.get(metric)) is not None:
-            return finite(metrics[metric])
+        if isinstance(metrics, dict) and core_stats.finite(metrics.get(metric)) is not None:
+            return core_stats.finite(metrics[metric])
         return self.metric_log.final(metric)
 
     @functools.cached_property
@@ -491,8 +494,8 @@ class Run:
     def init(self, metric: str) -> float | None:
         """The step-0 value of a diagnostic: the summary's ``attn_init``, else the step-0 row of ``metrics.jsonl``."""
         init = _dig(self.summary, "attn_init") if self.summary else None
-        if isinstance(init, dict) and finite(init.get(metric)) is not None:
-            return finite(init[metric])
+        if isinstance(init, dict) and core_stats.finite(init.get(metric)) is not None:
+            return core_stats.finite(init[metric])
         return self.metric_log.init(metric)
 
     def curve(self, metric: str, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -567,6 +570,7 @@ def load_run(path: str | Path, root: str | Path | None = None) -> Run:
         rel = path.resolve().relative_to(Path(root).resolve()).as_posix()
         name = Path(root).resolve().name if rel == "." else rel
     loaded = read_run_folder(path, rows=False)
+    _check_compute(loaded.summary, RunFolder(loaded.path).summary_path, loaded.problems)
     log = MetricLog()
     metrics_path = RunFolder(loaded.path).metrics_path
     try:
@@ -574,6 +578,25 @@ def load_run(path: str | Path, root: str | Path | None = None) -> Run:
     except RunFileError as exc:  # a link, a FIFO, or a read failing part-way (the rows before it stay)
         loaded.problems.append(str(exc))
     return Run(path, name, loaded.config, loaded.summary, problems=loaded.problems, metric_log=log)
+
+
+def _check_compute(summary: dict[str, Any] | None, source: Path, problems: list[str]) -> None:
+    """summary.json's compute fields (:data:`COMPUTE_FIELDS`: ``params``, ``flops_per_token``, ...) are counts and
+    amounts: one that is negative or not finite (``NaN``, ``Infinity``, ``-5``: the folder is untrusted data, and
+    Python's JSON reads them) is a problem of the run, in the words of a mistyped field, and is ignored (read as
+    missing, never plotted or compared). A field of the wrong type is :mod:`attnlab.runs`' to report."""
+    if not summary:
+        return
+    for name in COMPUTE_FIELDS:
+        value = summary.get(name)
+        items = value if name == "state_size" and isinstance(value, list) else [value]
+        numbers = [v for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+        if all(math.isfinite(v) and v >= 0 for v in numbers):
+            continue
+        text = json.dumps(value, default=str)
+        text = text if len(text) <= 40 else text[:37] + "..."
+        problems.append(f"{source}: {name} is {text}, which is not a finite number >= 0; ignored")
+        summary[name] = None
 
 
 def load_runs(root: str | Path, runs: Sequence[Path] | None = None) -> list[Run]:

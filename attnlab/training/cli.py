@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 from attnlab.runs import RunFileError, RunFolder
 from attnlab.training.config import CONF_DIR, ConfigError, check_group_choices, check_override_text, group_choices
 
-__all__ = ["check_keys", "check_plugins", "hydra_main", "main", "with_run_overrides"]
+__all__ = ["check_key_text", "check_keys", "check_plugins", "hydra_main", "main", "with_run_overrides"]
 
 # command-line choices that need an optional Hydra plugin: (group, choice) -> (plugin module, extra)
 _PLUGINS = {
@@ -58,14 +58,71 @@ def check_plugins(overrides: list[str]) -> None:
             )
 
 
+def _odd_char(text: str) -> str | None:
+    """The first character of ``text`` that is not printable ASCII (what Hydra's grammar never reads in a key, nor
+    unquoted in a value), or None."""
+    return next((ch for ch in text if not (ch.isascii() and ch.isprintable())), None)
+
+
+def _named(ch: str) -> str:
+    """A character as a message names it: its repr and code point (``'é' (U+00E9)``)."""
+    return f"{ch!r} (U+{ord(ch):04X})"
+
+
+def check_key_text(overrides: list[str]) -> None:
+    """One line naming the character, for an override whose *key* is not ASCII (``dé_k=3``, ``task.é=1``): a config
+    key is ASCII letters, digits, ``_`` and ``-`` joined by dots, and Hydra's grammar reads nothing else in a key;
+    quoting does not help, so the message says so (and the closest key of the config, when there is one), instead
+    of the value's advice of :func:`~attnlab.training.config.check_override_text`. Flags and their values are
+    skipped."""
+    from attnlab.training.config.compose import _FLAGS_WITH_VALUE
+
+    skip = False
+    for arg in overrides:
+        if skip or arg.startswith("-"):
+            skip = not skip and arg in _FLAGS_WITH_VALUE
+            continue
+        raw = arg.partition("=")[0]
+        key = raw.removeprefix("override ").lstrip("+~").strip()
+        odd = _odd_char(key)
+        if odd is None:
+            continue
+        close = _closest_key(key)
+        hint = f"; did you mean '{close}'?" if close else ""
+        raise ConfigError(
+            f"cannot read the override {arg!r}: its key {key!r} has {_named(odd)}, and a config key is ASCII only "
+            f"(letters, digits, '_' and '-', joined by '.'), whatever the quoting{hint}"
+        )
+
+
+def _closest_key(key: str) -> str | None:
+    """The config's key closest to ``key`` (the default config's), or None."""
+    import difflib
+
+    known = _config_keys([])
+    close = difflib.get_close_matches(key, sorted(known or ()), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _config_keys(choices: list[str]) -> set[str] | None:
+    """Every dotted key of the config composed with the group ``choices``; None when it does not compose."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=choices)
+    except Exception:  # a bad group choice is reported elsewhere, anything else by Hydra itself
+        return None
+    return _flat_keys(OmegaConf.to_container(cfg, resolve=False))
+
+
 def check_keys(overrides: list[str]) -> None:
     """One line (with the closest key) for ``key=value`` whose key the config does not have, instead of Hydra's
     five-line "Could not override" message. The config is composed with the command line's group choices (the
-    first of a sweep's); anything this check cannot judge is left to Hydra."""
+    first of a sweep's, as Hydra expands it: ``variant=choice(dot,additive)`` → ``variant=dot``); anything this check
+    cannot judge is left to Hydra."""
     import difflib
-
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from attnlab.training.config import GROUPS
 
@@ -73,19 +130,22 @@ def check_keys(overrides: list[str]) -> None:
     for arg in overrides:
         if "=" not in arg or arg.startswith(("-", "+", "~")) or arg.startswith("hydra"):
             continue
-        key, value = _split(arg)
+        key = _split(arg)[0]
         if key in GROUPS or "/" in key:
-            choices.append(f"{key}={value.split(',')[0]}")
+            choices.append(arg)
         else:
             keys.append((key, arg))
     if not keys:
         return
+    from attnlab.training.plan import _first_values
+
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=choices)
-    except Exception:  # a bad group choice is reported elsewhere, anything else by Hydra itself
+        choices = _first_values(choices)
+    except ConfigError:  # (reported with the jobs)
         return
-    known = _flat_keys(OmegaConf.to_container(cfg, resolve=False))
+    known = _config_keys(choices)
+    if known is None:
+        return
     for key, arg in keys:
         if key not in known and not any(k.startswith(key + ".") for k in known):
             close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
@@ -106,7 +166,7 @@ def _flat_keys(node: Any, prefix: str = "") -> set[str]:
 # name code (it is then refused): Hydra's instantiation keys, and interpolations, which could assemble them
 _NOT_REAPPLIED = ("imports", "hydra")
 _CODE_MARKERS = ("_target_", "_partial_", "_args_", "_recursive_", "_convert_", "${")
-_PLAIN_KEY = re.compile(r"[A-Za-z_]\w*(\.\w+)*")
+_PLAIN_KEY = re.compile(r"[A-Za-z_]\w*(\.\w+)*", re.ASCII)
 
 
 def with_run_overrides(argv: list[str]) -> list[str]:
@@ -149,7 +209,16 @@ def _reapplied(run: RunFolder, recorded: list[str], given: set[str]) -> list[str
         try:
             (override,) = parser.parse_overrides([text])
         except Exception:  # (Hydra's grammar errors are several lines)
-            raise ConfigError(f"{run.summary_path}: the recorded override {text!r} cannot be parsed") from None
+            key, _, value = text.partition("=")
+            odd_key, odd_value = _odd_char(key), _odd_char(value)
+            why = (
+                f": its key has {_named(odd_key)}, and a config key is ASCII only"
+                if odd_key
+                else f": its value has {_named(odd_value)} unquoted"
+                if odd_value and "'" not in value and '"' not in value
+                else ""
+            )
+            raise ConfigError(f"{run.summary_path}: the recorded override {text!r} cannot be parsed{why}") from None
         key = override.key_or_group
         if key in given or key in _NOT_REPEATED or key.split("/")[0].split(".")[0] in _NOT_REAPPLIED:
             continue
@@ -190,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if a != "--dry-run"]
     try:
         check_group_choices(args, CONF_DIR)
+        check_key_text(args)  # (a key that is not ASCII: the character, not the value's advice)
         check_override_text(args)  # (after the choices: variant=scaléd keeps its "did you mean")
         check_plugins(args)
         check_keys(args)

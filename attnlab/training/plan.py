@@ -6,7 +6,24 @@ swept values; the tuned sweeper's grid on ``tune_seed``, then the seeds at each 
 is not known before the grid has run: its cost is the grid points' mean), each with the keys that vary between jobs
 (never cut), its steps, tokens and FLOPs per training step (:func:`attnlab.compute.step_flops`, the number a run
 records), and an estimate of its wall time. Nothing is written in a run or sweep folder; the only file touched is the
-step-time cache (below).
+step-time cache (below). The swept values are read by Hydra's own override parser and expanded as its sweeper
+expands them: ``d_k=8,16``, ``d_k=range(8,65,8)``, ``lr=choice(1e-3,1e-2)``, ``variant=glob(*delta*)``.
+
+**A large sweep is counted, not listed.** Composing and checking one job costs about a second, so a sweep of more
+than :data:`FULL_PLAN_JOBS` jobs is not built job by job: its jobs are counted (the product of the swept keys'
+values, never listed), and only representatives are composed, checked and timed. Jobs that differ only in
+:data:`COST_FREE_KEYS` (seed, learning rate, weight decay) take the same time, so when the other swept keys make at
+most :data:`MAX_SAMPLE_JOBS` distinct shapes, each shape is built once (with the cost-free keys' values spread over
+up to :data:`SAMPLE_JOBS` representatives) and the total is exact: each shape's time × its jobs. Otherwise
+:data:`SAMPLE_JOBS` to :data:`MAX_SAMPLE_JOBS` jobs are drawn as a Latin-hypercube sample (seed 0: every value of a
+key with at most that many values is in one of them) and the total is their mean × the count. The plan says which,
+and that the jobs not built were not checked.
+
+**A run folder that already holds a run** (``hydra.run.dir=<folder>``, or a job's folder of ``hydra.sweep.dir``
+given on the command line) is checked as the run checks it before it trains, by the same code and in the same
+words (:meth:`attnlab.training.lifecycle.Run.inspect_folder`): a finished run without ``resume=true`` or
+``overwrite=true`` is a job that would be refused, a folder another process holds is too, and a complete run asked
+to resume is a job that would change nothing.
 
 **The estimate** (seconds of one job, on this machine, one process):
 
@@ -39,10 +56,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
 import platform
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -55,8 +74,12 @@ from omegaconf import DictConfig, OmegaConf
 from attnlab.training.multirun import head_step_on
 
 __all__ = [
+    "COST_FREE_KEYS",
     "EVAL_FRACTION",
+    "FULL_PLAN_JOBS",
     "JOB_OVERHEAD_S",
+    "MAX_SAMPLE_JOBS",
+    "SAMPLE_JOBS",
     "START_S",
     "TIMED_STEPS",
     "Job",
@@ -77,6 +100,22 @@ START_S = 4.0
 """Seconds of Python's imports, once per command."""
 
 _TIME_INDEPENDENT = ("seed", "lr", "model.weight_decay", "max_steps", "max_tokens", "overwrite", "resume")
+FULL_PLAN_JOBS = 64
+"""A basic sweep of at most this many jobs is planned job by job (each composed, checked and timed); a larger one is
+counted and planned from representatives (:data:`SAMPLE_JOBS`)."""
+SAMPLE_JOBS = 8
+"""The representative jobs of a sweep of more than :data:`FULL_PLAN_JOBS` jobs: at least this many (fewer when its
+shapes are fewer and its cost-free keys have fewer values), and up to :data:`MAX_SAMPLE_JOBS` so that every value of
+each swept key is in one of them."""
+MAX_SAMPLE_JOBS = 12
+COST_FREE_KEYS = ("seed", "lr", "model.weight_decay")
+"""Keys that change neither the model, nor the data's shapes, nor the steps: jobs that differ only in them take the
+same time (a large sweep builds one job per distinct value of the other keys)."""
+MAX_VALUES = 10**6
+"""The most values one swept key may list (a larger ``range()`` of integers is never listed, only counted)."""
+MAX_ESTIMATES = 10_000
+"""A counted sweep of at most this many jobs still gives every job an estimate (its shape's, or the mean) for the
+sweep's "left" line; a larger one gives none."""
 
 
 @dataclass
@@ -103,6 +142,10 @@ class Job:
     """Why the job would be refused (one line), instead of an estimate."""
     note: str = ""
     """What the estimate assumed (a tuned sweep's seed job: the grid's mean)."""
+    weight: float = 1.0
+    """How many of the command's jobs this one stands for (more than 1: a representative of a counted sweep)."""
+    shape: tuple[int, ...] | None = None
+    """A counted sweep's representative: its values' indices at the keys that are not :data:`COST_FREE_KEYS`."""
 
     @property
     def tokens(self) -> int | None:
@@ -129,41 +172,201 @@ class Plan:
     parallel: int = 1
     """Jobs run at once (joblib's ``n_jobs``; 1 for the basic launcher)."""
     notes: list[str] = field(default_factory=list)
+    count: int | None = None
+    """The command's jobs when :attr:`jobs` holds only representatives of them (a counted sweep); else None."""
+    space: _Space | None = field(default=None, repr=False)
+    """A counted sweep's keys and values (its jobs by number, never listed)."""
+    grouped: bool = False
+    """A counted sweep whose every shape has a representative (:attr:`Job.shape`): its total is exact."""
+
+    @property
+    def total(self) -> int:
+        """The jobs the command runs (:attr:`count`, or every job of :attr:`jobs`)."""
+        return len(self.jobs) if self.count is None else self.count
+
+    @property
+    def sampled(self) -> bool:
+        """Whether :attr:`jobs` are representatives of more jobs (a counted sweep)."""
+        return self.count is not None
 
     @property
     def seconds(self) -> float:
         """The whole command: Python's start, then the jobs, ``parallel`` at a time (their sum divided: the
-        estimate of a machine whose cores the jobs share evenly)."""
-        return START_S + sum(j.seconds or 0.0 for j in self.jobs) / max(1, self.parallel)
+        estimate of a machine whose cores the jobs share evenly); a representative counts as the jobs it stands
+        for."""
+        return START_S + sum((j.seconds or 0.0) * j.weight for j in self.jobs) / max(1, self.parallel)
 
     def estimates(self) -> dict[str, float]:
-        """``{job number: seconds}`` (as strings: the sweep journal is JSON)."""
-        return {str(j.number): float(j.seconds) for j in self.jobs if j.seconds is not None}
+        """``{job number: seconds}`` (as strings: the sweep journal is JSON). A counted sweep of at most
+        :data:`MAX_ESTIMATES` jobs: each job its shape's estimate (or the representatives' mean); a larger one:
+        none."""
+        if not self.sampled:
+            return {str(j.number): float(j.seconds) for j in self.jobs if j.seconds is not None}
+        if self.space is None or self.total > MAX_ESTIMATES:
+            return {}
+        timed = [j for j in self.jobs if j.seconds is not None]
+        if not timed:
+            return {}
+        mean = sum(j.seconds * j.weight for j in timed) / sum(j.weight for j in timed)
+        by_shape: dict[tuple[int, ...], list[float]] = {}
+        for j in timed:
+            by_shape.setdefault(j.shape or (), []).append(float(j.seconds))
+        out = {}
+        for n in range(self.total):
+            times = by_shape.get(self.space.shape_of(n)) if self.grouped else None
+            out[str(n)] = sum(times) / len(times) if times else mean
+        return out
 
 
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
-    """The config of ``overrides`` as a job would get it (inside a running Hydra app, through its own loader)."""
-    from hydra import compose, initialize_config_dir
+@contextlib.contextmanager
+def _hydra() -> Any:
+    """Hydra initialised on conf/ for the block (the running app's, at a sweep's start): one initialisation for
+    every composition of a plan; yields its config loader (``glob()`` sweeps list a group's options through it)."""
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from attnlab.training.config import CONF_DIR
 
     if GlobalHydra.instance().is_initialized():  # (a sweep's start: Hydra's app is running)
-        return compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
+        yield GlobalHydra.instance().config_loader()
+        return
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader()
+
+
+def _compose(overrides: Sequence[str], hydra_config: bool = False) -> DictConfig:
+    """The config of ``overrides`` as a job would get it (inside a running Hydra app, through its own loader)."""
+    from hydra import compose
+
+    with _hydra():
         return compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
-def _split_jobs(arguments: Sequence[str]) -> list[list[str]]:
-    """The basic sweeper's jobs: the product of the swept values, in its order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+def _parse(arguments: Sequence[str]) -> list[Any]:
+    """``arguments`` parsed by Hydra's own override parser (with the config loader, for ``glob()``), as its sweeper
+    parses them; one line (:class:`ConfigError`) for what it cannot read."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
 
-    parsed = OverridesParser.create().parse_overrides(list(arguments))
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    from attnlab.training.config import ConfigError
+
+    key = tuple(arguments)
+    if key in _PARSED:  # (Hydra's parser takes about a second for a list of thousands of values: parsed once)
+        return list(_PARSED[key])
+    with _hydra() as loader:
+        try:
+            parsed = OverridesParser.create(config_loader=loader).parse_overrides(list(arguments))
+        except Exception as exc:  # (Hydra's grammar errors are several lines)
+            raise ConfigError(f"the sweep cannot be planned: {' '.join(str(exc).split())}") from None
+    globbed = any(o.value_type == ValueType.GLOB_CHOICE_SWEEP for o in parsed)  # (listed through the loader)
+    if not globbed:
+        while len(_PARSED) >= 4:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[key] = parsed
+    return list(parsed)
+
+
+_PARSED: dict[tuple[str, ...], list[Any]] = {}
+"""The last few overrides :func:`_parse` read, and what Hydra's parser made of them."""
+
+
+@dataclass
+class _Space:
+    """A basic sweep's jobs without listing them: each key (Hydra's order, its ``+``/``~`` kept) and its values as
+    override text (a ``range`` of integers kept as one, never listed). Job ``n`` is the ``n``-th of the product
+    of the values, the last key varying fastest (:meth:`BasicSweeper.split_arguments`'s order and numbering)."""
+
+    keys: list[str]
+    values: list[Sequence[Any]]
+
+    @property
+    def count(self) -> int:
+        return math.prod(len(v) for v in self.values)
+
+    def swept(self) -> list[int]:
+        """The keys (their indices) with more than one value."""
+        return [i for i, v in enumerate(self.values) if len(v) > 1]
+
+    def shaped(self) -> list[int]:
+        """The swept keys that may change a job's time (not :data:`COST_FREE_KEYS`)."""
+        return [i for i in self.swept() if self.keys[i].lstrip("+~") not in COST_FREE_KEYS]
+
+    def digits(self, number: int) -> list[int]:
+        out = [0] * len(self.values)
+        for i in reversed(range(len(self.values))):
+            number, out[i] = divmod(number, len(self.values[i]))
+        return out
+
+    def number(self, digits: Sequence[int]) -> int:
+        n = 0
+        for d, v in zip(digits, self.values, strict=True):
+            n = n * len(v) + d
+        return n
+
+    def shape_of(self, number: int) -> tuple[int, ...]:
+        digits = self.digits(number)
+        return tuple(digits[i] for i in self.shaped())
+
+    def job(self, number: int) -> list[str]:
+        """Job ``number``'s overrides (``key=value`` each, as Hydra's sweeper writes them)."""
+        values = zip(self.keys, self.values, self.digits(number), strict=True)
+        return [f"{k}={_value_text(v[d])}" for k, v, d in values]
+
+
+def _value_text(value: Any) -> str:
+    return value if isinstance(value, str) else str(value)
+
+
+def _space(arguments: Sequence[str], more: Sequence[str] = ()) -> _Space:
+    """The basic sweeper's jobs of ``arguments`` then ``more`` (the sweeper's ``params``, then the command line's):
+    each override as its sweeper reads it (a sweep's values from Hydra's own expansion, ``choice()``, ``range()``,
+    ``glob()`` and ``a,b`` alike; a later override of the same key replaces the earlier in its place), counted, not
+    listed."""
+    from attnlab.training.config import ConfigError
+
+    values: dict[str, Sequence[Any]] = {}
+    with _hydra():
+        for override in [*(_parse(arguments) if arguments else []), *(_parse(more) if more else [])]:
+            key = override.get_key_element()
+            if not override.is_sweep_override():
+                values[key] = [override.get_value_element_as_str()]
+                continue
+            if not override.is_discrete_sweep():
+                raise ConfigError(
+                    f"the sweep cannot be planned: BasicSweeper does not support sweep type : "
+                    f"{override.value_type.name} ({override.input_line}; interval() is for hydra/sweeper=optuna)"
+                )
+            value = override.value()
+            lazy = value.range() if override.is_range_sweep() and not value.shuffle else None
+            if isinstance(lazy, range):  # counted, never listed: range(0,10**9) costs nothing
+                values[key] = lazy
+                continue
+            listed = list(itertools.islice(override.sweep_string_iterator(), MAX_VALUES + 1))
+            if len(listed) > MAX_VALUES:
+                raise ConfigError(
+                    f"the sweep cannot be planned: {override.input_line} has more than {MAX_VALUES:,} values"
+                )
+            values[key] = listed
+    return _Space(list(values), list(values.values()))
+
+
+def _first_values(arguments: Sequence[str]) -> list[str]:
+    """``arguments`` with each sweep at its first value, as Hydra expands it (``d_k=8,16`` → ``d_k=8``,
+    ``d_k=range(8,65,8)`` → ``d_k=8``, ``lr=choice(1e-3,1e-2)`` → ``lr=0.001``); an ``interval()`` (Optuna's) is
+    left out: the config's own value."""
+    out = []
+    with _hydra():
+        for override in _parse(arguments):
+            if not override.is_sweep_override():
+                out.append(override.input_line)
+            elif override.is_discrete_sweep():
+                first = next(iter(override.sweep_string_iterator()), None)
+                if first is not None:
+                    out.append(f"{override.get_key_element()}={first}")
+    return out
 
 
 def _varying_labels(jobs: list[Job]) -> None:
@@ -186,41 +389,105 @@ def plan_command(argv: Sequence[str], fresh: bool = True, log: Callable[[str], N
     multirun = len(args) != len(argv) - ("--dry-run" in argv)
     hydra_args = [a for a in args if a.split("=", 1)[0].lstrip("+~").startswith("hydra")]
     task_args = [a for a in args if a not in hydra_args]
-    if not multirun:
-        plan = Plan("run", [Job(0, task_args)])
-    else:
-        try:
-            root = _compose(hydra_args + [_first(a) for a in task_args], hydra_config=True)
-        except Exception as exc:  # (Hydra's own errors are several lines)
-            raise ConfigError(f"the sweep cannot be planned: {' '.join(str(exc).split())}") from None
-        check_sweep_config(args)
-        target = str(OmegaConf.select(root, "hydra.sweeper._target_") or "")
-        if target.endswith("TunedSweeper"):
-            plan = _tuned_plan(root, task_args)
-        elif "optuna" in target.lower():
-            trials = int(OmegaConf.select(root, "hydra.sweeper.n_trials") or 0)
-            base = [_first(a) for a in task_args]
-            plan = Plan("optuna", [Job(n, base, note="a trial: its point is Optuna's choice") for n in range(trials)])
-            plan.notes.append(f"Optuna: {trials} trials, each estimated at the command line's first values")
+    with _hydra():  # (one initialisation for every composition of the plan)
+        if not multirun:
+            plan = Plan("run", [Job(0, task_args)])
         else:
-            params = [f"{k}={v}" for k, v in (OmegaConf.select(root, "hydra.sweeper.params") or {}).items()]
             try:
-                jobs = _split_jobs([*params, *task_args])
-            except Exception as exc:
+                root = _compose(hydra_args + _first_values(task_args), hydra_config=True)
+            except ConfigError:
+                raise
+            except Exception as exc:  # (Hydra's own errors are several lines)
                 raise ConfigError(f"the sweep cannot be planned: {' '.join(str(exc).split())}") from None
-            plan = Plan("sweep", [Job(n, list(o)) for n, o in enumerate(jobs)])
-    if multirun:
-        plan.parallel = _parallel(root)
-    plan.threads = _threads(task_args, plan.parallel)
-    _varying_labels(plan.jobs)
-    if plan.tuned is not None:  # a seed job's grid keys: the chosen point, not known before the grid has run
-        for job in plan.jobs:
-            if job.stage == "seeds":
-                job.label = " ".join(
-                    f"{k}=(chosen)" if (k := part.split("=", 1)[0]) in plan.tuned["grid"] else part
-                    for part in job.label.split(" ")
-                )
-    _cost(plan, fresh, log or (lambda _: None))
+            check_sweep_config(args)
+            target = str(OmegaConf.select(root, "hydra.sweeper._target_") or "")
+            if target.endswith("TunedSweeper"):
+                plan = _tuned_plan(root, task_args)
+            elif "optuna" in target.lower():
+                trials = int(OmegaConf.select(root, "hydra.sweeper.n_trials") or 0)
+                base = _first_values(task_args)
+                note = "a trial: its point is Optuna's choice"
+                plan = Plan("optuna", [Job(n, base, note=note) for n in range(trials)])
+                plan.notes.append(f"Optuna: {trials} trials, each estimated at the command line's first values")
+            else:
+                params = [f"{k}={v}" for k, v in (OmegaConf.select(root, "hydra.sweeper.params") or {}).items()]
+                plan = _sweep_plan(_space(params, task_args))
+        if multirun:
+            plan.parallel = _parallel(root)
+        plan.threads = _threads(task_args, plan.parallel)
+        if not plan.sampled:
+            _varying_labels(plan.jobs)
+        if plan.tuned is not None:  # a seed job's grid keys: the chosen point, not known before the grid has run
+            for job in plan.jobs:
+                if job.stage == "seeds":
+                    job.label = " ".join(
+                        f"{k}=(chosen)" if (k := part.split("=", 1)[0]) in plan.tuned["grid"] else part
+                        for part in job.label.split(" ")
+                    )
+        folders = _folder_check(plan, hydra_args)
+        _cost(plan, fresh, log or (lambda _: None), folders)
+    return plan
+
+
+def _sweep_plan(space: _Space) -> Plan:
+    """A basic sweep's plan: every job (at most :data:`FULL_PLAN_JOBS`), else the count and representatives."""
+    count = space.count
+    if count <= FULL_PLAN_JOBS:
+        return Plan("sweep", [Job(n, space.job(n)) for n in range(count)])
+    swept, shaped = space.swept(), space.shaped()
+    shapes = math.prod(len(space.values[i]) for i in shaped)
+    longest = max(len(space.values[i]) for i in swept)
+    rng = random.Random(0)
+    chosen: list[list[int]] = []
+    size = 0
+    if shapes <= MAX_SAMPLE_JOBS:  # every shape once; more (the shapes again) for the cost-free keys' values
+        free = [i for i in swept if i not in shaped]
+        reps = max(shapes, min(SAMPLE_JOBS, max((len(space.values[i]) for i in free), default=1)))
+        grid = list(itertools.product(*(range(len(space.values[i])) for i in shaped)))
+        for r in range(reps):
+            digits = [0] * len(space.values)
+            for i, d in zip(shaped, grid[r % shapes], strict=True):
+                digits[i] = d
+            for i in free:
+                digits[i] = r % len(space.values[i])
+            chosen.append(digits)
+    else:  # a Latin-hypercube sample: each key's values in a random order (repeated), one column per key
+        size = min(MAX_SAMPLE_JOBS, max(SAMPLE_JOBS, longest))
+        columns = {}
+        for i in swept:
+            n = len(space.values[i])
+            if n >= size:
+                columns[i] = rng.sample(range(n), size)
+            else:
+                columns[i] = [d for _ in range(-(-size // n)) for d in rng.sample(range(n), n)][:size]
+        chosen = [[columns[i][r] if i in columns else 0 for i in range(len(space.values))] for r in range(size)]
+    numbers = sorted({space.number(d) for d in chosen})
+    plan = Plan("sweep", [], count=count, space=space, grouped=shapes <= MAX_SAMPLE_JOBS)
+    per_shape: dict[tuple[int, ...], int] = {}
+    for n in numbers:
+        per_shape[space.shape_of(n)] = per_shape.get(space.shape_of(n), 0) + 1
+    for n in numbers:
+        overrides, shape = space.job(n), space.shape_of(n)
+        weight = count / shapes / per_shape[shape] if plan.grouped else count / len(numbers)
+        label = " ".join(o for i, o in enumerate(overrides) if i in swept) or "(the defaults)"
+        plan.jobs.append(Job(n, overrides, label=label, weight=weight, shape=shape))
+    sizes = " × ".join(f"{space.keys[i]} {len(space.values[i]):,}" for i in swept)
+    if plan.grouped:
+        cost_free = ", ".join(space.keys[i] for i in swept if i not in shaped) or "no key"
+        how = (
+            f"jobs that differ only in {cost_free} take the same time, and the other keys make {shapes:,} distinct "
+            f"shape(s): each shape was built ({len(numbers)} job(s) in all), and the total is each shape's time × "
+            f"its {count // shapes:,} jobs"
+        )
+    else:
+        how = (
+            f"{len(numbers)} representative jobs were drawn (a Latin-hypercube sample, seed 0: every value of a key "
+            f"with at most {size} values is in one of them), and the total is their mean × the count"
+        )
+    plan.notes.append(
+        f"{count:,} jobs is a count ({sizes} values), not a list: too many to compose and check one by one (over "
+        f"{FULL_PLAN_JOBS}); {how}. The other jobs were not built: a value that only they hold is not checked"
+    )
     return plan
 
 
@@ -249,15 +516,13 @@ def check_sweep_config(args: Sequence[str]) -> None:
     that are not swept, with every swept group at its default, so ``variant=deltanet,gated_deltanet
     variant.params.beta_range=2`` fails (the default variant has no ``beta_range``) although each of its jobs
     composes. ``args``: a multirun's overrides (``-m`` and ``--dry-run`` left out)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from attnlab.training.config import ConfigError
 
     hydra_args = [a for a in args if a.split("=", 1)[0].lstrip("+~").startswith("hydra")]
     task_args = [a for a in args if a not in hydra_args]
     try:
-        parsed = OverridesParser.create().parse_overrides(list(task_args))
-    except Exception:  # (reported with the jobs)
+        parsed = _parse(task_args)
+    except ConfigError:  # (reported with the jobs)
         return
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     swept = [o.input_line for o in parsed if o.is_sweep_override()]
@@ -271,14 +536,6 @@ def check_sweep_config(args: Sequence[str]) -> None:
             f"{', '.join(swept)} at their defaults, and that fails: {' '.join(str(exc).split())}; run one sweep per "
             f"value of the swept group (or sweep the fixed key too)"
         ) from None
-
-
-def _first(arg: str) -> str:
-    """A swept override's first value (``d_k=8,512`` → ``d_k=8``; ``x=range(1,3)`` is left to Hydra)."""
-    key, sep, value = arg.partition("=")
-    if not sep or value.startswith(("[", "{", "'", '"')) or "(" in value:
-        return arg
-    return f"{key}={value.split(',')[0]}"
 
 
 def _tuned_plan(root: DictConfig, task_args: list[str]) -> Plan:
@@ -326,27 +583,44 @@ def _tuned_plan(root: DictConfig, task_args: list[str]) -> Plan:
 # ------------------------------------------------------------------------------------------------- costing
 
 
-def _cost(plan: Plan, fresh: bool, log: Callable[[str], None]) -> None:
-    """Compose and check each job's config, count its FLOPs, time (or look up) its model's step, estimate it."""
+_FolderSpec = Callable[[Job], tuple[list[str], int | None]]
+"""A job → the Hydra overrides to compose it with for its run folder, and its number (None: a single run)."""
+
+
+def _cost(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _FolderSpec | None = None) -> None:
+    """Compose and check each job's config (and its run folder, ``folders``), count its FLOPs, time (or look up)
+    its model's step, estimate it."""
     import torch
 
     threads_before = torch.get_num_threads()
     torch.set_num_threads(plan.threads)  # (the jobs' own count: timed as they will run, keyed by it in the cache)
     try:
-        _cost_jobs(plan, fresh, log)
+        _cost_jobs(plan, fresh, log, folders)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None]) -> None:
+_OUTCOME = ("steps", "batch_size", "seq_len", "flops_per_step", "step_s", "seconds", "error", "note")
+
+
+def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _FolderSpec | None) -> None:
     from attnlab.training.config import ConfigError
 
     cache = _Cache.load()
     models: dict[str, tuple[float | None, Any]] = {}
+    built: dict[tuple[Any, ...], Job] = {}  # jobs of the same overrides and folder (Optuna's trials): built once
     started = time.perf_counter()
     for job in plan.jobs:
+        spec = folders(job) if folders is not None else None
+        same = built.get((*job.overrides, repr(spec)))
+        if same is not None:
+            for name in _OUTCOME:
+                setattr(job, name, getattr(same, name))
+            continue
+        built[(*job.overrides, repr(spec))] = job
         try:
-            cfg, datamodule, module = _build(job.overrides)
+            cfg, datamodule, module, folder = _build(job.overrides, spec)
+            from_step = _inspect_folder(cfg, folder, job) if folder is not None else 0
         except ConfigError as exc:
             job.error = str(exc)
             continue
@@ -354,6 +628,9 @@ def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None]) -> None:
             job.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
             continue
         job.steps, job.batch_size, job.seq_len = int(cfg.max_steps), datamodule.batch_size, datamodule.seq_len
+        if from_step is None:  # a complete run asked to resume: the command changes nothing
+            job.seconds = 0.0
+            continue
         key = _model_key(job.overrides, datamodule)
         if key not in models:
             step_s = None if fresh else cache.get(key)
@@ -368,7 +645,7 @@ def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None]) -> None:
             models[key] = (step_s, flops)
         job.step_s, job.flops_per_step = models[key]
         if job.step_s is not None:
-            job.seconds = estimate_job(cfg, datamodule, job.step_s, plan.kind != "run")
+            job.seconds = estimate_job(cfg, datamodule, job.step_s, plan.kind != "run", from_step=from_step)
     plan.timing_s = time.perf_counter() - started
     if plan.kind == "tuned":  # a seed job's chosen point is unknown: the mean of its configuration's grid
         tune = [j for j in plan.jobs if j.stage == "tune"]
@@ -381,9 +658,15 @@ def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None]) -> None:
     cache.save()
 
 
-def _build(overrides: Sequence[str]) -> tuple[DictConfig, Any, Any]:
+def _build(
+    overrides: Sequence[str], folder: tuple[list[str], int | None] | None = None
+) -> tuple[DictConfig, Any, Any, Path | None]:
     """A job's config, checked as the run checks it before writing anything (:class:`ConfigError` in one line),
-    its datamodule and its model."""
+    its datamodule, its model, and, with ``folder`` (Hydra's overrides and the job's number: :func:`_job_folder`),
+    its run folder where it exists (composed once: the config is the same as without Hydra's node, as
+    :func:`hydra.compose` makes it)."""
+    from omegaconf import open_dict
+
     from attnlab.training.config import (
         build_module,
         check_resolves,
@@ -392,7 +675,14 @@ def _build(overrides: Sequence[str]) -> tuple[DictConfig, Any, Any]:
         validate_config,
     )
 
-    cfg = _compose(overrides)
+    path = None
+    if folder is None:
+        cfg = _compose(overrides)
+    else:
+        cfg = _compose([*folder[0], *overrides], hydra_config=True)
+        path = _job_folder(cfg, folder[1])
+        with open_dict(cfg):  # (what hydra.compose does without return_hydra_config)
+            del cfg["hydra"]
     check_resolves(cfg)
     import_user_modules(cfg)
     with _quiet():
@@ -400,7 +690,73 @@ def _build(overrides: Sequence[str]) -> tuple[DictConfig, Any, Any]:
         if resolve_match(cfg, datamodule) is not None:
             datamodule = validate_config(cfg)
         module = build_module(cfg, datamodule)
-    return cfg, datamodule, module
+    return cfg, datamodule, module, path
+
+
+def _folder_check(plan: Plan, hydra_args: Sequence[str]) -> _FolderSpec | None:
+    """Where the command line names a run folder that may hold a run already (``hydra.run.dir`` of a single run,
+    ``hydra.sweep.dir`` of a basic sweep: the tuned sweeper checks its own folder when it starts, and an Optuna
+    trial's folder is named by its point): for each job, the Hydra overrides to compose it with and its number
+    (None for a single run). None where no job's folder can hold a run (Hydra's default folders are new, named by
+    the time)."""
+    given = {a.split("=", 1)[0].lstrip("+~") for a in hydra_args if "=" in a}
+    if plan.kind == "run" and "hydra.run.dir" in given:
+        return lambda job: (list(hydra_args), None)
+    if plan.kind == "sweep" and "hydra.sweep.dir" in given:
+        return lambda job: (list(hydra_args), job.number)
+    return None
+
+
+def _job_folder(root: DictConfig, number: int | None) -> Path | None:
+    """The run folder of the job composed as ``root`` (Hydra's node kept), as Hydra names it: ``hydra.run.dir`` of a
+    single run (``number`` None), else ``hydra.sweep.dir``/``hydra.sweep.subdir`` with ``hydra.job.num`` =
+    ``number`` (``hydra.job.override_dirname`` is the job's overrides', as its launcher composes them). None when it
+    does not exist yet or cannot be told (a folder that is not there holds no run)."""
+    from omegaconf import open_dict, read_write
+
+    try:
+        if number is None:
+            path = Path(str(OmegaConf.select(root, "hydra.run.dir", throw_on_resolution_failure=True)))
+        else:
+            with read_write(root.hydra), open_dict(root.hydra):
+                root.hydra.job.num = number  # (as the launcher sets it)
+            sweep = Path(str(root.hydra.sweep.dir))
+            if not sweep.is_dir():
+                return None
+            path = sweep / str(root.hydra.sweep.subdir)
+    except Exception:  # (an interpolation that only the running app resolves)
+        return None
+    return path if os.path.lexists(path) else None
+
+
+def _inspect_folder(cfg: DictConfig, folder: Path, job: Job) -> int | None:
+    """What the run would decide of ``folder`` before it trains, by its own checks and words
+    (:meth:`attnlab.training.lifecycle.Run.inspect_folder`; the imports a resume would take from the folder; the
+    folder's lock): raises :class:`ConfigError` with the refusal the command would print; else the step the run
+    starts from (0 for a new run, the run's steps for a resume), or None for a complete run asked to resume (it
+    changes nothing). Only reads."""
+    from attnlab.runs import RunFileError, RunFolder, RunFolderBusy
+    from attnlab.training.config import ConfigError
+    from attnlab.training.lifecycle import Run, _one_line, shown
+
+    if RunFolder(folder).is_active():  # another process writes it: the run would wait for its lock, then give up
+        raise ConfigError(RunFolder(folder).busy_message())
+    run = Run(cfg, folder)
+    try:
+        if run.resuming:
+            run._check_stored_imports()
+        run.inspect_folder()
+    except (ConfigError, RunFolderBusy, RunFileError) as exc:
+        raise ConfigError(_one_line(exc)) from None
+    previous = run.previous
+    if run.complete:
+        steps = previous.steps if previous is not None else "?"
+        job.note = f"the run in {shown(folder)} is complete ({steps} steps): the command would change nothing"
+        return None
+    if run.kind in ("resume", "extend") and previous is not None:
+        job.note = f"{run.kind}s the run in {shown(folder)} from step {previous.steps or 0}"
+        return int(previous.steps or 0)
+    return 0
 
 
 @contextlib.contextmanager
@@ -494,10 +850,10 @@ def _batches(cfg: DictConfig, datamodule: Any, split: str) -> int:
     return whole
 
 
-def estimate_job(cfg: DictConfig, datamodule: Any, step_s: float, multirun: bool) -> float:
-    """The estimated seconds of one job (see the module docstring): its steps at ``step_s`` each, its evaluations,
-    its test, its head step and :data:`JOB_OVERHEAD_S`."""
-    steps = int(cfg.max_steps)
+def estimate_job(cfg: DictConfig, datamodule: Any, step_s: float, multirun: bool, from_step: int = 0) -> float:
+    """The estimated seconds of one job (see the module docstring): its steps at ``step_s`` each (those after
+    ``from_step``: a resume), its evaluations, its test, its head step and :data:`JOB_OVERHEAD_S`."""
+    steps = max(0, int(cfg.max_steps) - int(from_step))
     eval_s = step_s * EVAL_FRACTION
     val, test = _batches(cfg, datamodule, "val"), _batches(cfg, datamodule, "test")
     evaluations = math.ceil(steps / max(1, int(cfg.eval_every))) + 1
@@ -572,7 +928,10 @@ def print_plan(plan: Plan, command: str) -> None:
 
     console = plain_console()
     kinds = {"run": "a single run", "sweep": "a sweep", "tuned": "a tuned sweep", "optuna": "an Optuna search"}
-    console.print(f"dry run: {command} — {kinds[plan.kind]} of {len(plan.jobs)} job(s); nothing was run or written")
+    counted = f" (a count: {len(plan.jobs)} representative(s) below)" if plan.sampled else ""
+    console.print(
+        f"dry run: {command} — {kinds[plan.kind]} of {plan.total:,} job(s){counted}; nothing was run or written"
+    )
     if plan.tuned is not None:
         t = plan.tuned
         grid = ", ".join(f"{k}: {v}" for k, v in t["grid"].items())
@@ -609,16 +968,33 @@ def print_plan(plan: Plan, command: str) -> None:
     for job in plan.jobs:
         if job.error:
             console.print(f"  job {job.number} would be refused: {job.error}")
+        elif job.note and plan.kind in ("run", "sweep"):
+            console.print(f"  job {job.number}: {job.note}")
     estimated = [j for j in plan.jobs if j.seconds is not None]
     total = plan.seconds
+    of = (
+        f"{len(estimated)} of the {len(plan.jobs)} representative jobs estimated, each standing for its share of "
+        f"the {plan.total:,}"
+        if plan.sampled
+        else f"{len(estimated)} of {len(plan.jobs)} jobs estimated"
+    )
     console.print(
-        f"estimated: {minutes(total)} in all ({total / 60:.1f} min, {_at_once(plan.parallel)}; {len(estimated)} of "
-        f"{len(plan.jobs)} jobs estimated), {plan.threads} thread(s) a job · step times: {plan.timed_models} model(s) "
-        f"timed now, {plan.cached_models} from the cache ({plan.timing_s:.1f} s)"
+        f"estimated: {minutes(total)} in all ({total / 60:.1f} min, {_at_once(plan.parallel)}; {of}), "
+        f"{plan.threads} thread(s) a job · step times: {plan.timed_models} model(s) timed now, {plan.cached_models} "
+        f"from the cache ({plan.timing_s:.1f} s)"
     )
     for note in plan.notes:
         console.print(f"note: {note}")
-    if any(j.error for j in plan.jobs):
+    refused = [j for j in plan.jobs if j.error]
+    if refused and plan.sampled:
+        share = sum(j.weight for j in refused)
+        console.print(
+            f"{len(refused)} of the {len(plan.jobs)} representative jobs would be refused (they stand for about "
+            f"{share:,.0f} of the {plan.total:,} jobs): the sweep runs the others and exits 1"
+        )
+    elif refused and plan.kind == "run":
+        console.print("the command would be refused: it would print the error below, change nothing and exit 2")
+    elif refused:
         console.print("some jobs would be refused: the sweep runs the others and exits 1")
 
 
@@ -628,6 +1004,7 @@ def _at_once(parallel: int) -> str:
 
 def dry_run(argv: list[str]) -> int:
     """``python train.py ... --dry-run``: print the plan; exit code 0, or 2 when every job would be refused."""
+    from attnlab.console import printable
     from attnlab.training.config import ConfigError
 
     command = "python train.py " + " ".join(a for a in argv if a != "--dry-run")
@@ -638,7 +1015,7 @@ def dry_run(argv: list[str]) -> int:
         return 2
     print_plan(plan, command.strip())
     if plan.jobs and all(j.error for j in plan.jobs):
-        if len(plan.jobs) == 1:
-            print(f"error: {plan.jobs[0].error}", file=sys.stderr)
+        if len(plan.jobs) == 1:  # (the line the command itself would print)
+            print(f"error: {printable(plan.jobs[0].error)}", file=sys.stderr)
         return 2
     return 0
