@@ -1,8 +1,9 @@
-"""Decay and delta-rule attention (:mod:`attnlab.recurrences`: RetNet, GLA, DeltaNet, Gated DeltaNet, KDA; and the
-forms of :mod:`attnlab.forms`: DeltaProduct, RWKV-7): the three forms (``recurrent_form``, ``chunked_form``,
-``effective_matrix``), their closed forms, long sequences, and the layers built on them (the ``chunked``,
-``recurrent`` and ``eager`` backends, refusals, the state size), against references written plainly here (an explicit
-state matrix updated one token at a time, explicit loops over i and j), in float64, values and gradients.
+"""Decay and delta-rule attention (:mod:`attnlab.forms.transitions`: RetNet, GLA, DeltaNet, Gated DeltaNet, KDA; and
+the forms of :mod:`attnlab.forms`: DeltaProduct, RWKV-7): the three forms of :mod:`attnlab.transition`
+(``recurrent``, ``chunked``, ``effective_matrix``), their closed forms, long sequences, and the layers built on them
+(the ``chunked``, ``recurrent`` and ``eager`` backends, refusals, the state size), against references written plainly
+here (an explicit state matrix updated one token at a time, explicit loops over i and j), in float64, values and
+gradients.
 
 The layers tested are every recurrent form of the registry beside linear attention, at its defaults and at each of
 its named settings (:data:`SCORES`: the labels of ``form_settings("recurrent")``: gla, gla_channel, gla_mamba2,
@@ -29,14 +30,9 @@ import attnlab
 from attnlab import transition
 from attnlab.config import AttentionConfig
 from attnlab.forms import LayerSizes, build_form, form_class, form_names_with
+from attnlab.forms.transitions import retnet_decays
 from attnlab.masks import build_mask
-from attnlab.recurrences import (
-    chunked_form,
-    effective_matrix,
-    recurrent_form,
-    retnet_decays,
-    state_step,
-)
+from attnlab.transition import Transition
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -51,7 +47,8 @@ SCORES = list(SETTINGS)
 WRITTEN_OUT = ("retnet", "gla", "deltanet", "gated_deltanet", "kda", "deltaproduct", "rwkv7")
 # the forms with a decay gate: its default (deltaproduct's may also be "none": no decay)
 DEFAULT_GATE = {"gla": "head", "gated_deltanet": "head", "kda": "kda", "deltaproduct": "head"}
-DELTA_FORMS = ("deltanet", "gated_deltanet", "kda", "deltaproduct")  # q/|q|, k/|k| and β = r σ(x w_h + b_h)
+# q/(|q|·√d_k) (fla's read scale after the L2 norm: tests/test_conventions.py), k/|k| and β = r σ(x w_h + b_h)
+DELTA_FORMS = ("deltanet", "gated_deltanet", "kda", "deltaproduct")
 # RWKV-7's (Peng et al. 2025) decay: log w = −e^{−0.5} σ(·), w ∈ (e^{−e^{−0.5}}, 1)
 RWKV7_DECAY_SCALE = math.exp(-0.5)
 
@@ -73,7 +70,7 @@ def build(name, d_k, heads, d_v=None, d_model=6, params=None):
 def weights_of(form, q, k, x):
     """The form's effective matrix for q, k (B, H, L, d_k) and x (B, L, d_model)."""
     q2, k2, record = form.inputs(q, k, x)
-    return effective_matrix(q2, k2, record.log_decay, record.beta)
+    return transition.effective_matrix(q2, k2, Transition(record.log_decay, record.beta))
 
 
 # --------------------------------------------------------------------------------------------- the plain reference
@@ -198,7 +195,7 @@ def written_gates(form, name, params, x):
     * kda (Kimi Team 2025): log α = −exp(A_log_h) softplus(x W₁ W₂ + dt_bias_hc) per key channel;
     * none (DeltaProduct without its gate): no decay, log α None;
     * β = r σ(x w_h + b_h) (``beta_gate.proj``), r = ``beta_range`` (1, or 2: Grazzi et al. 2025); DeltaProduct's
-      ``beta_gate.proj`` has H·n outputs, head-major then step: β_{h,t,s} = r σ(x_t w_{h·n+s} + b_{h·n+s});
+      ``beta_gate.proj`` has H·n outputs, step-major as fla's: β_{h,t,s} = r σ(x_t w_{s·H+h} + b_{s·H+h});
     * rwkv7 (Peng et al. 2025, eq. 16): log w = −e^{−0.5} σ(w₀ + tanh(x W_w1) W_w2) per key channel
       (``w_lora.down``, ``w_lora.up`` with its bias w₀), head-major; no β (its a_t: :func:`written_rwkv7`);
 
@@ -234,8 +231,8 @@ def written_gates(form, name, params, x):
         lin = form.beta_gate.proj
         n = householder_steps(name, params)
         beta = params.get("beta_range", 1) * plain_sigmoid(x @ lin.weight.T + lin.bias)  # (B, L, H·n)
-        if name == "deltaproduct":  # output h·n + s is head h's step s
-            beta = torch.stack([beta[..., [h * n + s for s in range(n)]] for h in range(heads)], dim=1)
+        if name == "deltaproduct":  # output s·H + h is head h's step s
+            beta = torch.stack([beta[..., [s * heads + h for s in range(n)]] for h in range(heads)], dim=1)
         else:
             beta = beta.transpose(1, 2)
     if name == "rwkv7":
@@ -290,15 +287,15 @@ def form_inputs(seed, length=L, decay=True, delta=True, b=B, h=H, d_k=D_K, d_v=D
 @pytest.mark.parametrize("chunk", [1, 3, 4, 5, 7, 12, 64], ids=lambda c: f"chunk{c}")
 @pytest.mark.parametrize("form", list(FORMS))
 def test_the_three_forms_equal_the_plain_recurrence(form, chunk):
-    """recurrent_form, chunked_form (chunk sizes that divide L = 12 and that do not, one larger than L) and
-    effective_matrix(q, k, ...) @ v all equal the reference: values and gradients w.r.t. q, k, v, log α and β."""
+    """recurrent, chunked (chunk sizes that divide L = 12 and that do not, one larger than L) and
+    effective_matrix(q, k, record) @ v all equal the reference: values and gradients w.r.t. q, k, v, log α and β."""
     decay, delta = FORMS[form]
     q, k, v, la, beta, leaves = form_inputs(10 + chunk, decay=decay, delta=delta)
     expected, _ = reference_form(q, k, v, la, beta)
-    assert_same(chunked_form(q, k, v, la, beta, chunk_size=chunk), expected, leaves, atol=ATOL)
+    assert_same(transition.chunked(q, k, v, Transition(la, beta), chunk_size=chunk), expected, leaves, atol=ATOL)
     if chunk == 1:  # (the others do not depend on the chunk: once per form)
-        assert_same(recurrent_form(q, k, v, la, beta), expected, leaves, atol=ATOL)
-        A = effective_matrix(q, k, la, beta)
+        assert_same(transition.recurrent(q, k, v, Transition(la, beta)), expected, leaves, atol=ATOL)
+        A = transition.effective_matrix(q, k, Transition(la, beta))
         assert A.shape == (B, H, L, L)
         assert (A.triu(1) == 0).all(), "the effective matrix is not lower triangular"
         assert_same(torch.matmul(A, v), expected, leaves, atol=ATOL)
@@ -309,31 +306,25 @@ def test_the_three_forms_equal_the_plain_recurrence_for_one_token(form):
     decay, delta = FORMS[form]
     q, k, v, la, beta, leaves = form_inputs(30, length=1, decay=decay, delta=delta)
     expected, _ = reference_form(q, k, v, la, beta)
-    assert_same(recurrent_form(q, k, v, la, beta), expected, leaves, atol=ATOL)
+    assert_same(transition.recurrent(q, k, v, Transition(la, beta)), expected, leaves, atol=ATOL)
     for chunk in (1, 64):
-        assert_same(chunked_form(q, k, v, la, beta, chunk_size=chunk), expected, leaves, atol=ATOL)
-    A = effective_matrix(q, k, la, beta)
+        assert_same(transition.chunked(q, k, v, Transition(la, beta), chunk_size=chunk), expected, leaves, atol=ATOL)
+    A = transition.effective_matrix(q, k, Transition(la, beta))
     assert A.shape == (B, H, 1, 1)
     assert_same(torch.matmul(A, v), expected, leaves, atol=ATOL)
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-def test_state_step_carries_the_plain_state(form):
-    """state_step from None, token after token: the state after the last token is the reference's M_L, and each
+def test_step_carries_the_plain_state(form):
+    """step from None, token after token: the state after the last token is the reference's M_L, and each
     output its o_t."""
     decay, delta = FORMS[form]
     q, k, v, la, beta, leaves = form_inputs(40, length=7, decay=decay, delta=delta)
     expected, last = reference_form(q, k, v, la, beta)
     state, outs = None, []
     for t in range(7):
-        o, state = state_step(
-            state,
-            q[:, :, t],
-            k[:, :, t],
-            v[:, :, t],
-            None if la is None else la[:, :, t],
-            None if beta is None else beta[:, :, t],
-        )
+        record = Transition(None if la is None else la[:, :, t], None if beta is None else beta[:, :, t])
+        o, state = transition.step(state, q[:, :, t], k[:, :, t], v[:, :, t], record)
         assert o.shape == (B, H, D_V) and state.shape == (B, H, D_K, D_V)
         outs.append(o)
     assert_same(state, last, leaves, atol=ATOL)
@@ -344,8 +335,8 @@ def test_state_step_carries_the_plain_state(form):
 def test_an_empty_sequence_gives_an_empty_output(form):
     decay, delta = FORMS[form]
     q, k, v, la, beta, _ = form_inputs(41, length=0, decay=decay, delta=delta)
-    assert recurrent_form(q, k, v, la, beta).shape == (B, H, 0, D_V)
-    assert chunked_form(q, k, v, la, beta, chunk_size=4).shape == (B, H, 0, D_V)
+    assert transition.recurrent(q, k, v, Transition(la, beta)).shape == (B, H, 0, D_V)
+    assert transition.chunked(q, k, v, Transition(la, beta), chunk_size=4).shape == (B, H, 0, D_V)
 
 
 # --------------------------------------------------------------------------------------------- closed forms
@@ -375,13 +366,17 @@ def test_the_decay_form_is_decayed_unnormalised_linear_attention(decay):
         la = torch.zeros(B, H, L, dtype=torch.float64, requires_grad=True)
         leaves = [q, k, v, la]
         linear = decayed_linear_attention_loop(q, k, v, None)  # Σ_{j≤i} (q_i·k_j) v_j
-        for got in (recurrent_form(q, k, v, la), chunked_form(q, k, v, la, chunk_size=5), recurrent_form(q, k, v)):
+        for got in (
+            transition.recurrent(q, k, v, Transition(la)),
+            transition.chunked(q, k, v, Transition(la), chunk_size=5),
+            transition.recurrent(q, k, v),
+        ):
             assert_same(got, linear, [q, k, v], atol=ATOL)
     plain = decayed_linear_attention_loop(q, k, v, la)  # (and at α ≡ 1 the gradients w.r.t. log α)
-    assert_same(recurrent_form(q, k, v, la), plain, leaves, atol=ATOL)
-    assert_same(torch.matmul(effective_matrix(q, k, la), v), plain, leaves, atol=ATOL)
+    assert_same(transition.recurrent(q, k, v, Transition(la)), plain, leaves, atol=ATOL)
+    assert_same(torch.matmul(transition.effective_matrix(q, k, Transition(la)), v), plain, leaves, atol=ATOL)
     for chunk in (3, 5):
-        assert_same(chunked_form(q, k, v, la, chunk_size=chunk), plain, leaves, atol=ATOL)
+        assert_same(transition.chunked(q, k, v, Transition(la), chunk_size=chunk), plain, leaves, atol=ATOL)
 
 
 def test_a_gla_score_whose_gate_is_shut_open_is_scaled_linear_attention():
@@ -404,11 +399,15 @@ def test_the_delta_rule_with_beta_zero_writes_nothing(decay):
     q, k, v, la, _, _ = form_inputs(53, decay=decay, delta=True)
     beta = torch.zeros(B, H, L, dtype=torch.float64)
     zero = torch.zeros(B, H, L, D_V, dtype=torch.float64)
-    torch.testing.assert_close(recurrent_form(q, k, v, la, beta), zero, rtol=0, atol=0)
+    torch.testing.assert_close(transition.recurrent(q, k, v, Transition(la, beta)), zero, rtol=0, atol=0)
     for chunk in (3, 5, 64):
-        torch.testing.assert_close(chunked_form(q, k, v, la, beta, chunk_size=chunk), zero, rtol=0, atol=0)
-    torch.testing.assert_close(effective_matrix(q, k, la, beta), torch.zeros(B, H, L, L, dtype=torch.float64))
-    _, state = state_step(None, q[:, :, 0], k[:, :, 0], v[:, :, 0], None, beta[:, :, 0])
+        torch.testing.assert_close(
+            transition.chunked(q, k, v, Transition(la, beta), chunk_size=chunk), zero, rtol=0, atol=0
+        )
+    torch.testing.assert_close(
+        transition.effective_matrix(q, k, Transition(la, beta)), torch.zeros(B, H, L, L, dtype=torch.float64)
+    )
+    _, state = transition.step(None, q[:, :, 0], k[:, :, 0], v[:, :, 0], Transition(None, beta[:, :, 0]))
     assert not state.any()
 
 
@@ -425,16 +424,19 @@ def test_the_delta_rule_with_beta_one_overwrites_the_value_under_a_unit_key(deca
     beta = torch.ones(B, H, n, dtype=torch.float64)
     state = None
     for t in range(n):
-        _, state = state_step(
-            state, k[:, :, t], k[:, :, t], v[:, :, t], None if la is None else la[:, :, t], beta[:, :, t]
-        )
+        record = Transition(None if la is None else la[:, :, t], beta[:, :, t])
+        _, state = transition.step(state, k[:, :, t], k[:, :, t], v[:, :, t], record)
         read = torch.einsum("bhk,bhkv->bhv", k[:, :, t], state)
         torch.testing.assert_close(read, v[:, :, t], rtol=0, atol=1e-12)
     v = v.detach()
-    torch.testing.assert_close(recurrent_form(k, k, v, la, beta), v, rtol=0, atol=1e-12)
-    torch.testing.assert_close(torch.matmul(effective_matrix(k, k, la, beta), v), v, rtol=0, atol=1e-10)
+    torch.testing.assert_close(transition.recurrent(k, k, v, Transition(la, beta)), v, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        torch.matmul(transition.effective_matrix(k, k, Transition(la, beta)), v), v, rtol=0, atol=1e-10
+    )
     for chunk in (3, 4, 64):
-        torch.testing.assert_close(chunked_form(k, k, v, la, beta, chunk_size=chunk), v, rtol=0, atol=1e-10)
+        torch.testing.assert_close(
+            transition.chunked(k, k, v, Transition(la, beta), chunk_size=chunk), v, rtol=0, atol=1e-10
+        )
 
 
 def test_retnet_decays_are_one_minus_two_to_the_minus_five_minus_h():
@@ -476,7 +478,7 @@ def test_retnet_effective_matrix_is_the_retention_matrix():
 def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
     """retnet: k/√d_k, log γ_h; gla: k/√d_k and its gate (head: log σ(x w_h + b_h)/16; channel: log σ(x W₁ W₂ +
     b)/16 per key channel, W₁ W₂ of rank 16; mamba2: −exp(A_log_h) softplus(x w_h + dt_bias_h), and k·Δ); deltanet:
-    q/|q|, k/|k|, β = r σ(x w_h + b_h) (r = 2 for beta2); gated_deltanet: both gates; kda: q/|q|, k/|k|, β and
+    q/(|q|√d_k), k/|k|, β = r σ(x w_h + b_h) (r = 2 for beta2); gated_deltanet: both gates; kda: deltanet's and
     −exp(A_log_h) softplus(x W₁ W₂ + dt_bias) per key channel, W₁ W₂ of rank d_v; deltaproduct: Gated DeltaNet's,
     with n keys (each normalised) and n β per token; rwkv7: r and k as they are, log w_t per key channel, k̃ and the
     low rank (−κ̂, κ̂ ⊙ a_t) (:func:`written_gates`, :func:`written_rwkv7`). Each setting keeps the state H·d_k·d_v
@@ -494,14 +496,16 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
     q2, k2, record = form.inputs(q, k, x)
     la, beta = record.log_decay, record.beta
     assert record.householder_steps == n
-    if n == 1 and record.low_rank is None:  # (attnlab.recurrences' effective_matrix knows log α and β only)
-        torch.testing.assert_close(weights_of(form, q, k, x), effective_matrix(q2, k2, la, beta), rtol=0, atol=0)
+    if n == 1 and record.low_rank is None:  # (a record of log α and β alone)
+        torch.testing.assert_close(
+            weights_of(form, q, k, x), transition.effective_matrix(q2, k2, Transition(la, beta)), rtol=0, atol=0
+        )
     if name not in WRITTEN_OUT:
         return
     expected_la, expected_beta, k_factor = written_gates(form, name, params, x)
     removal = None
     if name in DELTA_FORMS:
-        torch.testing.assert_close(q2, unit(q), rtol=1e-14, atol=1e-15)
+        torch.testing.assert_close(q2, unit(q) / math.sqrt(D_K), rtol=1e-14, atol=1e-15)
         torch.testing.assert_close(k2, unit(k), rtol=1e-14, atol=1e-15)  # each step's key on its own
         assert beta.shape == (B, H, L * n)
         if n > 1:  # one β per step, token t's step s at t·n + s
@@ -538,7 +542,7 @@ def test_each_score_maps_q_k_and_x_to_its_documented_inputs(score):
         torch.testing.assert_close(la, expected_la, rtol=1e-13, atol=1e-15)
     if n > 1:  # the weights: the plain recurrence's matrix of these inputs, (L, L·n) with n steps per token
         steps = unit(k).reshape(B, H, L, n, D_K)  # token t's step s (row t·n + s) at [t, s]
-        expected = reference_matrix(unit(q), steps, expected_la, expected_beta.reshape(B, H, L, n))
+        expected = reference_matrix(unit(q) / math.sqrt(D_K), steps, expected_la, expected_beta.reshape(B, H, L, n))
     elif removal is not None:
         expected = reference_matrix(q, k_tilde, expected_la, None, removal)
     if n > 1 or removal is not None:
@@ -661,7 +665,7 @@ def test_a_long_sequence_in_float32_stays_finite_forward_and_backward(decay_kind
     if delta:
         zb = (LONG_BETAS[beta_kind] + 0.1 * draw(1, 2, LONG)).requires_grad_()
         beta, leaves = torch.sigmoid(zb), [*leaves, zb]
-    out = chunked_form(q, k, v, la, beta)
+    out = transition.chunked(q, k, v, Transition(la, beta))
     assert out.shape == (1, 2, LONG, 8) and out.dtype == torch.float32
     assert torch.isfinite(out).all(), f"{(~torch.isfinite(out)).sum()} non-finite outputs"
     gs = torch.autograd.grad((out * draw(*out.shape)).sum(), leaves)
@@ -673,10 +677,9 @@ def test_a_long_sequence_in_float32_stays_finite_forward_and_backward(decay_kind
             expected = (q * k).sum(-1, keepdim=True) * write
         torch.testing.assert_close(out.detach(), expected, rtol=1e-4, atol=1e-5)
     with torch.no_grad():  # and float32 loses nothing that matters: the float64 form, to 10⁻⁴ of its largest output
-        exact = chunked_form(
+        exact = transition.chunked(
             *(t.double() for t in (q, k, v)),
-            None if la is None else la.double(),
-            None if beta is None else beta.double(),
+            Transition(None if la is None else la.double(), None if beta is None else beta.double()),
         )
     torch.testing.assert_close(out.detach().double(), exact, rtol=0, atol=1e-4 * float(exact.abs().max()))
 
@@ -777,7 +780,7 @@ def layer_inputs_reference(mha, x, keys=None):
         k, kappa, rate = written_rwkv7(mha.form, k, x)
         removal = (kappa, written(rate))
     elif name in DELTA_FORMS:
-        q, k = unit(q), unit(k)
+        q, k = unit(q) / math.sqrt(HEAD_K), unit(k)
     else:
         k = k / math.sqrt(HEAD_K)
     if k_factor is not None:  # Mamba-2's write: k ← Δ k
@@ -895,7 +898,7 @@ def test_every_backend_of_a_layer_equals_the_plain_layer(score, masking, option)
 def test_the_weights_a_layer_returns_are_the_effective_matrix_of_its_inputs(score, masking):
     """need_weights=True runs eager and returns (B, H, L, L) = effective_matrix of the score's q', k', log α, β
     (padded keys as k = 0); signed for the delta rule; and the output is those weights applied to v (through the
-    output norm and projection). DeltaProduct's and RWKV-7's records are not attnlab.recurrences' (n steps per
+    output norm and projection). DeltaProduct's and RWKV-7's records are not of log α and β alone (n steps per
     token; a low-rank term), so their matrix is the plain recurrence's (:func:`reference_matrix`): RWKV-7's is that
     of wkv (before its GroupNorm and bonus); DeltaProduct's weights sum each token's n columns of the (L, L·n) map
     from the n values per token, which is what its output applies."""
@@ -910,7 +913,7 @@ def test_the_weights_a_layer_returns_are_the_effective_matrix_of_its_inputs(scor
         if k.dim() == 5:  # (L, L·n) → (L, L)
             expected = per_token(expected, k.shape[3])
     else:
-        expected = effective_matrix(q, k, log_alpha, beta)
+        expected = transition.effective_matrix(q, k, Transition(log_alpha, beta))
     assert weights is not None and weights.shape == (2, HEADS, LAYER_L, LAYER_L)
     assert (weights.triu(1) == 0).all()
     assert_same(weights, expected, [x, *mha.parameters()], atol=ATOL)
@@ -1190,13 +1193,15 @@ def test_a_configuration_the_forms_cannot_compute_is_refused_in_one_line_at_buil
 
 @pytest.mark.parametrize("score", ["gla", "gated_deltanet"])
 def test_a_call_with_a_mask_that_is_not_causal_is_refused_in_one_line(score):
-    """The module docstring: a layer refuses a mask that is not causal (AND key padding), in one line; no mask,
-    a symmetric window or key padding alone would otherwise be computed as causal."""
+    """The module docstring: a layer refuses a mask that is not causal (AND key padding), in one line; a
+    symmetric window or key padding alone would otherwise be computed as causal. A call with no mask applies the
+    layer's configured one (causal: issue 60), as passing it does."""
     mha = recurrent_mha(score, seed=6)
     x = randn(2, 6, D_MODEL, seed=85)
     window = build_mask("sliding_window", window=2)
     keys_only = PADDED_KEYS[:, None, None, :6]  # (B, 1, 1, L): key padding alone
-    for mask in (None, window, keys_only):
+    torch.testing.assert_close(mha(x)[0], mha(x, mask=CAUSAL)[0])
+    for mask in (window, keys_only):
         for need_weights in (False, True):
             with pytest.raises((ValueError, RuntimeError)) as info:
                 mha(x, mask=mask, need_weights=need_weights)

@@ -16,20 +16,13 @@
   sub-norm), then the layer's head gate and ``out_proj``.
 * decoding: :meth:`Form.step`, one token with the form's state (:meth:`Form.state_size` floats per sequence).
 
-=====================  ==========================================  ============================  =====================
-form                   computes                                    O(L) / decoding               tags
-=====================  ==========================================  ============================  =====================
-``softmax``            score + position bias, soft-cap, mask,      key/value cache               softmax
-                       normalizer, differential maps (any score,
-                       any normalizer: :mod:`attnlab.forms.softmax`)
-``linear``             φ(q)·φ(k), row-sum normaliser or none        state S, z                   linear, recurrent
-``retnet``, ``gla``,   one transition record (decay in log space,  state M (d_k × d_v per head)  decay / delta,
-``deltanet``,          per head or per key channel; β; n            (:mod:`attnlab.transition`)   recurrent
-``gated_deltanet``,    Householder steps a token; a low-rank term):
-``kda``,               the decay and delta-rule forms
-``deltaproduct``,
-``rwkv7``
-=====================  ==========================================  ============================  =====================
+The registered forms are :func:`list_forms` (registration order; :func:`form_names_with` by tag, :func:`form_settings`
+with their named settings), one module of this package each family: ``softmax`` (every score and normalizer,
+:mod:`attnlab.forms.softmax`), ``linear`` (feature-map attention), the decay and delta-rule forms of
+:mod:`attnlab.forms.transitions` and their neighbours (one transition record each, :mod:`attnlab.transition`), and
+the softmax forms with a memory of order or their own projections. What each computes, its tags, O(L) path and
+decoding state is the table of docs/variants.md#forms, generated from this registry when the site is built, so no
+list is kept here by hand.
 
 A layer's form is chosen by its :class:`~attnlab.config.AttentionConfig` (:func:`form_for`): the form that
 :meth:`Form.claims` the config, newest registration first (a decay or delta-rule form claims ``score=<its name>``,

@@ -34,7 +34,9 @@ def _householder_steps(config: AttentionConfig) -> int:
 class DeltaProduct(GatedDeltaNet):
     """Gated DeltaProduct (Siems et al. 2025, "DeltaProduct: Improving State-Tracking in Linear RNNs via Householder
     Products", eq. 4 with the gate of §3.3): with n = ``householder_steps`` keys k_{t,s}, values v_{t,s} and
-    β_{t,s} per token (the layer projects n·G key and value heads; k L2-normalised per step),
+    β_{t,s} per token (the layer projects n·G key and value heads and H·n β outputs, all step-major as fla's
+    ``GatedDeltaProduct``: :meth:`gates`; k L2-normalised per step, q as
+    :meth:`~attnlab.forms.transitions.DeltaNet.maps`),
 
         M_t = (Π_{s=n..1} (I − β_{t,s} k_{t,s} k_{t,s}ᵀ)) Diag(α_t) M_{t−1}
               + Σ_s (Π_{s' = n..s+1} (I − β_{t,s'} k_{t,s'} k_{t,s'}ᵀ)) β_{t,s} k_{t,s} v_{t,s}ᵀ,     o_t = M_tᵀ q_t,
@@ -53,6 +55,7 @@ class DeltaProduct(GatedDeltaNet):
     """
 
     tags = frozenset({"recurrent", "decay", "delta"})
+    implements = GatedDeltaNet.implements
     settings: ClassVar[dict[str, dict[str, Any]]] = {"beta2": {"beta_range": 2}}
 
     @classmethod
@@ -90,10 +93,14 @@ class DeltaProduct(GatedDeltaNet):
         return t.view(B, n, heads // n, L, d).permute(0, 2, 3, 1, 4).reshape(B, heads // n, L * n, d)
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        """log α (B, H, L) or (B, H, L, d_k), or None (``gate=none``); β (B, H, L·n), one per step."""
+        """log α (B, H, L) or (B, H, L, d_k), or None (``gate=none``); β (B, H, L·n), one per step, token t's step s
+        at t·n + s. ``beta_gate.proj``'s H·n outputs are read step-major, output s·H + h being head h's β at step s:
+        flash-linear-attention's layout (``GatedDeltaProduct``: ``'... t (n h) -> ... (t n) h'``) and that of the
+        layer's n·G key and value heads (:meth:`per_step`). (Before issue 60 they were read head-major, h·n + s: a
+        checkpoint saved then with n > 1 and H > 1 loads, but its β rows land on other heads and steps.)"""
         B, L = x.shape[:2]
         n = self.householder_steps
-        beta = torch.sigmoid(self.beta_gate.proj(x)).view(B, L, self.num_heads, n).transpose(1, 2)
+        beta = torch.sigmoid(self.beta_gate.proj(x)).view(B, L, n, self.num_heads).permute(0, 3, 1, 2)  # (B,H,L,n)
         beta = beta.reshape(B, self.num_heads, L * n)
         if self.beta_range != 1:
             beta = self.beta_range * beta
