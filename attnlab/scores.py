@@ -37,48 +37,32 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from attnlab.checks import check_choice, check_int, check_number
+from attnlab.compat import forward
 from attnlab.kernels import additive as fused_additive
-
-# Position biases moved to attnlab.position_bias (0.3); these names stay importable from here.
-from attnlab.position_bias import (
-    AlibiBias,
-    PositionBias,
-    ShawBias,
-    T5Bias,
-    alibi_slopes,
-    build_position_bias,
-    list_position_biases,
-    register_position_bias,
-    t5_relative_bucket,
-)
+from attnlab.position_bias import build_position_bias as _build_position_bias
 from attnlab.registry import Registry, UnknownNameError, build_with_sizes, check_params, unknown_name_message
 
 __all__ = [
     "AdditiveScore",
-    "AlibiBias",
     "CosineScore",
     "DotProductScore",
     "DotScore",
     "GeneralScore",
     "LinearScore",
-    "PositionBias",
     "ScaledDotScore",
     "Score",
     "ScoreWithBias",
-    "ShawBias",
-    "T5Bias",
-    "alibi_slopes",
-    "build_position_bias",
     "build_score",
     "is_preset",
-    "list_position_biases",
     "list_presets",
     "list_scores",
-    "register_position_bias",
     "register_preset",
     "register_score",
-    "t5_relative_bucket",
 ]
+
+# the position biases lived here before 0.3 (attnlab.position_bias now): they read through attnlab.compat's table,
+# each with a DeprecationWarning
+__getattr__ = forward(__name__)
 
 
 class Score(nn.Module):
@@ -200,7 +184,7 @@ def build_score(name: str, **kwargs: Any) -> nn.Module:
     kwargs.pop("d_model", None)  # (a preset's score and bias are built from the sizes alone)
     changes = _PRESETS.build(name, **kwargs)
     score = _SCORES.build(changes.get("score", "scaled_dot"), **sizes, **changes.get("score_params", {}))
-    bias = build_position_bias(changes.get("position_bias"), **sizes, **changes.get("position_bias_params", {}))
+    bias = _build_position_bias(changes.get("position_bias"), **sizes, **changes.get("position_bias_params", {}))
     return score if bias is None else ScoreWithBias(score, bias)
 
 

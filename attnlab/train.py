@@ -1,5 +1,8 @@
-"""Kept for scripts that import ``attnlab.train``: the training code lives in :mod:`attnlab.training`."""
+"""The training entry points under their names before :mod:`attnlab.training`, read through :mod:`attnlab.compat`
+(each name warns and goes away in 1.0)."""
 
-from attnlab.training import CONF_DIR, ConfigError, build_module, main, resolve_d_k, run
+import attnlab.training  # noqa: F401  (as before: importing this module registers training's Hydra resolvers)
+from attnlab.compat import forward, old_names
 
-__all__ = ["CONF_DIR", "ConfigError", "build_module", "main", "resolve_d_k", "run"]
+__all__ = old_names(__name__)  # (so that a star import still brings them, each with its warning)
+__getattr__ = forward(__name__)

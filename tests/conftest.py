@@ -328,7 +328,7 @@ def hydra_ctx():
     """Hydra's compose API pointed at the repository's conf/ for the whole module."""
     from hydra import initialize_config_dir
 
-    from attnlab.train import CONF_DIR
+    from attnlab.training import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         yield

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import attnlab
 import attnlab.forms
-import attnlab.train as T  # registers the ``attnlab_uid`` resolver
+import attnlab.training as T  # registers the ``attnlab_uid`` resolver
 from attnlab.tasks import SequenceTask
 
 CONF_DIR: Path = T.CONF_DIR

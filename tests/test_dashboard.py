@@ -21,6 +21,7 @@ import pytest
 from helpers import run_train
 
 from attnlab import dashboard
+from attnlab import stats as core_stats
 from attnlab.dashboard import Sweep, aggregate, build_html, find_run_dirs, load_runs, main, mean_ci, t_critical
 from attnlab.dashboard import metrics as metrics_module
 from attnlab.dashboard.metrics import VIEWS, metrics_in, register_metric, show_metric
@@ -1005,7 +1006,7 @@ def my_stat() -> Iterator[str]:
     made = register_metric(name, "my statistic", low=0.0, high=1.0, views=tuple(VIEWS))
     show_metric(name, *VIEWS, short="mine")  # (again: its title in the terminal table)
     yield name
-    metrics_module._FAMILIES[:] = [f for f in metrics_module._FAMILIES if f[1] is not made]
+    core_stats._FAMILIES[:] = [f for f in core_stats._FAMILIES if f[1] is not made]
     metrics_module._LISTED.pop(name)
 
 

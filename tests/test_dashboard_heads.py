@@ -14,7 +14,7 @@ from test_dashboard import _probe
 from attnlab import dashboard
 from attnlab.dashboard.heads import atlas, pruning_figure, rank_figure
 from attnlab.dashboard.load import load_runs
-from attnlab.dashboard.stats import mean_ci
+from attnlab.stats import mean_ci
 
 LAYERS, HEADS = 2, 2
 # the final scores of each head: (0, 0) previous token, (0, 1) induction, (1, 0) local only, (1, 1) nothing

@@ -22,8 +22,9 @@ from scipy.stats import t as student_t
 from attnlab import dashboard
 from attnlab.dashboard import build_html, load_runs
 from attnlab.dashboard import figures as figures_module
-from attnlab.dashboard.metrics import metrics_in, si_number, spec_for
+from attnlab.dashboard.metrics import metrics_in
 from attnlab.dashboard.tuned import find_tuned
+from attnlab.stats import si_number, spec_for
 
 GRID = [0.001, 0.003, 0.01]
 # val/acc_best of each configuration's tuning run (seed 0) at each lr; None: the run failed
@@ -527,7 +528,7 @@ def test_a_tuned_json_nested_200000_deep_costs_one_warning(tuned_sweep: Path, tm
 def test_a_chosen_point_at_the_grids_edge_is_flagged(tuned_html: str) -> None:
     """dot's best lr (0.01) is the grid's largest and additive's (0.001) its smallest: both flagged; scaled_dot's
     (0.003) lies inside. Computed from grid and best: this tuned.json has no "edge" field."""
-    from attnlab.dashboard.tuned import grid_edges
+    from attnlab.stats import grid_edges
 
     rows = re.findall(r"<tr><td class=\"t\">(\w+)</td><td class=\"t\">(.*?)</td>", _section(tuned_html, "headline"))
     points = {name: html_lib.unescape(point) for name, point in rows}

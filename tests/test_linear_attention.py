@@ -19,19 +19,14 @@ from helpers import conv_loop, randomize_
 
 import attnlab
 import attnlab.backends.linear as linear_backends
-from attnlab.attention import ShortConvolution
+from attnlab import transition
 from attnlab.backends import build_backend
-from attnlab.backends.linear import (
-    linear_attention_chunked,
-    linear_attention_global,
-    linear_attention_recurrent,
-    recurrent_step,
-)
 from attnlab.config import AttentionConfig
 from attnlab.feature_maps import build_feature_map, list_feature_maps
-from attnlab.forms.linear import LinearForm
+from attnlab.forms.linear import LinearForm, linear_attention_global
 from attnlab.masks import build_mask, prepare_mask
 from attnlab.registry import UnknownNameError
+from attnlab.stages import ShortConvolution
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -353,18 +348,30 @@ NORMALIZE = [(True, 1e-6), (True, 0.5), (False, 0.0)]
 NORMALIZE_IDS = ["rowsum", "rowsum_eps0.5", "none"]
 
 
+def with_ones(v, normalize=True):
+    """v (…, D) with the row-sum normaliser as one more value column of ones (…, D + 1): the transition record's
+    no-decay form then carries the state [S z] (what :class:`LinearForm` computes)."""
+    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) if normalize else v
+
+
+def divided(out, d_v, normalize, eps):
+    """out[..., :D] / (out[..., D] + ε): the numerator over the normaliser column (out[..., :D] without one)."""
+    return out[..., :d_v] / (out[..., d_v:] + eps) if normalize else out[..., :d_v]
+
+
 @pytest.mark.parametrize(("normalize", "eps"), NORMALIZE, ids=NORMALIZE_IDS)
-def test_the_recurrent_function_equals_the_causal_double_loop(normalize, eps):
+def test_the_recurrent_form_equals_the_causal_double_loop(normalize, eps):
     phi_q, phi_k, v = positive_features(20, 7)
-    got = linear_attention_recurrent(phi_q, phi_k, v, normalize=normalize, eps=eps)
+    got = divided(transition.recurrent(phi_q, phi_k, with_ones(v, normalize)), v.shape[-1], normalize, eps)
     assert_same(got, loop_reference(phi_q, phi_k, v, True, normalize, eps), [phi_q, phi_k, v], atol=ATOL)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
 @pytest.mark.parametrize(("normalize", "eps"), NORMALIZE, ids=NORMALIZE_IDS)
-def test_the_chunked_function_equals_the_causal_double_loop_for_any_chunk_size(normalize, eps, chunk):
+def test_the_chunked_form_equals_the_causal_double_loop_for_any_chunk_size(normalize, eps, chunk):
     phi_q, phi_k, v = positive_features(21, 7)
-    got = linear_attention_chunked(phi_q, phi_k, v, chunk_size=chunk, normalize=normalize, eps=eps)
+    out = transition.chunked(phi_q, phi_k, with_ones(v, normalize), None, chunk)
+    got = divided(out, v.shape[-1], normalize, eps)
     assert_same(got, loop_reference(phi_q, phi_k, v, True, normalize, eps), [phi_q, phi_k, v], atol=ATOL)
 
 
@@ -447,8 +454,12 @@ def test_every_feature_map_gives_the_same_causal_output_on_every_path(case, norm
     eager = mha.attend(x, mask=CAUSAL).out
     for backend in ("chunked", "recurrent"):
         assert_same(build_backend(backend).attend(mha, x, None, CAUSAL)[0], eager, inputs, atol=ATOL)
-    unmasked = mha.attend(x).out
-    assert_same(build_backend("global").attend(mha, x, None, None)[0], unmasked, inputs, atol=ATOL)
+    # the same weights without a mask (a layer configured causal applies its mask to a call that passes none)
+    bidirectional = linear_mha(normalizer=normalizer, feature_map=name, chunk=3, seed=2, score_params=params, mask=None)
+    bidirectional.load_state_dict(mha.state_dict())
+    unmasked = bidirectional.attend(x).out
+    inputs = [x, *bidirectional.parameters()]
+    assert_same(build_backend("global").attend(bidirectional, x, None, None)[0], unmasked, inputs, atol=ATOL)
 
 
 def linear_layer_reference(mha, x, visible, eps=1e-6, normalize=True):
@@ -805,10 +816,11 @@ def test_decoding_one_token_at_a_time_gives_the_chunked_outputs(normalize):
     v = randn(B, H, 9, 4, seed=3)
     state, outs = None, []
     for t in range(9):
-        out, state = recurrent_step(state, phi_q[:, :, t], phi_k[:, :, t], v[:, :, t], normalize)
-        outs.append(out)
-    torch.testing.assert_close(torch.stack(outs, 2), linear_attention_chunked(phi_q, phi_k, v, 4, normalize))
-    S, z = state  # the state after the sequence: Σ φ(k_j) v_jᵀ and Σ φ(k_j)
+        out, state = transition.step(state, phi_q[:, :, t], phi_k[:, :, t], with_ones(v)[:, :, t])
+        outs.append(divided(out, 4, normalize, 1e-6))
+    chunked = divided(transition.chunked(phi_q, phi_k, with_ones(v), None, 4), 4, normalize, 1e-6)
+    torch.testing.assert_close(torch.stack(outs, 2), chunked)
+    S, z = state[..., :4], state[..., 4]  # the state [S z] after the sequence: Σ φ(k_j) v_jᵀ and Σ φ(k_j)
     torch.testing.assert_close(S, torch.einsum("bhlf,bhld->bhfd", phi_k, v))
     torch.testing.assert_close(z, phi_k.sum(2))
 
@@ -834,11 +846,6 @@ def test_a_configured_causal_and_padding_composition_runs_chunked_as_the_eager_p
     keys[0, 6:], keys[1, :2], keys[2, 3] = False, False, False
     dense = torch.ones(9, 9, dtype=torch.bool).tril() & keys[:, None, None, :]
     assert torch.equal(prepared.allowed, dense)
-
-
-def test_the_chunked_form_of_an_empty_sequence_is_empty():
-    phi = torch.rand(1, 2, 0, 3, dtype=torch.float64)
-    assert linear_attention_chunked(phi, phi, torch.rand(1, 2, 0, 4, dtype=torch.float64)).shape == (1, 2, 0, 4)
 
 
 def test_state_size_needs_no_dense_mask_and_is_zero_at_length_zero():

@@ -7,8 +7,8 @@ import torch
 from helpers import score_cases
 
 import attnlab
-from attnlab.position_bias import AlibiBias, ShawBias, T5Bias
-from attnlab.scores import DotScore, ScaledDotScore, ScoreWithBias, alibi_slopes, t5_relative_bucket
+from attnlab.position_bias import AlibiBias, ShawBias, T5Bias, alibi_slopes, t5_relative_bucket
+from attnlab.scores import DotScore, ScaledDotScore, ScoreWithBias
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -35,7 +35,6 @@ from attnlab.tasks import (
     SequenceTask,
     build_task,
     list_tasks,
-    make_task,
     task_class,
 )
 from attnlab.tasks.base import DATA_KEYS, task_options
@@ -169,12 +168,6 @@ def test_probe_batch_is_first_validation_examples_and_fixed(name: str) -> None:
 def test_describe_is_one_line(name: str) -> None:
     text = build_task(name, **small_kwargs(name)).describe()
     assert name in text and "\n" not in text
-
-
-def test_make_task() -> None:
-    assert isinstance(make_task("listops", max_depth=2), ListOps)
-    with pytest.raises(ValueError, match="unknown task 'nope'"):
-        make_task("nope")
 
 
 # ---------------------------------------------------------------- the registry and the shared data options

@@ -18,7 +18,7 @@ import torch
 from helpers import NORMALIZERS, POSITION_BIASES, SCORES, compose_cfg, read_summary, run_train
 from hydra.utils import instantiate
 
-from attnlab.tasks import TASKS, TextLM, make_task
+from attnlab.tasks import TASKS, TextLM, build_task
 from attnlab.tasks.text import split_text, split_topics
 from attnlab.training.config import ConfigError, build_module, validate_config
 
@@ -42,7 +42,7 @@ def runs(text: bytes, length: int) -> set[bytes]:
 
 
 def test_registered_with_lm_attributes() -> None:
-    assert TASKS["text"] is TextLM and isinstance(make_task("text", **SMALL), TextLM)
+    assert TASKS["text"] is TextLM and isinstance(build_task("text", **SMALL), TextLM)
     task = small()
     assert (task.vocab_size, task.num_classes, task.pad_id, task.per_token) == (257, 256, 0, True)
     assert task.reports_bits is True and task.requires_causal is True

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import read_summary, run_cli, run_train
 
-from attnlab.dashboard.tuned import grid_edges  # (the sweeper writes tuned.json's "edge" with it)
+from attnlab.stats import grid_edges  # (the sweeper writes tuned.json's "edge" with it)
 from attnlab.training.tuned import (
     TunedError,
     TunedSweeper,

@@ -33,8 +33,8 @@ from omegaconf import OmegaConf
 from test_cli import assert_one_error_line
 from test_train import files_in_default_run_places, subprocess_env
 
+from attnlab.position_bias import T5Bias
 from attnlab.runs import read_metrics
-from attnlab.scores import T5Bias
 from attnlab.training.config import (
     ConfigError,
     build_module,

@@ -28,72 +28,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from attnlab import transition
 from attnlab.backends.base import Backend, Conditions, LayerSpec, register_backend, spec_of
 from attnlab.checks import check_int
+from attnlab.compat import forward
 from attnlab.forms import FormInputs, FormOutput
-from attnlab.forms.linear import LinearForm, linear_attention_global
+from attnlab.forms.linear import LinearForm
 
-__all__ = [
-    "linear_attention_chunked",
-    "linear_attention_global",
-    "linear_attention_recurrent",
-    "linear_reason",
-    "recurrent_step",
-]
+__all__ = ["linear_reason"]
 
-
-# ------------------------------------------------------------------------------- the functions, as before 0.7
-
-
-def recurrent_step(
-    state: tuple[Tensor, Tensor] | None,
-    phi_q: Tensor,
-    phi_k: Tensor,
-    v: Tensor,
-    normalize: bool = True,
-    eps: float = 1e-6,
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One token of causal linear attention: state (S (B, H, F, D), z (B, H, F)) or None (the start), the token's
-    phi_q, phi_k (B, H, F) and v (B, H, D) → (out (B, H, D), the new state): S ← S + φ(k) vᵀ, z ← z + φ(k),
-    out = φ(q) S / (φ(q)·z + ε)."""
-    if state is None:
-        S = phi_q.new_zeros(*phi_q.shape, v.shape[-1])
-        z = phi_q.new_zeros(phi_q.shape)
-    else:
-        S, z = state
-    S = S + phi_k.unsqueeze(-1) * v.unsqueeze(-2)  # (B, H, F, D)
-    z = z + phi_k
-    out = torch.einsum("bhf,bhfd->bhd", phi_q, S)
-    if normalize:
-        out = out / ((phi_q * z).sum(-1, keepdim=True) + eps)
-    return out, (S, z)
-
-
-def _with_ones(v: Tensor, normalize: bool) -> Tensor:
-    return torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) if normalize else v
-
-
-def linear_attention_recurrent(
-    phi_q: Tensor, phi_k: Tensor, v: Tensor, normalize: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """Causal linear attention one token at a time (:func:`attnlab.transition.recurrent` with the normaliser as a
-    column of ones beside v). phi_q, phi_k (B, H, L, F), v (B, H, L, D) → (B, H, L, D)."""
-    D = v.shape[-1]
-    out = transition.recurrent(phi_q, phi_k, _with_ones(v, normalize))
-    return out[..., :D] / (out[..., D:] + eps) if normalize else out
-
-
-def linear_attention_chunked(
-    phi_q: Tensor, phi_k: Tensor, v: Tensor, chunk_size: int = 64, normalize: bool = True, eps: float = 1e-6
-) -> Tensor:
-    """Causal linear attention in chunks of ``chunk_size`` tokens (:func:`attnlab.transition.chunked`, no decay).
-    phi_q, phi_k (B, H, L, F), v (B, H, L, D) → (B, H, L, D)."""
-    if phi_q.shape[2] == 0:
-        return v.new_zeros(*v.shape)
-    D = v.shape[-1]
-    out = transition.chunked(phi_q, phi_k, _with_ones(v, normalize), None, chunk_size)
-    return out[..., :D] / (out[..., D:] + eps) if normalize else out
+# the functions of linear attention that lived here before 0.7 (linear_attention_global, recurrent_step, ...) read
+# through attnlab.compat's table, each with a DeprecationWarning
+__getattr__ = forward(__name__)
 
 
 def linear_reason(layer: Any) -> str | None:

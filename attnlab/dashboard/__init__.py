@@ -32,32 +32,21 @@ dicts), ``page`` (HTML, with ``page.css``, ``page.js`` and ``errors.js``), ``cli
 from attnlab.dashboard.cli import DEFAULT_OUTPUT, main, print_table, write_csv, write_dashboard
 from attnlab.dashboard.dims import Dimension, Sweep
 from attnlab.dashboard.load import Run, find_run_dirs, load_run, load_runs
-from attnlab.dashboard.metrics import (
-    VIEWS,
-    MetricSpec,
-    metrics_in,
-    parse_metric,
-    register_metric,
-    show_metric,
-    spec_for,
-)
+from attnlab.dashboard.metrics import VIEWS, metrics_in, register_metric, show_metric
 from attnlab.dashboard.page import Options, build_html
-from attnlab.dashboard.stats import (
-    Comparison,
+from attnlab.dashboard.stats import Comparison, Headline, Point, Series, aggregate, headline, pareto_front
+from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
+from attnlab.stats import (
     Difference,
-    Headline,
-    Point,
-    Series,
-    aggregate,
-    headline,
+    MetricSpec,
     holm,
     mean_ci,
     paired_difference,
-    pareto_front,
+    parse_metric,
+    spec_for,
     t_critical,
     welch_difference,
 )
-from attnlab.dashboard.tuned import Tuned, TunedSweep, find_tuned
 
 __all__ = [
     "DEFAULT_OUTPUT",

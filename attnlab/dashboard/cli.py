@@ -15,11 +15,13 @@ from typing import Any
 from attnlab.config import SETTING_FIELDS
 from attnlab.console import plain_console, printable
 from attnlab.dashboard.dims import Sweep
+from attnlab.dashboard.figures import PROBABILITY_METRICS, SIGNED_CELL, signed_layers
 from attnlab.dashboard.load import MISSING, Run, load_runs
-from attnlab.dashboard.metrics import metrics_in, short_name, spec_for
+from attnlab.dashboard.metrics import metrics_in, short_name
 from attnlab.dashboard.page import Options, build_html, format_time, headline_metrics
 from attnlab.dashboard.tuned import Tuned, find_tuned
 from attnlab.runs import CONFIG_FILE, SUMMARY_FILE, atomic_open, attention_sources, csv_safe
+from attnlab.stats import spec_for
 
 __all__ = ["DEFAULT_OUTPUT", "main", "print_table", "write_csv", "write_dashboard"]
 
@@ -64,10 +66,22 @@ def _fmt(value: float | int | None, kind: str) -> str:
     return f"{int(value):,}" if kind == "int" else f"{value:.3f}"
 
 
+def _cell(run: Run, metric: str) -> str:
+    """A table cell of a metric of the ``table`` or ``terminal`` view: ``signed`` for an entropy-like statistic of
+    a run whose every layer has signed weights (:func:`~attnlab.dashboard.figures.signed_layers`: none logged)."""
+    value = run.final(metric)
+    if value is None and metric.removeprefix("attn/") in PROBABILITY_METRICS:
+        found = signed_layers(run)
+        if found is not None and found[1] and len(found[0]) == found[1]:
+            return SIGNED_CELL
+    return spec_for(metric).format(value) if spec_for(metric).si else _fmt(value, "f")
+
+
 def print_table(runs: Sequence[Run], console: Any = None) -> None:
     """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, the metrics of the
-    ``table`` view (entropy and saturation), status and time; 120 columns wide when the output is not a terminal
-    (CI logs). Then the metrics of the ``terminal`` view that some run reports (``FLOPs/tok``).
+    ``table`` view (entropy and saturation; ``signed`` for a run whose every layer has signed weights, which has
+    none), status and time; 120 columns wide when the output is not a terminal (CI logs). Then the metrics of the
+    ``terminal`` view that some run reports (``FLOPs/tok``).
 
     The keys that labels name, the seed and the metrics are never cut or wrapped: where they do not fit the width,
     the status wraps first, and a table that still does not fit is printed wider than the console, never cropped.
@@ -92,7 +106,7 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
     for run in runs:
         row = [printable(d.format(run.value(d.key))) for d in dims]
         row += [_fmt(run.seed, "int"), *[spec_for(m).format(run.final(m)) for m in metrics]]
-        row += [spec_for(m).format(run.final(m)) if spec_for(m).si else _fmt(run.final(m), "f") for m in extra]
+        row += [_cell(run, m) for m in extra]
         row += [printable(run.status), format_time(run.wall_time_s)]
         if knobs:
             text = " · ".join(printable(f"{d.name}={d.format(run.value(d.key))}") for d in knobs)

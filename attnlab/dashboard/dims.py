@@ -39,8 +39,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from attnlab.dashboard.load import MISSING, RESOLVED_KEYS, Run, finite, natural_key
+from attnlab.dashboard.load import MISSING, RESOLVED_KEYS, Run, natural_key
 from attnlab.runs import is_neutral
+from attnlab.stats import finite
 
 __all__ = ["IGNORED_KEYS", "RUN_KNOBS", "Dimension", "Sweep", "format_value", "is_run_knob", "wide_range"]
 

@@ -21,9 +21,9 @@ import numpy as np
 from attnlab.dashboard.dims import Sweep
 from attnlab.dashboard.figures import PALETTE, Style, _axis, _figure, _grid, _rgba, plain
 from attnlab.dashboard.load import Run
-from attnlab.dashboard.metrics import parse_metric
-from attnlab.dashboard.stats import grouped, mean_ci
+from attnlab.dashboard.stats import grouped
 from attnlab.heads import HEAD_SCORES, HEAD_THRESHOLD, HEAD_TYPES, head_type
+from attnlab.stats import mean_ci, parse_metric
 
 __all__ = ["TYPE_COLOURS", "AtlasCell", "atlas", "atlas_figure", "pruning_figure", "rank_figure"]
 

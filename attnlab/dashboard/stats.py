@@ -3,7 +3,7 @@ bands, and the headline table that names the winner and tests it against every r
 
 Every interval in attnlab is the mean over seeds ± the half-width ``t_{0.975, n-1} · s / sqrt(n)`` (sample
 standard deviation ``s``, ``n`` seeds); with one seed there is no interval. Intervals are clipped to the metric's
-range (:meth:`attnlab.dashboard.metrics.MetricSpec.clip`). Only finished (``ok``) runs count.
+range (:meth:`attnlab.stats.MetricSpec.clip`). Only finished (``ok``) runs count.
 
 The headline's winner is compared with every other configuration at the same value of the main key. Runs with the
 same seed see the same data (initialisation, batches), so the comparison is *paired* over the seeds both have
@@ -23,10 +23,11 @@ pairs, or fewer than two seeds on a side for Welch) counts in ``m`` with p = 1.
 
 Quantiles and p-values come from ``scipy.stats.t`` (:func:`t_critical`, :func:`t_two_sided_p`). These functions
 (and :func:`mean_ci`, :func:`interval_text`) live in :mod:`attnlab.stats`, below training and the dashboard both;
-this module applies them to runs and re-exports them.
+this module applies them to runs (their names here before that read through :mod:`attnlab.compat`).
 
-Every interval is printed by :func:`interval_text` (the page's cells and verdicts, and any terminal report):
-``87.5 % ± 1.2 (n=3)``, or ``± > 100`` where the half-width is at least the metric's whole range, never both.
+Every interval is printed by :func:`~attnlab.stats.interval_text` (the page's cells and verdicts, and any terminal
+report): ``87.5 % ± 1.2 (n=3)``, or ``± > 100`` where the half-width is at least the metric's whole range, never
+both.
 """
 
 from __future__ import annotations
@@ -38,30 +39,17 @@ from typing import Any
 
 import numpy as np
 
+import attnlab.stats as core_stats
+from attnlab.compat import forward
 from attnlab.dashboard.dims import Dimension, Sweep, format_value, numeric_x
 from attnlab.dashboard.load import Run, natural_key
-from attnlab.dashboard.metrics import MetricSpec, spec_for
-
-# The statistics themselves moved to attnlab.stats (training prints intervals too, and never imports the dashboard);
-# importable from here as before.
-from attnlab.stats import (
-    Difference,
-    half_width_text,
-    holm,
-    interval_text,
-    mean_ci,
-    paired_difference,
-    t_critical,
-    t_two_sided_p,
-    welch_difference,
-)
+from attnlab.stats import MetricSpec, spec_for
 
 __all__ = [
     "ALPHA",
     "Cell",
     "Comparison",
     "Curve",
-    "Difference",
     "Headline",
     "Point",
     "Series",
@@ -69,18 +57,14 @@ __all__ = [
     "best_run",
     "best_runs",
     "curves",
-    "half_width_text",
     "headline",
-    "holm",
-    "interval_text",
-    "mean_ci",
-    "paired_difference",
     "pareto_front",
     "pareto_points",
-    "t_critical",
-    "t_two_sided_p",
-    "welch_difference",
 ]
+
+# the statistics lived here before attnlab.stats (training prints intervals too, and never imports the dashboard):
+# they read through attnlab.compat's table, each with a DeprecationWarning
+__getattr__ = forward(__name__)
 
 MAX_CURVE_POINTS = 200  # a curve with more steps is thinned evenly (first and last step kept)
 ALPHA = 0.05  # the headline's winner beats a rival when its Holm-adjusted p is below this
@@ -115,7 +99,7 @@ class Series:
 def _points(by_x: dict[float, list[float]]) -> tuple[Point, ...]:
     points = []
     for xv in sorted(by_x):
-        mean, half, n = mean_ci(by_x[xv])
+        mean, half, n = core_stats.mean_ci(by_x[xv])
         points.append(Point(x=xv, mean=mean, half_width=half, n=n, values=tuple(by_x[xv])))
     return tuple(points)
 
@@ -225,7 +209,7 @@ def curves(
         steps = np.array(sorted(at))
         if steps.size > MAX_CURVE_POINTS:
             steps = steps[np.unique(np.linspace(0, steps.size - 1, MAX_CURVE_POINTS).round().astype(int))]
-        stats = [mean_ci(at[s]) for s in steps]
+        stats = [core_stats.mean_ci(at[s]) for s in steps]
         mean = np.array([m for m, _, _ in stats])
         bands = [
             (math.nan, math.nan) if h is None else spec.clip(m - h, m + h, at[s])
@@ -253,12 +237,12 @@ class Cell:
     def half_text(self, spec: MetricSpec) -> str:
         """`` ± 1.2``: the half-width in the metric's display unit (points for a percentage; ``± > 100`` when it
         is wider than the metric's range, :meth:`MetricSpec.format_half`); "" for one seed."""
-        return "" if self.half_width is None else f" {half_width_text(self.half_width, spec)}"
+        return "" if self.half_width is None else f" {core_stats.half_width_text(self.half_width, spec)}"
 
     def text(self, spec: MetricSpec) -> str:
         """``87.5 % ± 1.2 (n=2)``: the mean ± the half-width (in the metric's display unit) and the seeds
         (:func:`interval_text`)."""
-        return interval_text(self.mean, self.half_width, spec, self.n)
+        return core_stats.interval_text(self.mean, self.half_width, spec, self.n)
 
     def bounds(self, spec: MetricSpec | None = None) -> tuple[float, float] | None:
         """The 95 % interval, clipped to ``spec``'s range when given; None for one seed."""
@@ -288,7 +272,7 @@ class Comparison:
 
     rival: tuple[Any, ...]
     label: str
-    difference: Difference
+    difference: core_stats.Difference
     p_holm: float
     wins: bool
 
@@ -346,8 +330,8 @@ class Headline:
         row, col = won
         mine = self.cells[row, col].by_seed()
         rivals = [key for _, key in self.rows if key != row and (key, col) in self.cells]
-        diffs = [paired_difference(mine, self.cells[key, col].by_seed()) for key in rivals]
-        adjusted = holm([1.0 if d.p is None else d.p for d in diffs])
+        diffs = [core_stats.paired_difference(mine, self.cells[key, col].by_seed()) for key in rivals]
+        adjusted = core_stats.holm([1.0 if d.p is None else d.p for d in diffs])
         sign = 1.0 if self.spec.higher_is_better else -1.0
         return [
             Comparison(key, self.cell_label(key, col), d, p, d.p is not None and p < alpha and sign * d.mean > 0)
@@ -397,7 +381,7 @@ class Headline:
         d = next(c.difference for c in comps if c.rival == runner[0])
         sign = 1.0 if spec.higher_is_better else -1.0
         margin = spec.format_margin(sign * d.mean)  # paired over the common seeds (Welch: the difference of means)
-        half = "" if d.half_width is None else f"{half_width_text(d.half_width, spec)}, "
+        half = "" if d.half_width is None else f"{core_stats.half_width_text(d.half_width, spec)}, "
         if not d.paired:
             how = f" ({half}Welch: no common seed)"
         elif d.half_width is not None:
@@ -459,7 +443,7 @@ def headline(
             continue
         table.rows.append((label, key))
         for col, group in by_col.items():
-            mean, half, n = mean_ci(run.final(metric) for run in group)
+            mean, half, n = core_stats.mean_ci(run.final(metric) for run in group)
             params = tuple(sorted({run.params for run in group if run.params is not None}))
             seeds = tuple((run.seed, run.final(metric)) for run in group)
             table.cells[key, col] = Cell(mean, half, n, params, seeds, note_of(group, notes))
@@ -498,7 +482,7 @@ def pareto_points(
         if not used:
             continue
         values = [r.final(metric) for r in used]
-        mean, half, n = mean_ci(values)
+        mean, half, n = core_stats.mean_ci(values)
         x = sum(r.final(cost) for r in used) / len(used)
         out.append((label, key, used, Point(x=x, mean=mean, half_width=half, n=n, values=tuple(values))))
     return out

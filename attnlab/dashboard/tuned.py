@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import attnlab.stats as core_stats
+from attnlab.compat import forward
 from attnlab.dashboard.dims import Sweep, format_value
-from attnlab.dashboard.load import Run, finite
+from attnlab.dashboard.load import Run
 from attnlab.runs import RunFileError, read_json
-from attnlab.stats import grid_edges  # (moved to attnlab.stats: the tuned sweeper uses it too; importable from here)
 
 __all__ = [
     "SeedJob",
@@ -33,9 +34,12 @@ __all__ = [
     "TunedConfiguration",
     "TunedSweep",
     "find_tuned",
-    "grid_edges",
     "job_folder",
 ]
+
+# grid_edges lived here before attnlab.stats (the tuned sweeper uses it too): it reads through attnlab.compat's
+# table, with a DeprecationWarning
+__getattr__ = forward(__name__)
 
 TUNED_FILE = "tuned.json"  # (attnlab.training.tuned.TUNED_FILE; not imported: that module imports Hydra)
 STAGES = ("tune", "seeds", "done")
@@ -101,7 +105,7 @@ class TunedConfiguration:
         """The grid keys whose chosen value is the smallest or the largest of the grid's (numeric keys with at least
         two distinct values): the best may lie beyond, so the grid should be widened there. Computed from ``grid``
         and :attr:`best` (an older tuned.json has no ``edge`` field; a newer one's is not trusted over this)."""
-        return grid_edges(grid, self.best)
+        return core_stats.grid_edges(grid, self.best)
 
     @property
     def best_job(self) -> TuneJob | None:
@@ -291,7 +295,7 @@ def _read(folder: str, name: str, by_path: dict[str, Run]) -> TunedSweep:
             status, value = item.get("status"), item.get("value")
             if status is not None and not isinstance(status, str):
                 raise _Bad(f"{at}.status is {_show(status)}, not a string or null")
-            if value is not None and (not _number(value) or finite(value) is None):
+            if value is not None and (not _number(value) or core_stats.finite(value) is None):
                 raise _Bad(f"{at}.value is {_show(value)}, not a finite number or null")
             run = by_path.get(os.path.join(base, *job.split("/")))
             if run is not None:  # the run folder is the truth; tuned.json's record where it is missing

@@ -7,8 +7,8 @@ not pay for Lightning and scikit-learn). A task of your own comes in through you
 ``python train.py task=custom task.name=<name> 'imports=[your_module]'``.
 
 The task classes (``Digits``, ``Shift``, ...) and the names of :mod:`attnlab.tasks.base` are importable from here
-too; ``TASKS`` is a read-only name → class view of the registry, and ``make_task`` another name for
-:func:`build_task` (both kept for older code).
+too; ``TASKS`` is a read-only name → class view of the registry (kept for older code). ``make_task``, the old name
+of :func:`build_task`, reads through :mod:`attnlab.compat` (with a DeprecationWarning).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from attnlab.compat import forward
 from attnlab.registry import Registry
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ __all__ = [
     "TextLM",
     "build_task",
     "list_tasks",
-    "make_task",
     "register_task",
     "task_class",
 ]
@@ -153,9 +153,6 @@ def build_task(name: str, **params: Any) -> SequenceTask:
     return _TASKS.build(name, **params)
 
 
-make_task = build_task
-
-
 class _TaskView(Mapping[str, Any]):
     """``TASKS``: the registry as a read-only mapping from name to class."""
 
@@ -177,11 +174,14 @@ class _TaskView(Mapping[str, Any]):
 TASKS: Mapping[str, type[SequenceTask]] = _TaskView()
 
 
-def __getattr__(name: str) -> Any:
+def _lazy(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+__getattr__ = forward(__name__, _lazy)  # the old names first (attnlab.compat's table), then the lazy ones
 
 
 def __dir__() -> list[str]:

@@ -19,7 +19,7 @@ import csv
 from pathlib import Path
 
 from attnlab.dashboard import load_runs
-from attnlab.dashboard.stats import holm, paired_difference
+from attnlab.stats import holm, paired_difference
 
 TOLERANCE = {"bpc": 0.05, "acc": 0.01}
 """How much worse than unpruned still counts as "little loss": 0.05 bits per byte (about 2.5 % of the models'
