@@ -8,7 +8,7 @@ pluggable stages, and the encoder.
 
 from attnlab.attention import AttentionOutput, MultiHeadAttention
 from attnlab.backends import Backend, build_backend, list_backends, register_backend
-from attnlab.config import AttentionConfig, build_preset, layer_configs, list_presets, register_preset
+from attnlab.config import AttentionConfig, build_preset, layer_configs
 from attnlab.encoder import (
     Encoder,
     EncoderLayer,
@@ -18,17 +18,16 @@ from attnlab.encoder import (
 from attnlab.feature_maps import FeatureMap, build_feature_map, list_feature_maps, register_feature_map
 from attnlab.masks import Mask, PreparedMask, build_mask, list_masks, prepare_mask, register_mask
 from attnlab.normalizers import Normalizer, build_normalizer, list_normalizers, register_normalizer
+from attnlab.position_bias import PositionBias, build_position_bias, list_position_biases, register_position_bias
 from attnlab.positions import RotaryEmbedding
 from attnlab.registry import UnknownNameError
 from attnlab.scores import (
     DotProductScore,
-    PositionBias,
     Score,
-    build_position_bias,
     build_score,
-    list_position_biases,
+    list_presets,
     list_scores,
-    register_position_bias,
+    register_preset,
     register_score,
 )
 from attnlab.tasks import build_task, list_tasks, register_task

@@ -20,8 +20,6 @@ with ``backend=``), computes z from the form's inputs and a frozen :class:`~attn
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -29,67 +27,18 @@ from torch import Tensor, nn
 
 from attnlab.backends import Backend, Conditions, LayerSpec, build_backend, check_backend_params, choose_backend
 from attnlab.checks import check_int, check_prob, default_d_k
+from attnlab.compat import FormAttributes, forward, rename_old_keys
 from attnlab.config import AttentionConfig
 from attnlab.config import _mask_text as mask_text
 from attnlab.forms import FormOutput, LayerSizes, build_form, form_class, form_for, form_output
-from attnlab.forms.softmax import DifferentialHeads, lambda_init
-from attnlab.kernels.conv import causal_conv
-from attnlab.masks import Mask, PreparedMask, build_mask, mask_form, prepare_mask
+from attnlab.forms.base import refuse_unimplemented
+from attnlab.masks import Mask, PreparedMask, build_mask, mask_form, position_part, prepare_mask
 from attnlab.positions import RotaryEmbedding
+from attnlab.stages import QK_NORMS, ShortConvolution, config_from_options, layer_claims
 
-__all__ = [
-    "LAYER_FIELDS",
-    "QK_NORMS",
-    "AttentionOutput",
-    "DifferentialHeads",
-    "MultiHeadAttention",
-    "PreparedMask",
-    "ShortConvolution",
-    "lambda_init",
-    "prepare_mask",
-]
+__all__ = ["AttentionOutput", "MultiHeadAttention"]
 
-QK_NORMS: dict[str, type[nn.Module]] = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
-
-LAYER_FIELDS = frozenset(
-    {"d_k", "d_v", "num_kv_heads", "qk_norm", "rope", "short_conv", "short_conv_residual", "output_gate", "mask",
-     "backend", "backend_params"}
-)  # fmt: skip
-"""The :class:`~attnlab.config.AttentionConfig` fields the layer itself computes (projection, q/k transforms, the
-mask, the choice of backend). Every other field is the form's (:attr:`~attnlab.forms.Form.config_fields`); one that
-neither owns is a feature every backend refuses until it is taught it (:class:`~attnlab.backends.LayerSpec`)."""
-
-
-class ShortConvolution(nn.Module):
-    """A depthwise causal convolution of width k over the sequence, one filter per channel, no bias (the short
-    convolution that Zoology, Based and fla put on q, k and v): x (B, L, C) → y (B, L, C) with
-    y_t = Σ_{m<k} w_m ⊙ x_{t−k+1+m} (``conv.weight`` (C, 1, k) is w; zeros before the start), so output t reads
-    inputs t−k+1 … t only. ``residual``: y_t = x_t + Σ_m w_m ⊙ x_{t−k+1+m}, a Canon layer (Allen-Zhu 2025, "Physics
-    of Language Models: Part 4.1", §3: kernel 4, residual, no activation, no bias)."""
-
-    def __init__(self, channels: int, width: int, residual: bool = False) -> None:
-        super().__init__()
-        self.width = width
-        self.residual = bool(residual)
-        self.conv = nn.Conv1d(channels, channels, width, groups=channels, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, C) → (B, L, C) (L = 0 gives the empty sequence back)."""
-        if x.shape[1] == 0:  # (conv1d refuses an input shorter than its kernel, which k − 1 zeros are at L = 0)
-            return x
-        return causal_conv(x, self.conv.weight[:, 0], self.residual)  # (B, L, C)
-
-    def step(self, x: Tensor, buffer: Tensor | None) -> tuple[Tensor, Tensor]:
-        """One new input x (B, 1, C), given the last k − 1 (B, k − 1, C) or None (the start) → (y (B, 1, C), the
-        new buffer)."""
-        if buffer is None:
-            buffer = x.new_zeros(x.shape[0], self.width - 1, x.shape[-1])
-        window = torch.cat([buffer, x], dim=1)  # (B, k, C)
-        y = torch.einsum("bkc,ck->bc", window, self.conv.weight[:, 0]).unsqueeze(1)
-        return (x + y if self.residual else y), window[:, 1:]
-
-    def extra_repr(self) -> str:
-        return "residual" if self.residual else ""
+__getattr__ = forward(__name__)  # the names that moved (attnlab.compat)
 
 
 class _Output(NamedTuple):
@@ -112,128 +61,15 @@ class AttentionOutput(_Output):
         return self
 
 
-_OPTION_DEFAULTS: dict[str, Any] = {
-    "num_kv_heads": None,
-    "rope": None,
-    "qk_norm": None,
-    "softcap": None,
-    "position_bias": None,
-    "position_bias_params": None,
-    "normalizer": "softmax",
-    "normalizer_params": None,
-    "differential": False,
-    "selective": False,
-    "short_conv": None,
-    "short_conv_residual": False,
-    "output_gate": None,
-    "mask": None,
-    "backend": "auto",
-    "backend_params": None,
-}
-
-
-_MOVED_INTO_FORM = ("position_bias.", "normalizer.", "sub_norm.", "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
-
-
-def renamed_state_key(key: str, ours: Mapping[str, Any] | Any) -> str:
-    """A checkpoint's state-dict key as this version names it (``ours``: this model's keys). The preset variants'
-    bias parameters lived in the score (0.1: ``…score.rel_k``; 0.2: ``…score.position_bias.rel_k``); from 0.3 to
-    0.6 they were the layer's position-bias stage (``…position_bias.rel_k``); since 0.7 every stage between the
-    projections and the merge is the form's (``…form.position_bias.rel_k``, ``…form.score.…``, a decay or
-    delta-rule form's gates ``…form.alpha_gate.…``, which were its score's, differential attention's
-    ``…form.lambda_q1`` and ``…form.sub_norm.…``)."""
-    if key in ours:
-        return key
-    dotted = f".{key}"
-    candidates = []
-    if ".score." in dotted:
-        head, _, rest = dotted.rpartition(".score.")
-        bias = rest.removeprefix("position_bias.")
-        candidates += [f"{head}.position_bias.{bias}", f"{head}.form.position_bias.{bias}"]
-        candidates += [f"{head}.form.score.{rest}", f"{head}.form.{rest}"]
-    for stage in _MOVED_INTO_FORM:
-        if f".{stage}" in dotted:
-            head, _, rest = dotted.rpartition(f".{stage}")
-            candidates.append(f"{head}.form.{stage}{rest}")
-    return next((c.lstrip(".") for c in candidates if c.lstrip(".") in ours), key)
-
-
-def config_from_options(
-    score: str | nn.Module | None, d_v: int | None, options: dict[str, Any], built: dict[str, nn.Module]
-) -> AttentionConfig:
-    """The :class:`AttentionConfig` that :class:`MultiHeadAttention`'s keyword arguments describe (the keyword
-    form, kept for users' scripts); built modules (a score, position bias, normalizer or rotary module) go to
-    ``built`` and the config records their class name.
-
-    The stage options:
-
-    * ``num_kv_heads``: G key/value heads, a divisor of H (default H); ``k_proj`` maps d_model → G·d_k.
-    * ``rope``: rotary positions on q and k: True, or a dict of :class:`~attnlab.positions.RotaryEmbedding`
-      parameters (``base``, ``fraction``, ``spectrum``), or a built module; None (default) = off.
-    * ``qk_norm``: ``layernorm`` or ``rmsnorm`` of each head's q and k over d_k (Dehghani et al. 2023), before rope.
-    * ``softcap``: c > 0: logits ← c·tanh(logits / c) before the mask (Gemma 2 uses 50); None = off.
-    * ``position_bias``: a registered position bias (``shaw``, ``t5``, ``alibi``) added to any score, or None
-      (or a built module); ``position_bias_params`` its parameters.
-    * ``normalizer``: a registered normalizer (default ``softmax``) or a built one, ``normalizer_params`` its
-      parameters.
-    * ``differential``: differential attention (Ye et al. 2024): two maps per head, w = w₁ − λ w₂, with
-      λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, then a per-head RMSNorm of z and the factor (1 − λ_init);
-      q_proj and k_proj then have 2·H·d_k and 2·G·d_k outputs.
-    * ``selective``: selective attention (Leviathan et al. 2025): head 0's ReLU'd logits, summed over the later
-      queries, subtracted from every head's logits (:func:`~attnlab.forms.softmax.selection_penalty`); causal.
-    * ``short_conv``: k ≥ 1, a causal depthwise convolution of width k on q, k and v after their projections;
-      ``short_conv_residual``: it adds its input back (Canon-B).
-    * ``output_gate``: ``headwise`` or ``elementwise``: z_h ← z_h ⊙ σ(x W_g) before ``out_proj`` (Qiu et al. 2025).
-    * ``backend``: ``auto`` or a registered backend (:mod:`attnlab.backends`), refused in one line where it cannot
-      compute this configuration.
-
-    A score or position bias that takes ``bidirectional`` (T5's buckets) and leaves it unset gets False when the
-    config's mask hides every later key (causal, causal & window: T5's decoder bucketing) and True otherwise.
-    """
-    opts = {**_OPTION_DEFAULTS, **{k: v for k, v in options.items() if k in _OPTION_DEFAULTS}}
-    score_params = {k: v for k, v in options.items() if k not in _OPTION_DEFAULTS}
-    score = "scaled_dot" if score is None else score
-    if isinstance(score, nn.Module):
-        if score_params:
-            raise ValueError("score_params are only used when score is given by name")
-        built["score"] = score
-        score = type(score).__name__
-    for key in ("position_bias", "normalizer", "rope"):
-        if isinstance(opts[key], nn.Module):
-            built[key] = opts[key]
-            opts[key] = type(opts[key]).__name__ if key != "rope" else {}
-    return AttentionConfig(
-        score=score,
-        score_params=score_params,
-        position_bias=opts["position_bias"],
-        position_bias_params=opts["position_bias_params"] or {},
-        rope=opts["rope"],
-        qk_norm=opts["qk_norm"],
-        softcap=opts["softcap"],
-        normalizer=opts["normalizer"],
-        normalizer_params=opts["normalizer_params"] or {},
-        num_kv_heads=opts["num_kv_heads"],
-        d_v=d_v,
-        differential=opts["differential"],
-        selective=opts["selective"],
-        short_conv=opts["short_conv"],
-        short_conv_residual=opts["short_conv_residual"],
-        output_gate=opts["output_gate"],
-        mask=opts["mask"],
-        backend=opts["backend"],
-        backend_params=opts["backend_params"] or {},
-    )
-
-
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(FormAttributes, nn.Module):
     """Multi-head attention (Vaswani et al. 2017, §3.2.2) with every stage pluggable.
 
     What the layer computes is one :class:`~attnlab.config.AttentionConfig` (``config=``), or, as before, the
     keyword arguments below, which build one (a thin shim for users' scripts). Either way ``self.config`` is the
     resolved config (a preset expanded into its score and bias), ``self.form`` the token mixer it computes
     (:mod:`attnlab.forms`, chosen by :func:`~attnlab.forms.form_for`) and ``self.backend`` the backend the layer
-    asked for. The form's stages read through the layer as before (``layer.score``, ``layer.normalizer``,
-    ``layer.logits(q, k)`` …: attributes the layer lacks are looked up on its form).
+    asked for. Every config field is computed or refused in one line when the layer is built
+    (:func:`~attnlab.forms.base.refuse_unimplemented`); the configured mask applies to a call that passes none.
 
     Args:
         d_model: model width.
@@ -281,17 +117,18 @@ class MultiHeadAttention(nn.Module):
 
         self.d_model = check_int("d_model", d_model, minimum=1)
         self.num_heads = H = check_int("num_heads", num_heads, minimum=1)
+        if d_k is not None and config.d_k is not None and d_k != config.d_k:
+            raise ValueError(f"d_k={d_k} given to the layer and config.d_k={config.d_k}: give one of them")
         self.d_k = check_int("d_k", d_k, minimum=1) if d_k is not None else default_d_k(d_model, H, config.d_k)
         self.d_v = self.d_k if config.d_v is None else config.d_v
         self.dropout = check_prob("dropout", dropout, high_open=True)
         self.num_kv_heads = G = H if config.num_kv_heads is None else config.num_kv_heads
         if H % G:
-            raise ValueError(
-                f"num_kv_heads ({G}) must divide num_heads ({H}): 1 (multi-query), a divisor (GQA), or null (= {H})"
-            )
+            raise ValueError(f"num_kv_heads ({G}) must divide num_heads ({H}): 1 (multi-query), a divisor, or null")
         self.layer = check_int("layer", layer, minimum=1)
         form_name = form_for(config)
         kind = form_class(form_name)  # differential attention: two maps per head; DeltaProduct: n keys and values
+        refuse_unimplemented(kind, config, layer_claims(kind.projects))  # every knob computed, or one line
         self.query_heads, self.key_heads = kind.query_maps(config) * H, kind.key_maps(config) * G  # Hq, Gk
         self.value_heads = kind.value_maps(config) * G  # Gv
 
@@ -313,8 +150,7 @@ class MultiHeadAttention(nn.Module):
 
         # q/k transforms
         self.qk_norm = config.qk_norm
-        self.q_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
-        self.k_norm = QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm is not None else None
+        self.q_norm, self.k_norm = (QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm else None for _ in "qk")
         rope = built.get("rope") or (None if config.rope is None else RotaryEmbedding(self.d_k, **config.rope))
         self.rope = None if kind.projects else rope  # (a form that projects applies its own rotary positions)
 
@@ -326,6 +162,8 @@ class MultiHeadAttention(nn.Module):
             self.k_conv = ShortConvolution(self.key_heads * self.d_k, self.short_conv, residual)
             self.v_conv = ShortConvolution(self.value_heads * self.d_v, self.short_conv, residual)
 
+        # the configured mask's positional part (key padding needs the tokens), for a call that passes none
+        self.structural_mask: Mask | None = position_part(None if config.mask is None else build_mask(config.mask))
         shown = "none (every key visible)" if config.mask is None else mask_text(config.mask)
         self.form.check_mask(self.mask_form, shown)
         # the backend: a forced one must support this configuration and its mask
@@ -339,39 +177,7 @@ class MultiHeadAttention(nn.Module):
         self.head_gate: Tensor | None = None
         """(H,) or None: each head's output is multiplied by its gate before ``out_proj`` (every backend; set for a
         block by :func:`attnlab.heads.head_gates`: head importance and pruning). Not a parameter or buffer."""
-        self._register_load_state_dict_pre_hook(self._rename_old_keys)
-
-    def _rename_old_keys(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-        """A checkpoint of an earlier version loads: the presets' bias parameters move to the position-bias stage
-        (:func:`renamed_state_key`), and the stages that moved into the form (0.7: ``score``, ``position_bias``,
-        ``normalizer``, differential attention's λ and sub-norm; a decay or delta-rule form's gates, which were its
-        score's) move to ``form.``."""
-        ours = {prefix + k for k in self.state_dict()}
-        for key in [k for k in state_dict if k.startswith(prefix) and k not in ours]:
-            new = renamed_state_key(key, ours)
-            if new != key and new not in state_dict:
-                state_dict[new] = state_dict.pop(key)
-
-    def __getattr__(self, name: str) -> Any:
-        """The form's stages and methods through the layer, as before 0.7 (``layer.score``, ``layer.logits`` …)."""
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            form = self._modules.get("form")
-            if form is None or name.startswith("_"):
-                raise
-            return getattr(form, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Setting one of the form's stages through the layer (``layer.normalizer = …``) sets the form's, and the
-        layer's record (:attr:`spec`) and backend choice are made again."""
-        form = self.__dict__.get("_modules", {}).get("form")
-        if form is not None and name not in self.__dict__ and name not in self._modules and hasattr(form, name):
-            setattr(form, name, value)
-            self.__dict__.pop("_spec", None)
-            self.__dict__.pop("_backend_candidates", None)
-            return
-        super().__setattr__(name, value)
+        self._register_load_state_dict_pre_hook(rename_old_keys, with_module=True)
 
     # ------------------------------------------------------------------------------------------ the record
 
@@ -381,16 +187,9 @@ class MultiHeadAttention(nn.Module):
         the features the layer needs and its sizes; made once (again if the dropout changes)."""
         spec = self.__dict__.get("_spec")
         if spec is None or spec.dropout != self.dropout or spec.form is not self.form:
-            features = set(self.form.features())
-            owned = LAYER_FIELDS | self.form.config_fields
-            for f in dataclasses.fields(self.config):
-                if f.name in owned:
-                    continue
-                default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-                if getattr(self.config, f.name) != default:
-                    features.add(f"config.{f.name}")
+            features = self.form.features()  # (every config field is claimed: refuse_unimplemented, at build)
             spec = LayerSpec(
-                self.form, self.config, frozenset(features), self.num_heads, self.num_kv_heads, self.d_k, self.d_v,
+                self.form, self.config, features, self.num_heads, self.num_kv_heads, self.d_k, self.d_v,
                 self.dropout,
             )  # fmt: skip
             self.__dict__["_spec"] = spec
@@ -488,7 +287,7 @@ class MultiHeadAttention(nn.Module):
         :attr:`~attnlab.masks.PreparedMask.form`, ``causal+padding`` ...)."""
         form = self.mask_form if mask is None else mask
         when = Conditions(torch.device(device).type, dtype, need_weights, training, grad, form)
-        return choose_backend(self, when).name
+        return choose_backend(self.spec, when).name
 
     @property
     def uses_fast_path(self) -> bool:
@@ -508,8 +307,8 @@ class MultiHeadAttention(nn.Module):
         (B, H, Lq, Lk) if ``need_weights`` else None). The backend is chosen per call
         (:func:`~attnlab.backends.choose_backend`); asking for the weights runs ``eager``."""
         num_keys = x.shape[1] if key_value is None else key_value.shape[1]
-        pm = prepare_mask(mask, x.shape[1], num_keys, x.device)
-        backend = choose_backend(self, Conditions.of(self, x, need_weights, pm))
+        pm = prepare_mask(self.structural_mask if mask is None else mask, x.shape[1], num_keys, x.device)
+        backend = choose_backend(self.spec, Conditions.of(x, need_weights, pm, self.training))
         o = self.compute(backend, x, key_value, pm)
         return o.out, (o.weights if need_weights else None)
 
@@ -523,7 +322,7 @@ class MultiHeadAttention(nn.Module):
                 f"variant {self.config.score} is self-attention only: its state runs over x itself (no key_value)"
             )
         q, k, v = self.project(x, key_value)  # (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, Gv, Lk, d_v)
-        pm = prepare_mask(mask, q.shape[2], k.shape[2], x.device)
+        pm = prepare_mask(self.structural_mask if mask is None else mask, q.shape[2], k.shape[2], x.device)
         inputs = self.form.prepare(q, k, v, x, pm)
         o = backend.compute(self.spec, inputs, self.dropout if self.training else 0.0)
         z = form_output(self.form, o, inputs)  # (B, H, Lq, d_v)
@@ -561,7 +360,3 @@ class MultiHeadAttention(nn.Module):
         if self.config.backend != "auto":
             extra.append(f"backend={self.config.backend}")
         return ", ".join(extra)
-
-
-# moved to attnlab.backends.sdpa (0.3); importable from here as before
-from attnlab.backends.sdpa import BiasedSoftmaxAttention, scaled_dot_product_attention  # noqa: E402, F401

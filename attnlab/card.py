@@ -164,8 +164,8 @@ def collect(out: Path, tasks: Sequence[str] = CARD_TASKS, problems: list[str] | 
     ``tuned.json`` is untrusted: a file that cannot be read (a link, not JSON, nested too deeply) and each field that
     fails a check (a configuration that is not an object, a label that is not text, a seed that is not an integer,
     a job outside the sweep folder ...) add one line to ``problems`` and are left out; the rest is used."""
-    from attnlab.dashboard.stats import mean_ci
     from attnlab.runs import RunFileError, RunFolder
+    from attnlab.stats import mean_ci
     from attnlab.training.tuned import read_plan
 
     problems = [] if problems is None else problems
@@ -266,7 +266,8 @@ def _scalar(value: Any) -> bool:
 def _verdicts(cells: list[CardCell]) -> None:
     """The best mean wins when its paired margin over every other variant holds after Holm's correction (paired t
     over the seeds both ran; alpha 0.05); otherwise it and the variants it does not beat tie."""
-    from attnlab.dashboard.stats import ALPHA, holm, paired_difference
+    from attnlab.dashboard.stats import ALPHA
+    from attnlab.stats import holm, paired_difference
 
     scored = [c for c in cells if c.values]
     if not scored:
@@ -324,7 +325,7 @@ def _num(value: float | None) -> str:
 def card_html(cells: Sequence[CardCell], seconds: float | None = None) -> str:
     """The card as one self-contained page (no script, no request): a variant × task table."""
     from attnlab.dashboard.page import CSP
-    from attnlab.dashboard.stats import half_width_text, spec_for
+    from attnlab.stats import half_width_text, spec_for
 
     tasks = list(dict.fromkeys(c.task for c in cells))
     variants = list(dict.fromkeys(c.variant for c in cells))

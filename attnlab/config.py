@@ -12,8 +12,9 @@ in the stage.
 **Presets** (``alibi``, ``t5_bias``, ``relative_position``) are names a score field may take that stand for a score
 plus a position bias (:func:`register_preset`); :meth:`AttentionConfig.resolved` expands them, so that the layer
 that is built, and what a run records, say what the preset is (``alibi`` = ``scaled_dot`` + ``position_bias=alibi``).
-Their registry lives with the scores (:mod:`attnlab.scores`, below this module: ``build_score`` takes a preset too);
-the verbs are importable from here as before, and :func:`build_preset` checks a preset's changes against the fields.
+Their registry lives with the scores (:mod:`attnlab.scores`, below this module: ``build_score`` takes a preset too,
+and the verbs are there: ``register_preset``, ``list_presets``, ``is_preset``); :func:`build_preset` checks a
+preset's changes against the fields.
 
 **Per-layer attention.** :func:`layer_configs` gives each of ``num_layers`` layers its own config: from a
 ``pattern`` of layer kinds that repeats (``"LG"``: a local layer then a global one; ``"LLLLLG"``: Gemma 3's 5:1), each
@@ -29,9 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlab.compat import forward
 from attnlab.normalizers import _NORMALIZERS
 from attnlab.position_bias import _POSITION_BIASES
-from attnlab.scores import _PRESETS, _SCORES, is_preset, list_presets, register_preset
+from attnlab.scores import _PRESETS, _SCORES
 
 __all__ = [
     "DEFAULT_LAYER_KINDS",
@@ -40,12 +42,14 @@ __all__ = [
     "SETTING_FIELDS",
     "AttentionConfig",
     "build_preset",
-    "is_preset",
+    "default_layer_kinds",
+    "field_default",
+    "field_info",
     "layer_configs",
-    "list_presets",
     "pattern_name",
-    "register_preset",
 ]
+
+__getattr__ = forward(__name__)  # the preset verbs are the scores' (attnlab.compat)
 
 
 def _plain(value: Any) -> Any:
@@ -62,6 +66,48 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+OUTPUT_GATES: tuple[str, ...] = ("headwise", "elementwise")
+"""The gated output's forms (:attr:`AttentionConfig.output_gate`): one gate per head and token, or per channel."""
+
+
+def _registered_normalizers() -> tuple[str, ...]:
+    return tuple(n for n in _NORMALIZERS.names() if n != "softmax")
+
+
+def _knob(
+    cli: str,
+    samples: tuple[Any, ...] | Any,
+    requires: dict[str, Any] | None = None,
+    role: str = "what",
+) -> dict[str, Any]:
+    """The metadata of a field of :class:`AttentionConfig`: what the contract needs beside its definition:
+
+    * ``cli``: the command-line key a user sets it with (what a refusal names);
+    * ``samples``: non-default values the combination test (tests/test_combinations.py) sets it to on every
+      form and backend: a tuple, or a function returning one (the registered normalizers); a new field cannot
+      land without them;
+    * ``requires``: the other fields a sample needs (``selective`` needs ``mask=causal``): the test compares the
+      cell against the config with those alone;
+    * ``role``: ``what`` (it changes what is computed: a cell must differ from the one without it), ``form`` (it
+      chooses the form or its parameters: the form's own tests cover it) or ``how`` (it chooses how, not what:
+      equal to eager, not different)."""
+    return {"cli": cli, "samples": samples, "requires": dict(requires or {}), "role": role}
+
+
+def field_info(name: str) -> dict[str, Any]:
+    """The contract metadata of :class:`AttentionConfig` field ``name`` (:func:`_knob`), samples resolved."""
+    meta = dict(next(f for f in dataclasses.fields(AttentionConfig) if f.name == name).metadata)
+    if callable(meta["samples"]):
+        meta["samples"] = tuple(meta["samples"]())
+    return meta
+
+
+def field_default(name: str) -> Any:
+    """The default of :class:`AttentionConfig` field ``name``."""
+    f = next(f for f in dataclasses.fields(AttentionConfig) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -102,26 +148,35 @@ class AttentionConfig:
             each must be one a registered backend takes.
     """
 
-    score: str = "scaled_dot"
-    score_params: dict[str, Any] = field(default_factory=dict)
-    position_bias: str | None = None
-    position_bias_params: dict[str, Any] = field(default_factory=dict)
-    rope: dict[str, Any] | None = None
-    qk_norm: str | None = None
-    softcap: float | None = None
-    mask: Any = None
-    normalizer: str = "softmax"
-    normalizer_params: dict[str, Any] = field(default_factory=dict)
-    num_kv_heads: int | None = None
-    d_k: int | None = None
-    d_v: int | None = None
-    differential: bool = False
-    selective: bool = False
-    short_conv: int | None = None
-    short_conv_residual: bool = False
-    output_gate: str | None = None
-    backend: str = "auto"
-    backend_params: dict[str, Any] = field(default_factory=dict)
+    score: str = field(default="scaled_dot", metadata=_knob("variant.name", ("dot", "additive"), role="form"))
+    score_params: dict[str, Any] = field(default_factory=dict, metadata=_knob("variant.params", (), role="form"))
+    position_bias: str | None = field(default=None, metadata=_knob("position_bias", ("alibi", "t5", "shaw")))
+    position_bias_params: dict[str, Any] = field(
+        default_factory=dict,
+        metadata=_knob("position_bias.params", ({"num_buckets": 4},), requires={"position_bias": "t5"}),
+    )
+    rope: dict[str, Any] | None = field(default=None, metadata=_knob("model.pos_encoding=rope", ({}, {"base": 100.0})))
+    qk_norm: str | None = field(default=None, metadata=_knob("qk_norm", ("layernorm", "rmsnorm")))
+    softcap: float | None = field(default=None, metadata=_knob("softcap", (0.5,)))
+    mask: Any = field(default=None, metadata=_knob("mask", ("causal", {"name": "sliding_window", "window": 2})))
+    normalizer: str = field(default="softmax", metadata=_knob("normalizer", _registered_normalizers))
+    normalizer_params: dict[str, Any] = field(
+        default_factory=dict, metadata=_knob("normalizer.params", ({"bias": 0.5},), requires={"normalizer": "sigmoid"})
+    )
+    num_kv_heads: int | None = field(default=None, metadata=_knob("num_kv_heads", (1,)))
+    d_k: int | None = field(default=None, metadata=_knob("d_k", (6,)))
+    d_v: int | None = field(default=None, metadata=_knob("model.d_v", (5,)))
+    differential: bool = field(default=False, metadata=_knob("model.differential", (True,)))
+    selective: bool = field(default=False, metadata=_knob("attention.selective", (True,), requires={"mask": "causal"}))
+    short_conv: int | None = field(default=None, metadata=_knob("model.short_conv", (3,)))
+    short_conv_residual: bool = field(
+        default=False, metadata=_knob("attention.short_conv_residual", (True,), requires={"short_conv": 3})
+    )
+    output_gate: str | None = field(default=None, metadata=_knob("attention.output_gate", OUTPUT_GATES))
+    backend: str = field(default="auto", metadata=_knob("attention.backend", (), role="how"))
+    backend_params: dict[str, Any] = field(
+        default_factory=dict, metadata=_knob("attention.backend_params", ({"chunk_size": 2},), role="how")
+    )
 
     def __post_init__(self) -> None:
         from attnlab.checks import check_int, check_number
@@ -139,8 +194,10 @@ class AttentionConfig:
         for name in ("score", "normalizer", "backend"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} must be a registered name, got {getattr(self, name)!r}")
-        if self.position_bias in ("none", ""):
+        if self.position_bias == "none":
             put("position_bias", None)
+        if self.position_bias == "":
+            raise ValueError("position_bias must be a registered name or null (an empty string is not off), got ''")
         if self.position_bias is not None and not isinstance(self.position_bias, str):
             raise ValueError(f"position_bias must be a registered name or null, got {self.position_bias!r}")
         rope = _plain(self.rope)
@@ -174,7 +231,7 @@ class AttentionConfig:
             raise ValueError(f"short_conv_residual must be true or false, got {self.short_conv_residual!r}")
         if self.short_conv_residual and self.short_conv is None:
             raise ValueError("short_conv_residual=true needs a short convolution: set short_conv (the width, e.g. 4)")
-        if self.output_gate in ("none", ""):
+        if self.output_gate == "none":
             put("output_gate", None)
         if self.output_gate not in (None, *OUTPUT_GATES):
             raise ValueError(f"output_gate must be null, headwise or elementwise, got {self.output_gate!r}")
@@ -191,7 +248,7 @@ class AttentionConfig:
     def resolved(self) -> AttentionConfig:
         """The config with a preset score expanded into what it stands for (``alibi`` → ``scaled_dot`` plus
         ``position_bias=alibi``); a config without a preset is returned as it is."""
-        if not is_preset(self.score):
+        if self.score not in _PRESETS:
             return self
         changes = build_preset(self.score, **self.score_params)
         bias = changes.get("position_bias")
@@ -239,9 +296,6 @@ class AttentionConfig:
                 parts.append(f"{key}={_short(value)}")
         return " · ".join(parts)
 
-
-OUTPUT_GATES: tuple[str, ...] = ("headwise", "elementwise")
-"""The gated output's forms (:attr:`AttentionConfig.output_gate`): one gate per head and token, or per channel."""
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AttentionConfig))
 """The fields of :class:`AttentionConfig`, in order."""
@@ -326,21 +380,31 @@ DEFAULT_LAYER_KINDS: dict[str, dict[str, Any]] = {
         "normalizer_params": {},
         "short_conv": None,
     },
-    "M": {"score": "mla", "score_params": {}, "normalizer": "softmax", "normalizer_params": {}, "short_conv": None},
-    "F": {
-        "score": "forgetting",
-        "score_params": {},
-        "normalizer": "softmax",
-        "normalizer_params": {},
-        "short_conv": None,
-    },
 }
-"""The layer kinds a ``pattern`` names, when the config does not define its own: ``G`` global (the base config),
-``L`` local (the base mask AND a sliding window of 16: causal stays causal), ``S`` softmax (a ``scaled_dot``
-softmax layer whatever the base score: the global layer of a linear hybrid) and ``M`` multi-head latent attention
-(``mla`` at its defaults: Kimi Linear's global layer, ``variant=kda model.pattern=GGGM``) and ``F`` forgetting
-attention (Lin et al. 2025; causal: ``variant=gated_deltanet model.pattern=GGGF``). ``base`` in a kind's mask stands
-for the base config's mask."""
+"""The layer kinds a ``pattern`` names, when the config does not define its own, beside the forms' own
+(:func:`default_layer_kinds`): ``G`` global (the base config), ``L`` local (the base mask AND a sliding window of 16:
+causal stays causal), ``S`` softmax (a ``scaled_dot`` softmax layer whatever the base score: the global layer of a
+linear hybrid). ``base`` in a kind's mask stands for the base config's mask."""
+
+
+def default_layer_kinds() -> dict[str, dict[str, Any]]:
+    """:data:`DEFAULT_LAYER_KINDS` and a kind for every registered form that names a letter
+    (:attr:`~attnlab.forms.Form.layer_kind`), that form at its defaults (its :meth:`~attnlab.forms.Form.base_config`
+    normalizer, no short convolution; the base config's mask): ``M`` multi-head latent attention (Kimi Linear's
+    global layer, ``variant=kda model.pattern=GGGM``), ``F`` forgetting attention (Lin et al. 2025; causal:
+    ``variant=gated_deltanet model.pattern=GGGF``)."""
+    from attnlab.forms import form_class, list_forms
+
+    kinds = dict(DEFAULT_LAYER_KINDS)
+    for name in list_forms():
+        cls = form_class(name)
+        if cls.layer_kind is not None and cls.layer_kind not in kinds:
+            base = cls.base_config()
+            kinds[cls.layer_kind] = {
+                "score": base.score, "score_params": {}, "normalizer": base.normalizer, "normalizer_params": {},
+                "short_conv": None,
+            }  # fmt: skip
+    return kinds
 
 
 def _with_base_mask(spec: Any, base_mask: Any) -> Any:
@@ -387,7 +451,7 @@ def layer_configs(
     else:
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"model.pattern must be a string of layer kinds like LG, got {pattern!r}")
-        kinds = {**DEFAULT_LAYER_KINDS, **{str(k): dict(v or {}) for k, v in _plain(layer_kinds or {}).items()}}
+        kinds = {**default_layer_kinds(), **{str(k): dict(v or {}) for k, v in _plain(layer_kinds or {}).items()}}
         unknown = sorted(set(pattern) - set(kinds))
         if unknown:
             raise ValueError(

@@ -26,11 +26,12 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import AttentionOutput, MultiHeadAttention, ShortConvolution
+from attnlab.attention import AttentionOutput, MultiHeadAttention
 from attnlab.checks import check_choice, check_int, default_d_k
 from attnlab.config import AttentionConfig
 from attnlab.masks import AllOf, Mask, Padding, PreparedMask, build_mask, mask_form, prepare_mask
 from attnlab.positions import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from attnlab.stages import ShortConvolution
 
 __all__ = [
     "CANON_POINTS",
@@ -73,11 +74,12 @@ CANON_POINTS = "ABCD"
 
 
 def canon_points(canon: str | None, name: str = "canon") -> str:
-    """``canon`` (a subset of ``ABCD`` in any order, or None / "" for none) as the points in order (``"CA"`` →
-    ``"AC"``); anything else is one line naming ``name`` and what is allowed."""
-    if canon is None or canon == "":
+    """``canon`` (a subset of ``ABCD`` in any order, or None for none) as the points in order (``"CA"`` →
+    ``"AC"``); anything else, the empty string included (a value, not "off": write null), is one line naming
+    ``name`` and what is allowed."""
+    if canon is None:
         return ""
-    if not isinstance(canon, str) or set(canon) - set(CANON_POINTS) or len(set(canon)) != len(canon):
+    if not isinstance(canon, str) or not canon or set(canon) - set(CANON_POINTS) or len(set(canon)) != len(canon):
         raise ValueError(
             f"{name} must be null or a subset of {CANON_POINTS} without repeats (A before attention, B on q/k/v, "
             f"C before the MLP, D inside it; e.g. ABCD or AC), got {canon!r}"
@@ -324,7 +326,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(
             EncoderLayer(
                 d_model, num_heads, d_k, None, d_ff, dropout, norm_first, bias=bias, attention=c, layer=n,
-                canon=self.canon, canon_width=canon_width,
+                canon=self.canon or None, canon_width=canon_width,
             )
             for n, c in enumerate(configs, start=1)
         )  # fmt: skip

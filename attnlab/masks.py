@@ -18,6 +18,7 @@ Register a new mask with ``@register_mask("name")`` on a :class:`Mask` subclass 
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = [
     "hides_later_keys",
     "list_masks",
     "mask_form",
+    "position_part",
     "prepare_mask",
     "register_mask",
     "with_causal",
@@ -484,6 +486,17 @@ def hides_later_keys(mask: Mask) -> bool:
 
 
 _CAUSAL = build_mask("causal")
+
+
+def position_part(mask: Mask | None) -> Mask | None:
+    """The part of ``mask`` that reads positions only (``causal & padding`` → ``causal``; key padding, which
+    needs the tokens, → None): what a layer applies to a call that passes no mask."""
+    if mask is None or mask.position_only:
+        return mask
+    if isinstance(mask, AllOf):
+        parts = [m for m in mask.masks if m.position_only]
+        return None if not parts else functools.reduce(operator.and_, parts)
+    return None
 
 
 def with_causal(mask: PreparedMask | None, num_queries: int, num_keys: int, device: torch.device) -> PreparedMask:

@@ -169,6 +169,8 @@ def softmax_with_sink(logits: Tensor, allowed: Tensor | None, sink: Tensor) -> T
     (held constant in the backward pass: the ratio does not depend on it), so nothing overflows; a row with no
     visible key gives 0 / e^0 = 0."""
     s = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+    if s.shape[-1] == 0:  # no key at all (L = 0): amax has nothing to reduce; the weights are empty
+        return s.clone()
     m = torch.maximum(s.amax(dim=-1, keepdim=True), sink).detach()  # finite: sink is
     e = torch.exp(s - m)
     return e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink - m))
@@ -268,7 +270,7 @@ class Sigmoid(Normalizer):
         if self.bias is not None:
             b: Tensor | float = self.bias
         elif allowed is None:
-            b = -math.log(logits.shape[-1])
+            b = -math.log(max(logits.shape[-1], 1))  # (no key at L = 0: the weights are empty)
         else:
             n = torch.broadcast_to(allowed, logits.shape).sum(dim=-1, keepdim=True)  # visible keys per row
             b = -torch.log(n.clamp(min=1).to(logits.dtype))  # (B, H, Lq, 1)
@@ -526,6 +528,9 @@ class StickBreaking(Normalizer):
 
     leaves_mass = True
     """rows keep a leftover mass 1 − Σ w that the diagnostics report (``leftover``)."""
+    causal_only = True
+    """the nearest key first: defined over the keys before the query (Tan et al. 2025), so a layer refuses a
+    non-causal mask (:meth:`~attnlab.forms.softmax.SoftmaxForm.check_mask`)."""
 
     def __init__(self, attend_current: bool = False) -> None:
         super().__init__()

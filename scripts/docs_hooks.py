@@ -10,6 +10,8 @@
   summary of its ``state_size`` docstring). So a new form, or a new named setting of one, is in the docs the moment
   it is registered, and no table is kept by hand. ``<!-- forms-table decay delta -->`` lists only the forms with
   one of those tags; a marker that lists no form fails the build.
+* A page's ``<!-- compat-table -->`` becomes the table of the old names (:data:`attnlab.compat.MOVED`): old path,
+  what to use instead (and how a call changes, where it does), the version it goes away in.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from mkdocs.structure.files import File, Files
 REPO = Path(__file__).resolve().parents[1]
 SHOWN = {".md", ".png"}
 FORMS_MARKER = re.compile(r"<!--\s*forms-table((?:\s+[\w-]+)*)\s*-->")
+COMPAT_MARKER = re.compile(r"<!--\s*compat-table\s*-->")
+KNOBS_MARKER = re.compile(r"<!--\s*knobs-table\s*-->")
 
 
 def on_files(files: Files, config) -> Files:
@@ -41,6 +45,10 @@ def on_files(files: Files, config) -> Files:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if "compat-table" in markdown:
+        markdown = COMPAT_MARKER.sub(lambda _: compat_table(), markdown)
+    if "knobs-table" in markdown:
+        markdown = KNOBS_MARKER.sub(lambda _: knobs_table(), markdown)
     if "forms-table" not in markdown:
         return markdown
 
@@ -121,4 +129,46 @@ def forms_table(tags: list[str] | None = None) -> str:
             state,
         ]
         rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------- the old names
+
+
+def knobs_table() -> str:
+    """The Markdown table of what each registered form computes of the layer's knobs (the capability check,
+    :func:`attnlab.forms.base.refuse_unimplemented`): a row per form, a column per knob of
+    :class:`~attnlab.config.AttentionConfig` that chooses what is computed; ✓ computed (by the form or by the
+    layer's own stages), the values where it computes only some, ✗ refused in one line (the reason in the hover)."""
+    from attnlab.config import FIELDS, field_info
+    from attnlab.forms import form_class, list_forms
+    from attnlab.stages import layer_claims
+
+    knobs = [f for f in FIELDS if field_info(f)["role"] == "what"]
+    rows = ["| form | " + " | ".join(f"`{field_info(f)['cli']}`" for f in knobs) + " |"]
+    rows.append("| --- |" + " --- |" * len(knobs))
+    for name in list_forms():
+        cls = form_class(name)
+        claims = {**cls.implements, **layer_claims(cls.projects)}
+        cells = []
+        for f in knobs:
+            if f not in claims:
+                why = cls.refusals.get(f, "not computed").replace('"', "'")
+                cells.append(f'<span title="{why}">✗</span>')
+            elif claims[f] is None:
+                cells.append("✓")
+            else:
+                cells.append(", ".join(str(v) for v in claims[f]))
+        rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def compat_table() -> str:
+    """The Markdown table of the old names (:data:`attnlab.compat.MOVED`), in the table's order."""
+    from attnlab.compat import MOVED
+
+    rows = ["| old name | use instead | goes away in |", "| --- | --- | --- |"]
+    for entry in MOVED:
+        use = f"`{entry.new}`" + (f" ({markdown_of(entry.change)})" if entry.change else "")
+        rows.append(f"| `{entry.old}` | {use} | {entry.removed_in} |")
     return "\n".join(rows)

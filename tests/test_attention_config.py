@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.config import FIELDS, AttentionConfig, build_preset, list_presets, register_preset
+from attnlab.config import FIELDS, AttentionConfig, build_preset
+from attnlab.scores import list_presets, register_preset
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -645,7 +645,7 @@ def test_stickbreaking_picks_the_fused_row_kernel_on_the_cpu_and_refuses_sdpa_in
 
     layer = stick_layer()
     x = rand(1, 4, D_MODEL)
-    chosen = choose_backend(layer, Conditions.of(layer, x, False, prepare_mask(build_mask("causal"), 4, 4)))
+    chosen = choose_backend(layer.spec, Conditions.of(x, False, prepare_mask(build_mask("causal"), 4, 4)))
     assert chosen.name == "normalized"
     with pytest.raises(ValueError) as err:
         MultiHeadAttention(D_MODEL, H, normalizer="stickbreaking", mask="causal", backend="sdpa")

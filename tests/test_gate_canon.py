@@ -465,8 +465,10 @@ def test_canon_points_outside_abcd_or_repeated_are_refused_in_one_line(canon):
 
 
 def test_canon_points_are_put_in_order():
-    assert canon_points("DCA") == "ACD" and canon_points(None) == "" and canon_points("") == ""
-    layer = EncoderLayer(D_MODEL, H, canon="")
+    assert canon_points("DCA") == "ACD" and canon_points(None) == ""
+    with pytest.raises(ValueError, match=r"got ''$"):  # an empty string is a value, not "off" (issue 60)
+        canon_points("")
+    layer = EncoderLayer(D_MODEL, H, canon=None)
     assert layer.canon_a is None and layer.canon_c is None and layer.canon_d is None
     assert layer.self_attn.short_conv is None
 

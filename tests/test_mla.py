@@ -16,7 +16,7 @@ from conftest import linear, masked_softmax
 from helpers import randomize_, run_train
 
 from attnlab.attention import MultiHeadAttention
-from attnlab.config import DEFAULT_LAYER_KINDS, AttentionConfig, layer_configs
+from attnlab.config import AttentionConfig, default_layer_kinds, layer_configs
 from attnlab.decode import decode, encoder_step, init_cache
 from attnlab.encoder import Encoder
 from attnlab.forms.mla import LatentCache, MultiHeadLatentAttention
@@ -159,19 +159,19 @@ def test_the_equations_test_would_catch_a_scale_of_one_over_root_d_k():
         layer.form.rotary = unrotated
 
 
-def test_the_configs_rope_base_sets_the_decoupled_rotary_base_and_the_content_parts_stay_unrotated():
-    """``rope`` (model.rope with pos_encoding=rope) sets the base of the decoupled rotary key and query; the layer
-    itself applies no rotary positions (they would turn the content parts)."""
-    layer = mla_layer({"kv_rank": 5, "rope_dim": 4}, rope={"base": 100.0})
+def test_rope_base_sets_the_decoupled_rotary_base_and_the_content_parts_stay_unrotated():
+    """``variant.params.rope_base`` sets the base of the decoupled rotary key and query; the layer itself applies no
+    rotary positions (they would turn the content parts), and its own rotary knob is refused (issue 60: ``rope={}``
+    was taken and changed nothing)."""
+    layer = mla_layer({"kv_rank": 5, "rope_dim": 4, "rope_base": 100.0})
     assert layer.rope is None and layer.form.rotary.base == 100.0
     x = rand(2, 6, D_MODEL).requires_grad_(True)
     out, _ = layer(x)
     expected, _ = mla_reference(layer, x, base=100.0)
     assert_values_and_gradients(out, expected, [x, *checked_parameters(layer)])
     assert not torch.allclose(out, mla_reference(layer, x)[0], atol=1e-6)
-    torch.manual_seed(0)
-    encoder = Encoder(30, D_MODEL, H, 1, d_k=D_K, pos_encoding="rope", rope={"base": 100.0}, score="mla")
-    assert encoder.layers[0].self_attn.form.rotary.base == 100.0 and encoder.layers[0].self_attn.rope is None
+    with pytest.raises(ValueError, match=r"variant mla does not compute model\.pos_encoding=rope"):
+        Encoder(30, D_MODEL, H, 1, d_k=D_K, pos_encoding="rope", rope={"base": 100.0}, score="mla")
 
 
 def test_the_form_owns_the_latent_projections_at_the_documented_sizes_and_defaults():
@@ -370,10 +370,11 @@ def test_the_absorbed_query_against_the_latent_key_gives_the_expanded_logits(par
         ({"score_params": {"kvrank": 8}}, r"^variant mla has no parameter 'kvrank'; parameters: kv_rank, q_rank, "),
         ({"score_params": {"rope_dim": 3}}, r"^rope_dim must be even .*got 3$"),
         ({"score_params": {"rope_dim": 6}}, r"^rope_dim must be below d_k=6 .*got 6$"),
-        ({"qk_norm": "rmsnorm"}, r"^variant mla .* takes no qk_norm \(got rmsnorm\)"),
-        ({"short_conv": 4}, r"^variant mla .* takes no short_conv \(got 4\)"),
-        ({"num_kv_heads": 1}, r"^variant mla .* takes no num_kv_heads \(got 1\)"),
-        ({"differential": True}, r"^variant mla .* takes no differential \(got True\)"),
+        ({"qk_norm": "rmsnorm"}, r"^variant mla does not compute qk_norm=rmsnorm: it projects .* one latent"),
+        ({"short_conv": 4}, r"^variant mla does not compute model\.short_conv=4: it projects"),
+        ({"num_kv_heads": 1}, r"^variant mla does not compute num_kv_heads=1: its heads share one latent"),
+        ({"differential": True}, r"^variant mla does not compute model\.differential=true: "),
+        ({"rope": {}}, r"^variant mla does not compute model\.pos_encoding=rope: .*variant\.params\.rope_base"),
     ],
     ids=[
         "unknown_param",
@@ -383,6 +384,7 @@ def test_the_absorbed_query_against_the_latent_key_gives_the_expanded_logits(par
         "short_conv",
         "num_kv_heads",
         "differential",
+        "rope",
     ],
 )
 def test_what_a_latent_projection_does_not_take_is_refused_in_one_line(changes, match):
@@ -396,7 +398,7 @@ def test_what_a_latent_projection_does_not_take_is_refused_in_one_line(changes, 
 
 
 def test_a_kda_mla_3_to_1_hybrid_trains_and_decodes_as_it_runs_forward():
-    assert DEFAULT_LAYER_KINDS["M"]["score"] == "mla"
+    assert default_layer_kinds()["M"]["score"] == "mla"
     base = AttentionConfig(score="kda", normalizer="none", mask="causal", short_conv=4)
     configs = layer_configs(base, 4, pattern="GGGM")
     assert [c.score for c in configs] == ["kda", "kda", "kda", "mla"]

@@ -651,6 +651,7 @@ CHOICES = {
     "t5_on_general": {"score": "general", "position_bias": "t5", "position_bias_params": T5_PARAMS},
     "alibi_on_additive": {"score": "additive", "position_bias": "alibi"},
     **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS},
+    "normalizer_stickbreaking": {"normalizer": "stickbreaking", "mask": "causal"},  # causal only
     "everything": {
         "rope": True,
         "qk_norm": "rmsnorm",
@@ -667,6 +668,8 @@ CHOICES = {
 @pytest.mark.parametrize("mask_kind", list(MASKS))
 @pytest.mark.parametrize("choice", list(CHOICES))
 def test_masked_keys_get_zero_weight_and_blind_rows_zero_output_without_nan_for_every_new_choice(choice, mask_kind):
+    if choice == "normalizer_stickbreaking" and mask_kind not in ("causal", "causal&window"):
+        pytest.skip("stick-breaking is causal: a non-causal mask is refused (tests/test_contract_findings.py)")
     mha = pipeline_mha(**CHOICES[choice])
     mask, allowed = MASKS[mask_kind](), dense(mask_kind)
     x = randn(B, L, D_MODEL, seed=1).requires_grad_()

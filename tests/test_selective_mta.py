@@ -340,14 +340,18 @@ def test_hiding_the_padded_rows_too_isolates_padding_anywhere(path, monkeypatch)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_call_without_a_mask_selects_among_every_key(path, monkeypatch):
-    """The layer applies the mask it is given: with none, every key is visible to every query and S_kj covers
-    0 < j < k (selection_penalty's ``allowed=None``; the C kernel's branch without a mask)."""
+def test_a_call_without_a_mask_applies_the_configured_one(path, monkeypatch):
+    """The layer applies the mask it is given: an all-visible one lets every query see every key and S_kj covers
+    0 < j < k; with none, the layer's configured (causal) mask applies (issue 60: before, a call without a mask ran
+    without one, and row 0 read the last token)."""
     layer = selective_layer(backend_of(path, monkeypatch))
     B, L = 2, 6
     x = rand(B, L, D_MODEL, seed=18).requires_grad_(True)
     expected = selective_reference(layer, x, torch.ones(B, L, L, dtype=torch.bool))[0]
-    assert_values_and_gradients(layer(x)[0], expected, [x, *layer.parameters()])
+    every_key = torch.ones(L, L, dtype=torch.bool)
+    assert_values_and_gradients(layer(x, mask=every_key)[0], expected, [x, *layer.parameters()])
+    causal = selective_reference(layer, x, causal_visible(B, L, L))[0]
+    assert_values_and_gradients(layer(x)[0], causal, [x, *layer.parameters()])
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -665,7 +669,7 @@ def test_mta_no_output_depends_on_a_later_token_even_with_a_wide_kernel():
         ({"backend": "flex"}, r"^attention.backend=flex cannot compute this layer: .*mta"),
         ({"foo": 1}, r"^variant mta has no parameter 'foo'; parameters: c_q, c_k, c_h$"),
         ({"c_h": 3}, r"^c_h=3 must divide the number of heads \(4\)"),
-        ({"differential": True}, r"^variant mta has no differential maps"),
+        ({"differential": True}, r"^variant mta does not compute model\.differential=true: its head mixing"),
         ({"mask": None}, r"^variant mta is causal only"),
     ],
     ids=[

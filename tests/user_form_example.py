@@ -28,6 +28,7 @@ class UserDecay(TransitionForm):
     """log α_t = −softplus(a_h) · softplus(x_t w_h + b_h), per head; no delta rule (β)."""
 
     tags = frozenset({"recurrent", "decay"})
+    implements = TransitionForm.implements  # what it computes: its parent's knobs (declared, never inherited)
 
     def build(self) -> None:
         self.dt_proj = nn.Linear(self.d_model, self.num_heads)  # Δ's pre-activation x w_h + b_h

@@ -15,7 +15,6 @@ from attnlab.forms import FormInputs, FormOutput
 from attnlab.registry import Registry
 
 if TYPE_CHECKING:
-    from attnlab.attention import MultiHeadAttention
     from attnlab.masks import PreparedMask
 
 __all__ = [
@@ -62,14 +61,13 @@ class Conditions:
     """the call's mask as :attr:`~attnlab.masks.PreparedMask.form` gives it (``none`` when there is none)."""
 
     @classmethod
-    def of(
-        cls, attn: MultiHeadAttention, x: Tensor, need_weights: bool, mask: PreparedMask | None = None
-    ) -> Conditions:
-        """The conditions of calling ``attn`` on ``x`` with the prepared ``mask`` now."""
+    def of(cls, x: Tensor, need_weights: bool, mask: PreparedMask | None = None, training: bool = True) -> Conditions:
+        """The conditions of calling a layer (in ``training`` mode or not) on ``x`` with the prepared ``mask``
+        now."""
         form = "none" if mask is None else mask.form
         device = x.device.type
         dtype = compute_dtype(x.dtype, device)
-        return cls(device, dtype, need_weights, attn.training, torch.is_grad_enabled(), form)
+        return cls(device, dtype, need_weights, training, torch.is_grad_enabled(), form)
 
 
 FLOAT32_64 = (torch.float32, torch.float64)
@@ -96,8 +94,9 @@ FEATURE_REASONS: dict[str, str] = {
     "forgetting": "it has no forgetting attention (the forget gates' bias)",
 }
 """The one line a backend gives for a feature of a layer it does not compute (:func:`missing_feature`); a feature
-not listed here (``config.<field>``: a field of :class:`~attnlab.config.AttentionConfig` that no form turns into a
-stage, ``score:<class>``, a new form's ``form:<name>``) reads ``it does not compute <feature>``."""
+not listed here (``score:<class>``, a new form's ``form:<name>``) reads ``it does not compute <feature>``. (A config
+field that nothing computes never reaches a backend: the layer refuses it when it is built,
+:func:`attnlab.forms.base.refuse_unimplemented`.)"""
 
 FEATURE_ORDER = ("form:", "score:", "value_term", "position_bias", "softcap", "differential")
 
@@ -131,10 +130,9 @@ class LayerSpec:
     """What a backend computes a layer from, besides its inputs: a frozen record of the layer, built once per layer
     (:attr:`~attnlab.attention.MultiHeadAttention.spec`).
 
-    ``features`` are what it needs computed (:meth:`~attnlab.forms.Form.features`, plus ``config.<field>`` for every
-    :class:`~attnlab.config.AttentionConfig` field set away from its default that neither the layer nor the form
-    owns); ``form`` is the layer's form (its stages: a backend reads the softmax form's score, position bias and
-    normalizer), ``config`` the resolved config."""
+    ``features`` are what it needs computed (:meth:`~attnlab.forms.Form.features`); ``form`` is the layer's form
+    (its stages: a backend reads the softmax form's score, position bias and normalizer), ``config`` the resolved
+    config."""
 
     form: Any
     config: AttentionConfig
@@ -280,22 +278,23 @@ def check_backend_params(params: dict[str, Any], backend: str = "auto") -> None:
         backend_obj.check_params({k: v for k, v in params.items() if k in backend_obj.params})
 
 
-def choose_backend(attn: MultiHeadAttention, when: Conditions) -> Backend:
-    """The backend that computes ``attn`` under ``when``: ``eager`` when the weights are asked for, the layer's
-    forced backend (:class:`RuntimeError` in one line when it cannot run under ``when``), or the first of
-    :data:`ORDER` that supports it. What a layer's configuration allows is found once per layer (and again only
-    when :data:`ORDER` changes); a call checks only its own conditions."""
+def choose_backend(spec: LayerSpec, when: Conditions) -> Backend:
+    """The backend that computes the layer of frozen record ``spec`` (:attr:`~attnlab.attention.MultiHeadAttention.
+    spec`) under ``when``: ``eager`` when the weights are asked for, the layer's forced backend
+    (:class:`RuntimeError` in one line when it cannot run under ``when``), or the first of :data:`ORDER` that
+    supports it. What a layer's configuration allows is found once per record (and again only when :data:`ORDER`
+    changes); a call checks only its own conditions."""
+    spec = spec_of(spec)
     if when.need_weights:
         return build_backend("eager")
-    forced = attn.config.backend
+    forced = spec.config.backend
     if forced != "auto":
         backend = build_backend(forced)  # (its configuration was checked when the layer was built)
-        reason = backend.call_reason(attn.spec, when)
+        reason = backend.call_reason(spec, when)
         if reason is not None:
             raise RuntimeError(f"attention.backend={forced} cannot run here: {reason}")
         return backend
-    spec = attn.spec
-    for backend in _candidates(attn):
+    for backend in _candidates(spec):
         if backend.call_reason(spec, when) is None:
             return backend
     raise RuntimeError("no attention backend supports this layer")  # pragma: no cover - eager always does
@@ -317,12 +316,13 @@ def precision_dtype(precision: str | int) -> torch.dtype:
     return PRECISION_DTYPES[str(precision).split("-")[0]]
 
 
-def _candidates(attn: MultiHeadAttention) -> list[Backend]:
-    """The backends of :data:`ORDER` whose :meth:`Backend.config_reason` allows ``attn``, cached on the layer."""
+def _candidates(spec: LayerSpec) -> list[Backend]:
+    """The backends of :data:`ORDER` whose :meth:`Backend.config_reason` allows the layer of ``spec``, cached on
+    the record (a layer makes a new one when its form or dropout changes)."""
     order = tuple(ORDER)
-    cached = attn.__dict__.get("_backend_candidates")
+    cached = spec.__dict__.get("_candidates")
     if cached is None or cached[0] != order:
-        spec = attn.spec
         allowed = [b for b in map(build_backend, order) if b.config_reason(spec) is None]
-        cached = attn.__dict__["_backend_candidates"] = (order, allowed)
+        cached = (order, allowed)
+        object.__setattr__(spec, "_candidates", cached)
     return cached[1]

@@ -41,7 +41,7 @@ Sections (each a function of :mod:`attnlab.bench.sections`; ``--only`` picks som
 * ``decode``: one token at a time with a key/value cache against the recurrent rows' state: each ≤ 1/3 of
   softmax's time per token at the longest context (42e for issue 42's rows, 43c for issue 43's, 28a for the
   others; 28b: a constant state).
-* ``diagnostics``: real Lightning training of the default config (``attnlab.train.run``, logger none) with the
+* ``diagnostics``: real Lightning training of the default config (``attnlab.training.run``, logger none) with the
   attention diagnostics callback on and off, interleaved, whole-run wall times.
 * ``additive_memory``: peak memory of the additive score's forward + backward against the naive form that
   materialises (B, H, L, L, d_a), each in a fresh subprocess (peak RSS: VmHWM reset before the measurement, or

@@ -42,6 +42,7 @@ __all__ = [
     "Plan",
     "Shape",
     "TorchEncoder",
+    "attention_variants",
     "build_blocks",
     "build_causal_model",
     "build_decode_model",
@@ -102,6 +103,24 @@ ATTENTION_VARIANTS: dict[str, dict[str, Any]] = {
     "stickbreaking": {"normalizer": "stickbreaking", "mask": "causal", "pos_encoding": "none"},
     "mta": {"score": "mta", "mask": "causal"},
 }
+
+
+def attention_variants() -> dict[str, dict[str, Any]]:
+    """:data:`ATTENTION_VARIANTS`, and a row for every registered softmax-family form (tag ``softmax``) that none
+    of them computes yet (a user's form, or a new built-in: ``{"score": <name>}``, causal for a causal-only form),
+    read from the form registry now: a softmax-family form is benched with no edit here."""
+    from attnlab.forms import form_class, form_names_with
+
+    rows = dict(ATTENTION_VARIANTS)
+    scores = {options.get("score") for options in rows.values()}
+    for name in form_names_with("softmax"):
+        if name == "softmax" or name in scores or name in rows:
+            continue
+        causal = {"mask": "causal", "pos_encoding": "none"} if form_class(name).causal_only else {}
+        rows[name] = {"score": name, **causal}
+    return rows
+
+
 # The variants' goals, judged at the plan's ``target_variant_length``: (target id, variants, limit on step ÷
 # scaled_dot). Rotary, QK-norm and grouped heads must cost (almost) nothing (issue 7); an eager normalizer at most
 # 2.5× (issue 8). Issue 31 tightens some: soft-capping ≤ 1.3, entmax15 ≤ 2.0, differential ≤ 1.3, sparsemax and
@@ -178,7 +197,7 @@ class ModelSpec:
     @classmethod
     def of_variant(cls, variant: str, shape: Shape) -> ModelSpec:
         """The attnlab encoder of the ``variants`` section named ``variant``."""
-        return cls("attnlab", ATTENTION_VARIANTS[variant].get("score", "scaled_dot"), shape, variant)
+        return cls("attnlab", attention_variants()[variant].get("score", "scaled_dot"), shape, variant)
 
     @property
     def label(self) -> str:
@@ -236,7 +255,7 @@ def build_model(spec: ModelSpec, seed: int = 0) -> nn.Module:
             raise ValueError(f"torch's encoder needs d_k = d_model / num_heads, got {s.tag()}")
         encoder: nn.Module = TorchEncoder(VOCAB_SIZE, s.d_model, s.num_heads, s.num_layers, s.length)
     else:
-        options = {k: v for k, v in ATTENTION_VARIANTS[spec.variant].items() if k != "score"} if spec.variant else {}
+        options = {k: v for k, v in attention_variants()[spec.variant].items() if k != "score"} if spec.variant else {}
         options.setdefault("pos_encoding", "sinusoidal")
         heads = s.num_heads
         if options.pop("paired_heads", False):  # Ye et al.'s H/2 heads of values 2·d_k (ATTENTION_VARIANTS)

@@ -26,7 +26,6 @@ from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.bench.cases import (
-    ATTENTION_VARIANTS,
     BLOCK_MODELS,
     DECODE_MODELS,
     LINEAR_MODELS,
@@ -34,6 +33,7 @@ from attnlab.bench.cases import (
     Plan,
     Shape,
     _fast_path,
+    attention_variants,
     build_blocks,
     build_causal_model,
     build_decode_model,
@@ -148,7 +148,7 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
     reps = plan.variant_reps if plan.variant_reps is not None else plan.reps
     rows: list[dict] = []
     for shape in plan.variant_shapes:
-        specs = [ModelSpec.of_variant(name, shape) for name in ATTENTION_VARIANTS]
+        specs = [ModelSpec.of_variant(name, shape) for name in attention_variants()]
         steps, fast, backend = {}, {}, {}
         for spec in specs:
             model = build_model(spec)
@@ -164,7 +164,7 @@ def bench_variants(plan: Plan, device: torch.device, dtype: torch.dtype, log: Ca
             flops = count_step_flops(steps[spec.variant])
             ts = times[spec.variant]
             stats = _summary(ts)
-            options = ATTENTION_VARIANTS[spec.variant]
+            options = attention_variants()[spec.variant]
             rows.append(
                 {
                     "section": "variants",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -32,9 +33,17 @@ __all__ = [
     "form_names_with",
     "form_output",
     "form_settings",
+    "knobs",
     "list_forms",
+    "refuse_unimplemented",
     "register_form",
 ]
+
+
+def knobs(fields: Mapping[str, Any] | None = None, /, **more: Any) -> Mapping[str, Any]:
+    """A read-only mapping for :attr:`Form.implements` (field → the values computed, None for any) or
+    :attr:`Form.refusals` (field → why not): a subclass building on its parent's cannot change the parent's."""
+    return MappingProxyType({**(fields or {}), **more})
 
 
 class LayerOptionError(ValueError):
@@ -122,16 +131,50 @@ class Form(nn.Module):
     """whether the form projects its own q, k, v from x (:meth:`project`: multi-head latent attention's latent);
     then the layer has no ``q_proj``, ``k_proj``, ``v_proj``, short convolution, QK-norm or rotary positions of its
     own."""
-    config_fields: ClassVar[frozenset[str]] = frozenset()
-    """the :class:`~attnlab.config.AttentionConfig` fields this form turns into its stages (and :meth:`features`);
-    any other field set away from its default that the layer does not own is a feature no backend computes unless
-    it is taught it."""
+    implements: ClassVar[Mapping[str, tuple[Any, ...] | None]] = knobs()
+    """The :class:`~attnlab.config.AttentionConfig` fields this form computes, beyond the layer's own stages
+    (:data:`attnlab.stages.LAYER_STAGES`): field → the values it computes (None: every value the field takes).
+    A field set away from its default that neither this form nor the layer claims is refused when the layer is
+    built, in one line (:func:`refuse_unimplemented`), whatever the backend. ``score`` and ``score_params`` are
+    always the form's (its name and parameters, which its constructor checks). **Not inherited**: a subclass that
+    declares none computes none of them (``implements = Parent.implements`` keeps a parent's), so a form whose
+    own code drops a knob never claims it by accident."""
+    layer_kind: ClassVar[str | None] = None
+    """A letter that ``model.pattern`` may name for a layer of this form at its defaults (``M``: multi-head latent
+    attention, Kimi Linear's ``variant=kda model.pattern=GGGM``); :func:`attnlab.config.default_layer_kinds`
+    reads it."""
+    refusals: ClassVar[Mapping[str, str]] = knobs()
+    """Why this form does not compute a field (field → a clause), for the refusal's one line (inherited)."""
+    computed_as: ClassVar[str | None] = None
+    """The form whose fast backends compute this one from its stages (``softmax``: ``sdpa``, ``tiled`` … compute
+    the softmax form's score, bias, cap and normalizer and never call :meth:`parallel`): :meth:`features` is then
+    ``form:<computed_as>``, else ``form:<name>`` (``eager`` only, until a backend declares it). **Not inherited**:
+    a subclass of the softmax form that computes plain softmax (MLA's scores) says so; one that does not
+    (MTA's convolutions) is not computed as plain softmax by accident."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._declares_implements = "implements" in cls.__dict__
+        for attr, empty in (("implements", knobs()), ("computed_as", None)):
+            if attr not in cls.__dict__:
+                setattr(cls, attr, empty)
 
     def __init__(self, sizes: LayerSizes, config: AttentionConfig) -> None:
         super().__init__()
         self.sizes = sizes
         self.config = config
         self.num_heads, self.d_k, self.d_v = sizes.num_heads, sizes.d_k, sizes.d_v
+
+    @classmethod
+    def base_config(cls) -> AttentionConfig:
+        """The plainest config this form computes, on which the combination test sets each knob: ``score`` = its
+        name, the first normalizer it computes where it computes only some (:attr:`implements`), ``mask=causal``
+        for a causal-only form."""
+        from attnlab.config import AttentionConfig
+
+        normalizers = cls.implements.get("normalizer", ())
+        normalizer = normalizers[0] if normalizers else "softmax"
+        return AttentionConfig(score=cls.name, normalizer=normalizer, mask="causal" if cls.causal_only else None)
 
     @classmethod
     def claims(cls, config: AttentionConfig) -> bool:
@@ -193,8 +236,11 @@ class Form(nn.Module):
     def features(self) -> frozenset[str]:
         """What a backend must compute for this layer (:func:`attnlab.backends.missing_feature`): ``form:recurrent``
         for a form with an O(L) form (tag ``recurrent``: the ``chunked`` and ``recurrent`` backends call its
-        :meth:`chunked` and :meth:`recurrent`), else ``form:<name>`` (``eager`` only, until a backend declares it)."""
-        return frozenset({"form:recurrent" if "recurrent" in self.tags else f"form:{self.name}"})
+        :meth:`chunked` and :meth:`recurrent`), else ``form:<computed_as>`` (:attr:`computed_as`) or
+        ``form:<name>`` (``eager`` only, until a backend declares it)."""
+        if "recurrent" in self.tags:
+            return frozenset({"form:recurrent"})
+        return frozenset({f"form:{self.computed_as or self.name}"})
 
     # ---------------------------------------------------------------------------------------------- the forms
 
@@ -213,7 +259,8 @@ class Form(nn.Module):
         raise NotImplementedError(f"form {self.name} has no recurrent form")
 
     def weights_signed(self) -> bool:
-        """Whether the weights :meth:`parallel` gives may be negative (differential attention, the delta rule)."""
+        """Whether the weights :meth:`parallel` gives may be negative (differential attention, the delta rule,
+        MTA's head mixing): the diagnostics then score no entropy or saturation for them."""
         return False
 
     # ---------------------------------------------------------------------------------------------- after
@@ -339,3 +386,62 @@ def build_form(name: str, sizes: LayerSizes, config: AttentionConfig, **built: n
     (the softmax form's ``score``, ``position_bias``, ``normalizer``, from the keyword form of the layer)."""
     form_class(name)
     return _FORMS.build(name, sizes=sizes, config=config, **built)
+
+
+def _shown(value: Any) -> str:
+    if value is True or value is False:
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return repr(value) if value == "" else value
+    return str(value)
+
+
+def refuse_unimplemented(
+    form: type[Form], config: AttentionConfig, layer: Mapping[str, tuple[Any, ...] | None]
+) -> None:
+    """Raise :class:`LayerOptionError` (one line) for the first field of ``config`` set away from its default that
+    neither the layer's stages (``layer``: field → the values they compute, None for any) nor ``form``
+    (:attr:`Form.implements`) computes, or set to a value they do not: the one capability check, made when a
+    layer is built, whatever the backend."""
+    import dataclasses
+
+    from attnlab.config import FIELDS, field_info
+
+    def cli_of(name: str) -> str:
+        return field_info(name)["cli"] if name in known else name
+
+    def role_of(name: str) -> str:
+        return field_info(name)["role"] if name in known else "what"
+
+    known = set(FIELDS)  # AttentionConfig's own (a subclass may add fields)
+    claims = {**form.implements, **layer}
+    for f in dataclasses.fields(config):  # (a subclass's new field too: refused until something computes it)
+        name = f.name
+        value = getattr(config, name)
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        if name in ("score", "score_params") or value == default:
+            continue
+        cli = f.metadata.get("cli", name)
+        shown = f"{cli}={_shown(value)}" if "=" not in cli else cli
+        if name not in claims:
+            why = form.refusals.get(name, f"it is not among what variant {form.name} computes")
+            parent = next((c for c in form.__mro__[1:] if name in getattr(c, "implements", {})), None)
+            if parent is not None and not form.__dict__.get("_declares_implements", True):
+                why = (
+                    f"{form.__name__} declares no implements of its own (it is not inherited: write "
+                    f"implements = {parent.__name__}.implements to compute what its parent does)"
+                )
+            takes = sorted(cli_of(c) for c in claims if role_of(c) == "what")
+            raise LayerOptionError(
+                f"variant {form.name} does not compute {shown}: {why}; leave it at its default "
+                f"({_shown(default)}). It takes: {', '.join(takes) or 'none of the options'}"
+            )
+        allowed = claims[name]
+        if allowed is not None and value not in allowed:
+            why = form.refusals.get(name, "")
+            raise LayerOptionError(
+                f"variant {form.name} computes {cli} = {' or '.join(_shown(a) for a in allowed)} only, not "
+                f"{_shown(value)}{': ' + why if why else ''}"
+            )

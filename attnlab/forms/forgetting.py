@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.forms.base import FormInputs, FormOutput, LayerOptionError, LayerSizes, register_form
+from attnlab.forms.base import FormInputs, FormOutput, LayerOptionError, LayerSizes, knobs, register_form
 from attnlab.forms.softmax import SoftmaxForm
 from attnlab.masks import PreparedMask, with_causal
 from attnlab.transition import Transition
@@ -76,6 +76,10 @@ class ForgettingAttention(SoftmaxForm):
     :class:`~attnlab.transition.Transition` (``log_decay`` (B, H, L)), the backends read it from there."""
 
     tags = frozenset({"softmax", "forgetting"})
+    implements = knobs({k: v for k, v in SoftmaxForm.implements.items() if k != "differential"})
+    refusals = knobs(differential="one forget bias per head")
+    layer_kind = "F"  # model.pattern=…F
+    computed_as = "softmax"  # softmax's backends, those that declare the forget bias (feature "forgetting")
     inner_score = "scaled_dot"
     causal_only = True
 

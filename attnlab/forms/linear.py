@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab import transition
+import attnlab.transition as transition
 from attnlab.config import AttentionConfig
-from attnlab.forms.base import FormInputs, expand_heads, register_form
+from attnlab.forms.base import FormInputs, expand_heads, knobs, register_form
 from attnlab.forms.softmax import SoftmaxForm
 
 __all__ = ["LinearForm", "linear_attention_global"]
@@ -42,6 +42,15 @@ class LinearForm(SoftmaxForm):
     """Linear attention (module docstring): the ``linear`` score with ``rowsum`` or ``none``."""
 
     tags = frozenset({"linear", "recurrent"})
+    implements = knobs(normalizer=("rowsum", "none"), normalizer_params=None)
+    refusals = knobs(
+        selective="selective attention is a softmax mechanism (it subtracts from the softmax logits; linear "
+        "attention's O(L) forms have none)",
+        position_bias="linear attention's O(L) forms have no logits to bias (the softmax form computes a linear "
+        "score with a bias quadratically: variant.name=linear normalizer=softmax)",
+        softcap="linear attention's O(L) forms have no logits to cap",
+        differential="linear attention has one feature map per head",
+    )
 
     @classmethod
     def reason(cls, config: AttentionConfig) -> str | None:

@@ -31,10 +31,11 @@ q·k products are as large as ``scaled_dot``'s (a sweep over d_k varies the same
 Parameters (``variant.params``): ``rope_dim`` (default d_k / 3 rounded down to even, DeepSeek-V2's 64 of 192; 0: no
 rotary key, position from elsewhere; at most d_k − 1), ``kv_rank`` (default 4·d_h, DeepSeek-V2's d_c = 4 d_h) and
 ``q_rank`` (default None: queries projected directly, as DeepSeek-V2-Lite and Kimi Linear's MLA layers; DeepSeek-V2
-uses 1536 = 12 d_h). Rotary positions are
-always on the decoupled key and query parts (with ``model.rope``'s base when ``model.pos_encoding=rope``), never on
-the content parts. The layer's short convolution, QK-norm, grouped key/value heads and differential maps do not
-apply to a latent projection and are refused in one line.
+uses 1536 = 12 d_h) and ``rope_base`` (default 10000, the rotary base). Rotary positions are always on the decoupled
+key and query parts, never on the content parts, so the layer's own rotary knob (``model.pos_encoding=rope``) is
+refused with a pointer to ``rope_dim`` and ``rope_base``. The layer's short convolution, QK-norm, grouped key/value
+heads and differential maps do not apply to a latent projection and are refused in one line (the layer's capability
+check, :func:`~attnlab.forms.base.refuse_unimplemented`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.checks import check_int
-from attnlab.forms.base import LayerOptionError, LayerSizes, register_form
+from attnlab.forms.base import LayerOptionError, LayerSizes, knobs, register_form
 from attnlab.forms.softmax import SoftmaxForm
 from attnlab.masks import PreparedMask
 from attnlab.positions import RotaryEmbedding
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LatentCache", "MultiHeadLatentAttention"]
 
-MLA_PARAMS = ("kv_rank", "q_rank", "rope_dim")
+MLA_PARAMS = ("kv_rank", "q_rank", "rope_dim", "rope_base")
 
 
 @dataclass
@@ -88,6 +89,21 @@ class MultiHeadLatentAttention(SoftmaxForm):
     tags = frozenset({"softmax", "latent"})
     inner_score = "scaled_dot"
     projects = True
+    # its scores are plain softmax over the up-projected q and k: softmax's backends compute them
+    layer_kind = "M"  # model.pattern=…M
+    computed_as = "softmax"
+    implements = knobs({k: v for k, v in SoftmaxForm.implements.items() if k != "differential"})
+    refusals = knobs(
+        {
+            "rope": "its rotary positions are always on, on the decoupled key of variant.params.rope_dim (their base: "
+            "variant.params.rope_base)",
+            "qk_norm": "it projects its keys and values from one latent shared by the heads",
+            "short_conv": "it projects its keys and values from one latent shared by the heads",
+            "short_conv_residual": "it projects its keys and values from one latent shared by the heads",
+            "num_kv_heads": "its heads share one latent (the cache is the latent, not grouped key/value heads)",
+            "differential": "it projects its keys and values from one latent shared by the heads",
+        }
+    )
 
     def __init__(
         self,
@@ -131,7 +147,8 @@ class MultiHeadLatentAttention(SoftmaxForm):
             self.q_down = nn.Linear(d_model, q_rank, bias=sizes.bias)
             self.q_latent_norm = nn.RMSNorm(q_rank, eps=1e-6)
             self.q_up = nn.Linear(q_rank, H * (d_h + rope_dim), bias=False)
-        self.rotary = RotaryEmbedding(rope_dim, **(config.rope or {})) if rope_dim else None
+        rope_base = 10000.0 if params.get("rope_base") is None else params["rope_base"]
+        self.rotary = RotaryEmbedding(rope_dim, base=rope_base) if rope_dim else None
 
     @staticmethod
     def _refuse_layer_options(sizes: LayerSizes, config: AttentionConfig) -> None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.checks import check_int
-from attnlab.forms.base import FormInputs, FormOutput, LayerOptionError, LayerSizes, register_form
+from attnlab.forms.base import FormInputs, FormOutput, LayerOptionError, LayerSizes, knobs, register_form
 from attnlab.forms.softmax import SoftmaxForm
 from attnlab.masks import PreparedMask, with_causal
 
@@ -68,6 +68,8 @@ class MultiTokenAttention(SoftmaxForm):
     softmax and the head mixing ``head_kernel`` (H / c_h, c_h, c_h) after it."""
 
     tags = frozenset({"softmax", "multi_token"})
+    implements = knobs({k: v for k, v in SoftmaxForm.implements.items() if k != "differential"})
+    refusals = knobs(differential="its head mixing is over one map per head")
     inner_score = "scaled_dot"
     causal_only = True
 
@@ -98,9 +100,6 @@ class MultiTokenAttention(SoftmaxForm):
         kq[:, 0, c_k // 2] = 1.0  # the identity: query i, key j
         self.kq_kernel = nn.Parameter(kq)
         self.head_kernel = nn.Parameter(torch.eye(c_h).repeat(H // c_h, 1, 1))
-
-    def features(self) -> frozenset[str]:
-        return frozenset({"form:mta"})
 
     def weights_signed(self) -> bool:
         return True  # the head mixing may give a weight either sign

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab import transition
+import attnlab.transition as transition
 from attnlab.checks import check_int
 from attnlab.forms.base import FormInputs, FormOutput, expand_heads, register_form
 from attnlab.forms.transitions import TransitionForm
@@ -90,6 +90,7 @@ class RWKV7(TransitionForm):
     """
 
     tags = frozenset({"recurrent", "decay", "delta"})
+    implements = TransitionForm.implements
     default_output_norm = "groupnorm"
 
     def build(self, decay_rank: int | None = None, a_rank: int | None = None) -> None:

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from attnlab.config import AttentionConfig
-from attnlab.forms.base import Form, FormInputs, FormOutput, LayerSizes, expand_heads, register_form
-from attnlab.masks import PreparedMask, build_mask, hides_later_keys
+from attnlab.forms.base import Form, FormInputs, FormOutput, LayerSizes, expand_heads, knobs, register_form
+from attnlab.masks import PreparedMask, build_mask, hides_later_keys, with_causal
 from attnlab.normalizers import build_normalizer
 from attnlab.position_bias import build_position_bias, resolve_direction
 from attnlab.scores import DotProductScore, build_score
@@ -132,10 +132,11 @@ class SoftmaxForm(Form):
     hides every later key (T5's decoder bucketing) and True otherwise."""
 
     tags = frozenset({"softmax"})
-    config_fields = frozenset(
-        {"score", "score_params", "position_bias", "position_bias_params", "softcap", "normalizer",
-         "normalizer_params", "differential", "selective"}
+    implements = knobs(
+        position_bias=None, position_bias_params=None, softcap=None, normalizer=None, normalizer_params=None,
+        differential=None, selective=None,
     )  # fmt: skip
+    computed_as = "softmax"
     inner_score: ClassVar[str | None] = None
     """a form built on this one (``mla``, ``forgetting``, ``mta``): the registered score its logits use, built
     without parameters (the config's ``score`` is then the form's name and ``score_params`` the form's own); None:
@@ -180,6 +181,11 @@ class SoftmaxForm(Form):
         self.selective = config.selective
 
     @classmethod
+    def base_config(cls) -> AttentionConfig:
+        config = super().base_config()
+        return config.replace(score="scaled_dot") if cls.inner_score is None and cls.name == "softmax" else config
+
+    @classmethod
     def query_maps(cls, config: AttentionConfig) -> int:
         return 2 if config.differential else 1
 
@@ -194,7 +200,10 @@ class SoftmaxForm(Form):
     def features(self) -> frozenset[str]:
         score = self.score
         value_term = getattr(score, "has_value_term", False) or getattr(self.position_bias, "has_value_term", False)
-        found = {"form:softmax", "score:dot" if isinstance(score, DotProductScore) else f"score:{type(score).__name__}"}
+        found = {
+            *super().features(),
+            "score:dot" if isinstance(score, DotProductScore) else f"score:{type(score).__name__}",
+        }
         if value_term:
             found.add("value_term")
         if self.position_bias is not None or (isinstance(score, DotProductScore) and score.position_term()):
@@ -221,6 +230,8 @@ class SoftmaxForm(Form):
                 f"selective attention is self-attention (token k selects keys away for the queries after it): got "
                 f"{q.shape[2]} queries and {k.shape[2]} keys"
             )
+        if getattr(self.normalizer, "causal_only", False):  # stick-breaking: causal whatever mask a call passes
+            mask = with_causal(mask, q.shape[2], k.shape[2], q.device)
         if mask is not None and self.differential and mask.allowed.shape[1] != 1:
             mask = PreparedMask.from_tensor(mask.allowed.repeat(1, 2, 1, 1))
         return FormInputs(q, k, v, mask)
@@ -243,6 +254,11 @@ class SoftmaxForm(Form):
 
     def check_mask(self, form: str, shown: str) -> None:
         super().check_mask(form, shown)
+        if getattr(self.normalizer, "causal_only", False) and form not in ("causal", "causal+padding"):
+            raise ValueError(
+                f"normalizer {self.config.normalizer} is causal (each key's share is what the nearer keys left), so "
+                f"it needs mask=causal (AND key padding at most), not mask={shown}"
+            )
         if self.selective and form not in ("causal", "causal+padding"):
             raise ValueError(
                 f"selective attention masks a key for the queries after the one that selected it away, so it needs "

@@ -19,7 +19,11 @@ variant            paper                                       decay α_t (``gat
 =================  ==========================================  =========================  ===============  =========
 
 with the gates of :class:`_Decay`, r = ``beta_range`` (1, or 2 for negative eigenvalues, Grazzi et al. 2025) and
-τ = ``gate_normalizer`` (16, GLA's). Each normalises each head's output over d_v before the output projection
+τ = ``gate_normalizer`` (16, GLA's). "L2-normed" is q/(‖q‖√d_k) and k/‖k‖ (:meth:`DeltaNet.maps`): the papers
+write o_t = M_tᵀ q_t with the unit q, flash-linear-attention's kernels (which the papers' own code calls) scale
+it by 1/√d_k (their ``scale`` default), and attnlab follows the code; the output norm hides the factor (up to its
+ε), ``output_norm=None`` and the effective matrix the diagnostics read show it (tests/test_conventions.py). Each
+normalises each head's output over d_v before the output projection
 (``output_norm``: ``groupnorm``, RetNet's GroupNorm with one group per head, the default of ``retnet``; ``rmsnorm``,
 fla's default for the others; or None). They are causal self-attention only: a layer refuses another mask in
 one line. A padded token is written with k = 0 and α = 1, which leaves the state as it was. The weights the
@@ -41,10 +45,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab import transition
+import attnlab.transition as transition
 from attnlab.checks import check_choice, check_int, check_number
 from attnlab.config import AttentionConfig
-from attnlab.forms.base import Form, FormInputs, FormOutput, LayerSizes, expand_heads, register_form
+from attnlab.forms.base import Form, FormInputs, FormOutput, LayerSizes, expand_heads, knobs, register_form
 from attnlab.masks import PreparedMask
 from attnlab.normalizers import build_normalizer
 from attnlab.transition import Transition
@@ -91,7 +95,17 @@ class TransitionForm(Form):
 
     tags = frozenset({"recurrent"})
     causal_only = True
-    config_fields = frozenset({"score", "score_params", "normalizer"})
+    implements = knobs(normalizer=("none",))
+    refusals = knobs(
+        {
+            "selective": "selective attention is a softmax mechanism (it subtracts from the softmax logits; a decay or "
+            "delta-rule state has none)",
+            "position_bias": "a position bias is added to softmax logits; the state's decay is this form's position",
+            "softcap": "soft-capping bounds softmax logits; this form has none",
+            "differential": "differential attention subtracts two softmax maps; this form has none",
+            "normalizer": "its weights are its decayed or delta-rule state (the variant's config sets normalizer=none)",
+        }
+    )
     default_output_norm: str | None = "rmsnorm"
 
     def __init__(self, sizes: LayerSizes, config: AttentionConfig, **params: Any) -> None:
@@ -334,6 +348,7 @@ class RetNet(TransitionForm):
     the model configures them (``model.pos_encoding=rope``). State: M_t = γ M_{t−1} + k_t v_tᵀ."""
 
     tags = frozenset({"recurrent", "decay"})
+    implements = TransitionForm.implements
     default_output_norm = "groupnorm"
 
     def build(self) -> None:
@@ -375,6 +390,7 @@ class GLA(_Decay):
     """
 
     tags = frozenset({"recurrent", "decay"})
+    implements = TransitionForm.implements
     settings: ClassVar[dict[str, dict[str, Any]]] = {"channel": {"gate": "channel"}, "mamba2": {"gate": "mamba2"}}
 
     def build(self, gate: str = "head", gate_normalizer: float = 16.0, gate_rank: int | None = None) -> None:
@@ -392,14 +408,16 @@ class GLA(_Decay):
 class DeltaNet(TransitionForm):
     """The delta rule (Schlag et al. 2021, "Linear Transformers Are Secretly Fast Weight Programmers"; Yang et al.
     2024, "Parallelizing Linear Transformers with the Delta Rule"): M_t = (I − β_t k_t k_tᵀ) M_{t−1} + β_t k_t v_tᵀ,
-    which overwrites the value stored under k_t instead of adding to it, with q and k L2-normalised per head and
-    β_t = σ(x_t w_h + b_h) per head. Chunked with the WY/UT representation (a unit-triangular solve per chunk).
+    which overwrites the value stored under k_t instead of adding to it, with q and k L2-normalised per head (q then
+    scaled by 1/√d_k, as flash-linear-attention's kernels: :meth:`maps`) and β_t = σ(x_t w_h + b_h) per head.
+    Chunked with the WY/UT representation (a unit-triangular solve per chunk).
 
     Args:
         beta_range: 1 (β ∈ (0, 1)) or 2 (β = 2σ(·) ∈ (0, 2): negative eigenvalues, Grazzi et al. 2025).
     """
 
     tags = frozenset({"recurrent", "delta"})
+    implements = TransitionForm.implements
     settings: ClassVar[dict[str, dict[str, Any]]] = {"beta2": {"beta_range": 2}}
 
     def build(self, beta_range: int = 1) -> None:
@@ -407,7 +425,10 @@ class DeltaNet(TransitionForm):
         self.beta_gate = _Gate(self.d_model, self.num_heads)
 
     def maps(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        return F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        """q / (‖q‖ √d_k) and k / ‖k‖ per head: the L2 norm of the papers, then flash-linear-attention's read scale
+        1/√d_k on q (its kernels' ``scale`` default, applied after ``use_qk_l2norm_in_kernel``), which the output
+        norm hides up to its ε and ``output_norm=None`` shows (tests/test_conventions.py)."""
+        return F.normalize(q, dim=-1) * self.d_k**-0.5, F.normalize(k, dim=-1)
 
     def gates(self, x: Tensor) -> tuple[Tensor | None, Tensor | None]:
         return None, _beta(self.beta_gate, x, self.beta_range)
@@ -426,6 +447,7 @@ class GatedDeltaNet(_Decay):
     """
 
     tags = frozenset({"recurrent", "decay", "delta"})
+    implements = TransitionForm.implements
     settings: ClassVar[dict[str, dict[str, Any]]] = {"beta2": {"beta_range": 2}}
 
     def build(
@@ -446,13 +468,16 @@ class KDA(GatedDeltaNet):
     """Kimi Delta Attention (Kimi Team 2025, "Kimi Linear: An Expressive, Efficient Attention Architecture", eq. for
     the KDA recurrence): M_t = (I − β_t k_t k_tᵀ) diag(α_t) M_{t−1} + β_t k_t v_tᵀ, Gated DeltaNet with one decay
     per key channel, log α_t = −exp(A_log_h) · softplus(x_t W₁ W₂ + dt_bias) (``gate=kda``, W₁ W₂ of rank d_v), q
-    and k L2-normalised, β_t = σ(x_t w_h + b_h). Kimi Linear also puts a short convolution on q, k and v (the
-    preset's ``model.short_conv=4``) and a sigmoid output gate after the per-head RMSNorm: the layer's
-    ``attention.output_gate=elementwise`` (full rank; Kimi Linear's is low rank), off in the preset.
+    and k L2-normalised (q then /√d_k, as fla's ``chunk_kda``: :meth:`DeltaNet.maps`), β_t = σ(x_t w_h + b_h). Kimi
+    Linear also puts a short convolution on q, k and v (the preset's ``model.short_conv=4``) and a sigmoid output
+    gate after the per-head RMSNorm: the layer's ``attention.output_gate=elementwise`` (full rank; Kimi Linear's is
+    low rank), off in the preset.
 
     Args:
         gate: ``kda`` (default) or any of :class:`GatedDeltaNet`'s.
         gate_normalizer, gate_rank, beta_range: as :class:`GatedDeltaNet`'s.
     """
+
+    implements = TransitionForm.implements
 
     default_gate = "kda"

@@ -35,12 +35,20 @@ def _memory_bytes(trainer: DictConfig) -> tuple[int, str]:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "memory"
 
 
+def _quadratic(attention: Any) -> bool:
+    """Whether a training step of this layer keeps (B, H, L, L) tensors: the backend ``auto`` chooses for it is
+    ``eager`` or a row kernel, or SDPA with a float bias (a position bias) or two maps; the tiled kernel, flex and
+    the O(L) backends keep none. Read from the layer's record (its features), not from a list of forms."""
+    name = attention.backend_for()
+    if name in ("tiled", "flex", "chunked", "global", "recurrent"):
+        return False
+    return name != "sdpa" or bool(attention.spec.features & {"position_bias", "differential", "value_term"})
+
+
 def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any]) -> None:
     """Refuse, before generating anything, what cannot fit in memory: the model's parameters with their gradients
     and optimizer state, sequences whose data or dense attention tensors, and then the layers' state (the recurrent
     state or key/value cache :meth:`~attnlab.attention.MultiHeadAttention.state_size` reports) for a batch."""
-    from attnlab.scores import DotProductScore
-
     length, heads, layers = datamodule.max_len, cfg.num_heads, cfg.num_layers
     sequences = datamodule.num_train + datamodule.num_val + datamodule.num_test
     needs = [(sequences * length * 8 * (2 if datamodule.per_token else 1), "the token and label tensors")]
@@ -52,16 +60,7 @@ def _check_memory(cfg: DictConfig, datamodule: Any, attention_layers: list[Any])
         needs.append(
             (probes * cfg.diagnostics.probe_size * heads * (length * steps) ** 2 * 8 * layers, "the diagnostics probe")
         )
-    fused = all(
-        (
-            attention.uses_fast_path
-            and type(attention.score).bias is DotProductScore.bias
-            and attention.position_bias is None
-            and not attention.differential
-        )
-        or attention.backend_for() in ("chunked", "global", "recurrent")  # linear attention in O(L)
-        for attention in attention_layers
-    )
+    fused = not any(_quadratic(attention) for attention in attention_layers)
     if not fused:  # the eager path or SDPA's math kernel: (B, H, L, L) weights, logits and gradients per layer
         needs.append((cfg.batch_size * heads * length**2 * 4 * 3 * layers, "a training batch's attention"))
     params = _parameter_count(cfg, datamodule)

@@ -403,13 +403,13 @@ def _check_attention(cfg: DictConfig, configs: list[Any]) -> list[Any]:
 def _check_stages(cfg: DictConfig, config: Any, where: str) -> None:
     """Each stage of one layer's ``config`` by name and parameters, the message naming the config key (the base
     config's keys: ``variant.params.clip``; a layer's own: ``model.layer_kinds.L.mask``)."""
-    from attnlab.config import build_preset, is_preset, list_presets
+    from attnlab.config import build_preset
     from attnlab.forms import LayerOptionError, LayerSizes, build_form, form_for, list_forms
     from attnlab.masks import build_mask, list_masks
     from attnlab.normalizers import build_normalizer, list_normalizers
     from attnlab.position_bias import build_position_bias, list_position_biases
     from attnlab.positions import RotaryEmbedding
-    from attnlab.scores import build_score, list_scores
+    from attnlab.scores import build_score, is_preset, list_presets, list_scores
 
     src = attention_sources() if not where else {f: f"{where}{f}" for f in attention_sources()}
     d_k = default_d_k(cfg.d_model, cfg.num_heads, config.d_k)
