@@ -20,11 +20,13 @@ with ``backend=``), computes z from the form's inputs and a frozen :class:`~attn
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+import attnlab.masks as masks
+import attnlab.stages as stages
 from attnlab.backends import Backend, Conditions, LayerSpec, build_backend, check_backend_params, choose_backend
 from attnlab.checks import check_int, check_prob, default_d_k
 from attnlab.compat import FormAttributes, forward, rename_old_keys
@@ -32,9 +34,12 @@ from attnlab.config import AttentionConfig
 from attnlab.config import _mask_text as mask_text
 from attnlab.forms import FormOutput, LayerSizes, build_form, form_class, form_for, form_output
 from attnlab.forms.base import refuse_unimplemented
-from attnlab.masks import Mask, PreparedMask, build_mask, mask_form, position_part, prepare_mask
+from attnlab.masks import Mask, build_mask, mask_form, position_part
 from attnlab.positions import RotaryEmbedding
-from attnlab.stages import QK_NORMS, ShortConvolution, config_from_options, layer_claims
+from attnlab.stages import layer_claims
+
+if TYPE_CHECKING:
+    from attnlab.masks import PreparedMask
 
 __all__ = ["AttentionOutput", "MultiHeadAttention"]
 
@@ -85,7 +90,7 @@ class MultiHeadAttention(FormAttributes, nn.Module):
         **options: the other stages, as :class:`~attnlab.config.AttentionConfig` fields, and the score's
             parameters (``clip=4`` for relative_position, ...).
 
-    The stage options are listed at :func:`config_from_options`.
+    The stage options are listed at :func:`~attnlab.stages.config_from_options`.
     """
 
     def __init__(
@@ -105,7 +110,7 @@ class MultiHeadAttention(FormAttributes, nn.Module):
         super().__init__()
         built: dict[str, nn.Module] = {}
         if config is None:
-            config = config_from_options(score, d_v, options, built)
+            config = stages.config_from_options(score, d_v, options, built)
         elif score is not None or options:
             given = sorted([*options, *(["score"] if score is not None else [])])
             raise ValueError(f"give config= or the attention options, not both (also given: {', '.join(given)})")
@@ -150,7 +155,7 @@ class MultiHeadAttention(FormAttributes, nn.Module):
 
         # q/k transforms
         self.qk_norm = config.qk_norm
-        self.q_norm, self.k_norm = (QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm else None for _ in "qk")
+        self.q_norm, self.k_norm = (stages.QK_NORMS[config.qk_norm](self.d_k) if config.qk_norm else None for _ in "qk")
         rope = built.get("rope") or (None if config.rope is None else RotaryEmbedding(self.d_k, **config.rope))
         self.rope = None if kind.projects else rope  # (a form that projects applies its own rotary positions)
 
@@ -158,9 +163,9 @@ class MultiHeadAttention(FormAttributes, nn.Module):
         self.short_conv = config.short_conv
         if self.short_conv is not None:
             residual = config.short_conv_residual
-            self.q_conv = ShortConvolution(self.query_heads * self.d_k, self.short_conv, residual)
-            self.k_conv = ShortConvolution(self.key_heads * self.d_k, self.short_conv, residual)
-            self.v_conv = ShortConvolution(self.value_heads * self.d_v, self.short_conv, residual)
+            self.q_conv = stages.ShortConvolution(self.query_heads * self.d_k, self.short_conv, residual)
+            self.k_conv = stages.ShortConvolution(self.key_heads * self.d_k, self.short_conv, residual)
+            self.v_conv = stages.ShortConvolution(self.value_heads * self.d_v, self.short_conv, residual)
 
         # the configured mask's positional part (key padding needs the tokens), for a call that passes none
         self.structural_mask: Mask | None = position_part(None if config.mask is None else build_mask(config.mask))
@@ -307,7 +312,7 @@ class MultiHeadAttention(FormAttributes, nn.Module):
         (B, H, Lq, Lk) if ``need_weights`` else None). The backend is chosen per call
         (:func:`~attnlab.backends.choose_backend`); asking for the weights runs ``eager``."""
         num_keys = x.shape[1] if key_value is None else key_value.shape[1]
-        pm = prepare_mask(self.structural_mask if mask is None else mask, x.shape[1], num_keys, x.device)
+        pm = masks.prepare_mask(self.structural_mask if mask is None else mask, x.shape[1], num_keys, x.device)
         backend = choose_backend(self.spec, Conditions.of(x, need_weights, pm, self.training))
         o = self.compute(backend, x, key_value, pm)
         return o.out, (o.weights if need_weights else None)
@@ -322,7 +327,7 @@ class MultiHeadAttention(FormAttributes, nn.Module):
                 f"variant {self.config.score} is self-attention only: its state runs over x itself (no key_value)"
             )
         q, k, v = self.project(x, key_value)  # (B, Hq, Lq, d_k), (B, Gk, Lk, d_k), (B, Gv, Lk, d_v)
-        pm = prepare_mask(self.structural_mask if mask is None else mask, q.shape[2], k.shape[2], x.device)
+        pm = masks.prepare_mask(self.structural_mask if mask is None else mask, q.shape[2], k.shape[2], x.device)
         inputs = self.form.prepare(q, k, v, x, pm)
         o = backend.compute(self.spec, inputs, self.dropout if self.training else 0.0)
         z = form_output(self.form, o, inputs)  # (B, H, Lq, d_v)

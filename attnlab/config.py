@@ -393,11 +393,12 @@ def default_layer_kinds() -> dict[str, dict[str, Any]]:
     normalizer, no short convolution; the base config's mask): ``M`` multi-head latent attention (Kimi Linear's
     global layer, ``variant=kda model.pattern=GGGM``), ``F`` forgetting attention (Lin et al. 2025; causal:
     ``variant=gated_deltanet model.pattern=GGGF``)."""
-    from attnlab.forms import form_class, list_forms
+    from attnlab.registry import registry_of
 
+    forms = registry_of("form")  # (read through the registry: the config is below the forms)
     kinds = dict(DEFAULT_LAYER_KINDS)
-    for name in list_forms():
-        cls = form_class(name)
+    for name in [] if forms is None else forms.names():
+        cls = forms.get(name)
         if cls.layer_kind is not None and cls.layer_kind not in kinds:
             base = cls.base_config()
             kinds[cls.layer_kind] = {

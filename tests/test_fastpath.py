@@ -19,7 +19,7 @@ from conftest import randomize_ as _randomize
 from helpers import grid, score_cases
 
 import attnlab
-from attnlab.attention import prepare_mask
+from attnlab.masks import prepare_mask
 
 # the sdpa fast path and its biases: without the tiled kernel, which takes every biased softmax first
 pytestmark = pytest.mark.usefixtures("single_thread", "without_tiled")

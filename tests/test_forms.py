@@ -22,12 +22,12 @@ from helpers import randomize_
 
 import attnlab.forms
 from attnlab.attention import MultiHeadAttention
-from attnlab.stages import LAYER_STAGES
-from attnlab.backends import Conditions, build_backend, list_backends, missing_feature
+from attnlab.backends import Conditions, build_backend, list_backends
 from attnlab.config import AttentionConfig
 from attnlab.decode import LayerCache
 from attnlab.forms import FormInputs, FormOutput, FormSetting, form_class, form_names_with, form_settings, list_forms
 from attnlab.masks import build_mask
+from attnlab.stages import LAYER_STAGES
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -14,9 +14,13 @@ Layering (lower layers never import higher ones; a module may import its own lay
 1. the bottom, registries and pure helpers: ``registry``, ``checks``, ``stats``, ``transition``, ``masks``,
    ``normalizers``, ``feature_maps``, ``positions``, ``scores`` (with the presets' registry: ``build_score`` takes
    a preset), ``position_bias`` (below ``scores``: it reads the scores' registry through
-   :func:`attnlab.registry.registry_of`, never by importing them);
-2. ``config`` (the layer's description; it re-exports the preset verbs and expands presets) above them;
-3. ``forms`` and ``backends`` above ``config``;
+   :func:`attnlab.registry.registry_of`, never by importing them), ``kernels`` (the compiled kernels, which import
+   nothing of attnlab) and ``compat`` (the table of old names: it imports nothing of attnlab when imported, and
+   reads a name's new module with :mod:`importlib` only when the old name is read, so the modules with old names,
+   at any layer, can import it);
+2. ``config`` (the layer's description; it expands presets) above them;
+3. ``forms``, ``backends`` and ``stages`` (the layer's own stages: QK-norms, the short convolution, the config
+   from the layer's keyword arguments) above ``config``;
 4. the layer, ``attention``, above those;
 5. on top: ``encoder``, ``module``, ``training``, ``dashboard``, ``bench``, ``card``.
 
@@ -46,10 +50,12 @@ LAYERS: tuple[frozenset[str], ...] = (
             "positions",
             "scores",
             "position_bias",
+            "kernels",
+            "compat",
         }
     ),
     frozenset({"config"}),
-    frozenset({"forms", "backends"}),
+    frozenset({"forms", "backends", "stages"}),
     frozenset({"attention"}),
     frozenset({"encoder", "module", "training", "dashboard", "bench", "card"}),
 )

@@ -28,7 +28,7 @@ from conftest import SDPACalls, additive_loop, randn, randomize_, rel_index, t5_
 import attnlab
 import attnlab.attention
 import attnlab.scores
-from attnlab.attention import BiasedSoftmaxAttention
+from attnlab.backends.sdpa import BiasedSoftmaxAttention
 from attnlab.kernels import additive, relative
 from attnlab.kernels.build import KernelBuildError, Library, build_library
 from attnlab.scores import AdditiveScore

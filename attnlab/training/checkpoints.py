@@ -193,9 +193,9 @@ _ARCHITECTURE = (
 
 
 def _current_key(key: str, ours: Any) -> str:
-    """A checkpoint key as this version names it (:func:`attnlab.attention.renamed_state_key`: the presets' bias
+    """A checkpoint key as this version names it (:func:`attnlab.compat.renamed_state_key`: the presets' bias
     parameters, once in the score, are the layer's position-bias stage since 0.3)."""
-    from attnlab.attention import renamed_state_key
+    from attnlab.compat import renamed_state_key
 
     return renamed_state_key(key, ours)
 
