@@ -783,6 +783,7 @@ NOT_FAST = {
     "softcap": {"softcap": 2.0},
     "softcap_rope_gqa": {"softcap": 2.0, "rope": True, "num_kv_heads": 2},
     **{f"normalizer_{n}": {"normalizer": n} for n in NORMALIZERS if n not in ("softmax1", "sink")},
+    "normalizer_stickbreaking": {"normalizer": "stickbreaking", "mask": "causal"},  # causal only
     "differential_softpick": {"differential": True, "normalizer": "softpick"},
     "alibi_on_additive": {"score": "additive", "position_bias": "alibi"},
     "shaw_value_on_dot": {
