@@ -36,7 +36,7 @@ from attnlab.forms import FormOutput, LayerSizes, build_form, form_class, form_f
 from attnlab.forms.base import refuse_unimplemented
 from attnlab.masks import Mask, build_mask, mask_form, position_part
 from attnlab.positions import RotaryEmbedding
-from attnlab.stages import layer_claims
+from attnlab.stages import claims_of
 
 if TYPE_CHECKING:
     from attnlab.masks import PreparedMask
@@ -133,7 +133,7 @@ class MultiHeadAttention(FormAttributes, nn.Module):
         self.layer = check_int("layer", layer, minimum=1)
         form_name = form_for(config)
         kind = form_class(form_name)  # differential attention: two maps per head; DeltaProduct: n keys and values
-        refuse_unimplemented(kind, config, layer_claims(kind.projects))  # every knob computed, or one line
+        refuse_unimplemented(kind, config, claims_of(kind))  # every knob computed, or one line
         self.query_heads, self.key_heads = kind.query_maps(config) * H, kind.key_maps(config) * G  # Hq, Gk
         self.value_heads = kind.value_maps(config) * G  # Gv
 

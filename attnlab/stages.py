@@ -29,6 +29,7 @@ __all__ = [
     "PROJECTION_FIELDS",
     "QK_NORMS",
     "ShortConvolution",
+    "claims_of",
     "config_from_options",
     "layer_claims",
 ]
@@ -55,6 +56,12 @@ compute (None: any value the field takes)."""
 PROJECTION_FIELDS = frozenset({"num_kv_heads", "qk_norm", "rope", "short_conv", "short_conv_residual"})
 """The stages of the layer's own projection: a form that projects its own inputs
 (:attr:`~attnlab.forms.Form.projects`) has none of them unless it claims them."""
+
+
+def claims_of(form: Any) -> dict[str, tuple[Any, ...] | None]:
+    """Every field a layer of the form class ``form`` computes: the form's own (:attr:`~attnlab.forms.Form.
+    implements`) and the layer's stages' (:func:`layer_claims`), field → the values (None for any)."""
+    return {**form.implements, **layer_claims(form.projects)}
 
 
 def layer_claims(projects: bool) -> Mapping[str, tuple[Any, ...] | None]:

@@ -142,14 +142,14 @@ def knobs_table() -> str:
     layer's own stages), the values where it computes only some, ✗ refused in one line (the reason in the hover)."""
     from attnlab.config import FIELDS, field_info
     from attnlab.forms import form_class, list_forms
-    from attnlab.stages import layer_claims
+    from attnlab.stages import claims_of
 
     knobs = [f for f in FIELDS if field_info(f)["role"] == "what"]
     rows = ["| form | " + " | ".join(f"`{field_info(f)['cli']}`" for f in knobs) + " |"]
     rows.append("| --- |" + " --- |" * len(knobs))
     for name in list_forms():
         cls = form_class(name)
-        claims = {**cls.implements, **layer_claims(cls.projects)}
+        claims = claims_of(cls)
         cells = []
         for f in knobs:
             if f not in claims:

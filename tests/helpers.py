@@ -146,6 +146,22 @@ def make_mha(
 # ---------------------------------------------------------------------------------------------- runs
 
 
+@contextlib.contextmanager
+def registered_here(*modules: str):
+    """The forms registered inside the block (a user's module imported by a run, a class a test registers) are
+    taken out of the registry afterwards, and ``modules`` out of ``sys.modules``, so the next test sees the
+    built-ins alone."""
+    before = attnlab.forms.list_forms()
+    try:
+        yield
+    finally:
+        for name in [n for n in attnlab.forms.list_forms() if n not in before]:
+            attnlab.forms._FORMS._entries.pop(name, None)
+            attnlab.forms._ORDER.remove(name)
+        for module in modules:
+            sys.modules.pop(module, None)
+
+
 def compose_cfg(*overrides: str, hydra_cfg: bool = False):
     """The config of ``conf/`` with ``overrides`` (inside the ``hydra_ctx`` fixture); ``hydra_cfg`` keeps the
     ``hydra`` node (without it: the job config as ``train.py`` receives it)."""

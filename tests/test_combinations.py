@@ -30,7 +30,7 @@ import attnlab
 from attnlab.backends import Backend, Conditions, build_backend, list_backends
 from attnlab.config import FIELDS, AttentionConfig, field_default, field_info
 from attnlab.forms import form_class, form_for, list_forms
-from attnlab.stages import layer_claims
+from attnlab.stages import claims_of
 
 B, L, D_MODEL, H = 2, 8, 8, 2  # d_k = d_model / H = 4 unless a config sets it
 
@@ -66,7 +66,7 @@ def build(config: AttentionConfig) -> attnlab.MultiHeadAttention:
 def claimed(config: AttentionConfig, name: str) -> bool:
     """Whether the form of ``config`` or the layer claims ``name`` at its value (the capability declarations)."""
     cls = form_class(form_for(config))
-    claims = {**cls.implements, **layer_claims(cls.projects)}
+    claims = claims_of(cls)
     allowed = claims.get(name, ())
     return name in claims and (allowed is None or getattr(config, name) in allowed)
 
@@ -258,7 +258,7 @@ def test_a_built_in_forms_refusals_are_the_documented_ones(form):
     """What a built-in form refuses is a decision, not an accident: a knob dropped from (or added to) a form's
     declarations fails here until the table above and the docs say so (the matrix alone accepts a refusal)."""
     cls = form_class(form)
-    claims = {**cls.implements, **layer_claims(cls.projects)}
+    claims = claims_of(cls)
     knobs = [f for f in FIELDS if field_info(f)["role"] == "what"]
     assert sorted(f for f in knobs if f not in claims) == sorted(REFUSED[form].split())
 

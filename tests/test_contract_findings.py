@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from helpers import run_cli
+from helpers import registered_here, run_cli
 
 import attnlab
 from attnlab.config import AttentionConfig
@@ -127,19 +127,16 @@ def test_a_users_subclass_keeps_its_parents_knobs_only_when_it_says_so():
     """``implements`` is not inherited: a user's subclass of a transition form that declares nothing computes no
     knob, and the refusal says how to keep the parent's."""
     from attnlab.forms import register_form
-    from attnlab.forms.base import _FORMS, _ORDER
     from attnlab.forms.transitions import RetNet
 
-    @register_form("test_plain_retnet")
-    class PlainRetNet(RetNet):
-        pass
+    with registered_here():
 
-    try:
+        @register_form("test_plain_retnet")
+        class PlainRetNet(RetNet):
+            pass
+
         config = AttentionConfig(score="test_plain_retnet", normalizer="none", mask="causal")
         with pytest.raises(LayerOptionError, match=r"implements = RetNet\.implements"):
             attnlab.MultiHeadAttention(16, 2, config=config)
         PlainRetNet.implements = RetNet.implements
         attnlab.MultiHeadAttention(16, 2, config=config)
-    finally:
-        _FORMS._entries.pop("test_plain_retnet", None)
-        _ORDER.remove("test_plain_retnet")

@@ -5,7 +5,7 @@ file is collected) computes the same layer on every backend that takes it, eager
 outputs and every gradient), and a decay or delta-rule form's layer equals its plain recurrence (an explicit state
 matrix updated one token at a time, written here); each named setting changes the layer it names; the state size
 does not grow with the length and is what decoding carries. An :class:`~attnlab.config.AttentionConfig` field that
-no one owns is refused by every backend that was not taught it. A user's form in one module
+no one claims is refused when the layer is built, whatever the backend. A user's form in one module
 (tests/user_form_example.py) is registered by importing it, computed by a layer that names it, and picked up by
 these registry-driven tests."""
 

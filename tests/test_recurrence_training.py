@@ -15,11 +15,11 @@ import math
 import sys
 
 import pytest
-from helpers import RECURRENT_SETTINGS, run_cli, setting_overrides, train_listops, train_task
+from helpers import RECURRENT_SETTINGS, registered_here, run_cli, setting_overrides, train_listops, train_task
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from attnlab.forms import _FORMS, _ORDER, form_names_with, list_forms
+from attnlab.forms import form_names_with, list_forms
 from attnlab.tasks import list_tasks, task_class
 from attnlab.training import CONF_DIR
 from attnlab.training.config import ConfigError, validate_config
@@ -96,16 +96,10 @@ def test_a_users_form_in_one_module_trains_through_imports(tmp_path):
     before: the registry does not have it), and the run trains that form on the chunked backend; the registry is
     put back afterwards."""
     assert "test_user_decay" not in list_forms() and "user_form_example" not in sys.modules
-    before = list_forms()
-    try:
+    with registered_here("user_form_example"):
         overrides = [*variant_overrides("test_user_decay"), "imports=[user_form_example]", *ONE_LAYER]
         summary = train_listops(tmp_path, *overrides)
         assert "test_user_decay" in form_names_with("recurrent")
-    finally:
-        for name in [n for n in list_forms() if n not in before]:
-            _FORMS._entries.pop(name, None)
-            _ORDER.remove(name)
-        sys.modules.pop("user_form_example", None)
     assert summary["status"] == "ok", summary["reason"]
     assert summary["backends"] == ["chunked"] and summary["settings"]["score"] == "test_user_decay"
     assert summary["state_size"] == [state_floats(None)]

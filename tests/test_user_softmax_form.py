@@ -5,16 +5,13 @@
 from __future__ import annotations
 
 import importlib
-import sys
 
 import pytest
 import torch
-from helpers import train_listops
+from helpers import registered_here, train_listops
 
 import attnlab
 from attnlab.backends import build_backend, list_backends
-from attnlab.forms import list_forms
-from attnlab.forms.base import _FORMS, _ORDER
 
 NAME = "test_temperature"
 
@@ -22,13 +19,8 @@ NAME = "test_temperature"
 @pytest.fixture
 def temperature():
     """The user's module imported (its form registered), and the registry put back afterwards."""
-    before = list_forms()
-    module = importlib.import_module("user_softmax_form_example")
-    yield module
-    for name in [n for n in list_forms() if n not in before]:
-        _FORMS._entries.pop(name, None)
-        _ORDER.remove(name)
-    sys.modules.pop("user_softmax_form_example", None)
+    with registered_here("user_softmax_form_example"):
+        yield importlib.import_module("user_softmax_form_example")
 
 
 def reference(layer, x, mask):
@@ -72,15 +64,9 @@ def test_the_temperature_form_is_computed_exactly_on_every_backend(temperature, 
 
 
 def test_the_temperature_form_trains_through_imports(tmp_path, restore_process_state):
-    before = list_forms()
-    try:
+    with registered_here("user_softmax_form_example"):
         overrides = ["variant=custom", f"variant.name={NAME}", "imports=[user_softmax_form_example]", "num_layers=1"]
         summary = train_listops(tmp_path, *overrides, "threads=1")
-    finally:
-        for name in [n for n in list_forms() if n not in before]:
-            _FORMS._entries.pop(name, None)
-            _ORDER.remove(name)
-        sys.modules.pop("user_softmax_form_example", None)
     assert summary["status"] == "ok", summary["reason"]
     assert summary["settings"]["score"] == NAME and summary["backends"] == ["sdpa"]
 

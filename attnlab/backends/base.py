@@ -120,8 +120,6 @@ def missing_feature(features: frozenset[str], computes: frozenset[str], score: s
         first = "score:dot"
     if first.startswith("form:"):
         return f"it has no form {first.removeprefix('form:')} (variant {score})"
-    if first.startswith("config."):
-        return f"it does not compute {first.removeprefix('config.')} (an attention setting it was not taught)"
     return FEATURE_REASONS.get(first, f"it does not compute {first}").format(score=score)
 
 

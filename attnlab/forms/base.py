@@ -46,6 +46,9 @@ def knobs(fields: Mapping[str, Any] | None = None, /, **more: Any) -> Mapping[st
     return MappingProxyType({**(fields or {}), **more})
 
 
+_UNDECLARED = knobs()  # what a form class that declares no ``implements`` of its own gets
+
+
 class LayerOptionError(ValueError):
     """A layer option (``qk_norm``, ``model.short_conv`` …, not one of the form's own ``variant.params``) that a form
     does not take: one line, which a run's config check reports as it is."""
@@ -131,7 +134,7 @@ class Form(nn.Module):
     """whether the form projects its own q, k, v from x (:meth:`project`: multi-head latent attention's latent);
     then the layer has no ``q_proj``, ``k_proj``, ``v_proj``, short convolution, QK-norm or rotary positions of its
     own."""
-    implements: ClassVar[Mapping[str, tuple[Any, ...] | None]] = knobs()
+    implements: ClassVar[Mapping[str, tuple[Any, ...] | None]] = _UNDECLARED
     """The :class:`~attnlab.config.AttentionConfig` fields this form computes, beyond the layer's own stages
     (:data:`attnlab.stages.LAYER_STAGES`): field → the values it computes (None: every value the field takes).
     A field set away from its default that neither this form nor the layer claims is refused when the layer is
@@ -154,8 +157,7 @@ class Form(nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._declares_implements = "implements" in cls.__dict__
-        for attr, empty in (("implements", knobs()), ("computed_as", None)):
+        for attr, empty in (("implements", _UNDECLARED), ("computed_as", None)):
             if attr not in cls.__dict__:
                 setattr(cls, attr, empty)
 
@@ -399,12 +401,12 @@ def _shown(value: Any) -> str:
 
 
 def refuse_unimplemented(
-    form: type[Form], config: AttentionConfig, layer: Mapping[str, tuple[Any, ...] | None]
+    form: type[Form], config: AttentionConfig, claims: Mapping[str, tuple[Any, ...] | None]
 ) -> None:
     """Raise :class:`LayerOptionError` (one line) for the first field of ``config`` set away from its default that
-    neither the layer's stages (``layer``: field → the values they compute, None for any) nor ``form``
-    (:attr:`Form.implements`) computes, or set to a value they do not: the one capability check, made when a
-    layer is built, whatever the backend."""
+    no part of the layer claims (``claims``: field → the values computed, None for any; the form's and the layer's
+    stages', :func:`attnlab.stages.claims_of`), or set to a value none computes: the one capability check, made when
+    a layer is built, whatever the backend."""
     import dataclasses
 
     from attnlab.config import FIELDS, field_info
@@ -416,7 +418,6 @@ def refuse_unimplemented(
         return field_info(name)["role"] if name in known else "what"
 
     known = set(FIELDS)  # AttentionConfig's own (a subclass may add fields)
-    claims = {**form.implements, **layer}
     for f in dataclasses.fields(config):  # (a subclass's new field too: refused until something computes it)
         name = f.name
         value = getattr(config, name)
@@ -428,7 +429,7 @@ def refuse_unimplemented(
         if name not in claims:
             why = form.refusals.get(name, f"it is not among what variant {form.name} computes")
             parent = next((c for c in form.__mro__[1:] if name in getattr(c, "implements", {})), None)
-            if parent is not None and not form.__dict__.get("_declares_implements", True):
+            if parent is not None and form.implements is _UNDECLARED:
                 why = (
                     f"{form.__name__} declares no implements of its own (it is not inherited: write "
                     f"implements = {parent.__name__}.implements to compute what its parent does)"

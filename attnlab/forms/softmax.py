@@ -183,7 +183,7 @@ class SoftmaxForm(Form):
     @classmethod
     def base_config(cls) -> AttentionConfig:
         config = super().base_config()
-        return config.replace(score="scaled_dot") if cls.inner_score is None and cls.name == "softmax" else config
+        return config.replace(score="scaled_dot") if cls.name == "softmax" else config
 
     @classmethod
     def query_maps(cls, config: AttentionConfig) -> int:
