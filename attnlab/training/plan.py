@@ -47,6 +47,27 @@ to resume is a job that would change nothing.
   diagnostics' probes and plots, checkpoints, the folder's files. And once per command, :data:`START_S` for Python's
   imports.
 
+**Threads, and a busy machine.** Each job's torch threads are chosen as its run will choose them, by the one rule
+of :mod:`attnlab.cores` (``threads=``, ``$OMP_NUM_THREADS``, a submitit job's ``cpus_per_task``, else the cores this
+process may have less those other work keeps busy now, shared among the jobs run at once), from one measurement of
+the machine made when the plan starts, and its steps are timed with as many (the cache is keyed by the count). The
+plan prints that measurement (``machine: 2 core(s) for this process, 1.7 busy with other work now (load 3.9); jobs
+will run with 1 thread(s) each``), and a ``note:`` when other work keeps more than half the cores busy (the load
+alone makes the estimate long: wait, ``threads=1``, fewer jobs at once), when a job's given count is more than the
+free cores, and when the load changed while the steps were timed (the machine is measured again after).
+
+**Jobs that run elsewhere.** ``hydra/launcher=slurm`` is planned without ``srun``: the plan prints the launcher's
+sbatch settings (its ``hydra.launcher`` node), and times each job here with its ``cpus_per_task`` threads, or with
+the cores free here when those are fewer (and says so). A GPU trainer (``trainer=gpu``, ``gpu_bf16``,
+``trainer.accelerator=gpu``) where torch sees no CUDA is checked as on a GPU
+(:func:`~attnlab.training.config.validate.planned_elsewhere`: the run itself still refuses it) and built on the CPU:
+its steps, tokens and FLOPs are counted, and its time is said to be unknown here.
+
+**What differs between the jobs.** After the jobs are built, the settings that differ between them besides the
+swept keys (each layer's built :class:`~attnlab.config.AttentionConfig` but the form's own ``score`` and
+``score_params``, and every other config key) are printed in a ``note:`` (:func:`differing_settings`): a sweep over
+forms whose presets set ``model.short_conv`` differently says so.
+
 Measured against the truth on this project's 2-core machine (docs/getting-started.md gives the numbers): the
 README's 6-run sweep and a tuned MQAR sweep; a sweep's closing report prints estimated against actual minutes
 (:mod:`attnlab.training.multirun`), so every sweep checks it again.
@@ -64,13 +85,14 @@ import platform
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from attnlab.cores import Machine, ThreadChoice, choose_threads, measure
 from attnlab.training.multirun import head_step_on
 
 __all__ = [
@@ -84,7 +106,9 @@ __all__ = [
     "TIMED_STEPS",
     "Job",
     "Plan",
+    "differing_settings",
     "estimate_job",
+    "missing_plugin",
     "plan_command",
     "print_plan",
     "step_time",
@@ -146,6 +170,12 @@ class Job:
     """How many of the command's jobs this one stands for (more than 1: a representative of a counted sweep)."""
     shape: tuple[int, ...] | None = None
     """A counted sweep's representative: its values' indices at the keys that are not :data:`COST_FREE_KEYS`."""
+    threads: int | None = None
+    """The torch threads the job runs with (:func:`attnlab.cores.choose_threads` on its own ``threads``)."""
+    gpu: bool = False
+    """A GPU job planned on a machine without CUDA: counted (steps, tokens, FLOPs), not timed."""
+    accelerator: str | None = None
+    """The job's ``trainer.accelerator`` (``auto``, ``cpu``, ``gpu`` ...)."""
 
     @property
     def tokens(self) -> int | None:
@@ -167,10 +197,29 @@ class Plan:
     cached_models: int = 0
     timing_s: float = 0.0
     threads: int = 1
-    """Torch threads a job runs with (``threads``, ``$OMP_NUM_THREADS``, or the cores shared among the jobs run at
-    once, as :func:`attnlab.training.config.set_threads` decides): its steps are timed with as many."""
+    """Torch threads a job runs with (``threads``, ``$OMP_NUM_THREADS``, a submitit job's ``cpus_per_task``, or the
+    free cores shared among the jobs run at once: :func:`attnlab.cores.choose_threads`, the rule
+    :func:`attnlab.training.config.set_threads` runs with): its steps are timed with as many (a job that runs on
+    another machine: with at most :attr:`timing_threads`). The first job's, when jobs differ (:attr:`Job.threads`)."""
     parallel: int = 1
-    """Jobs run at once (joblib's ``n_jobs``; 1 for the basic launcher)."""
+    """Jobs run at once (joblib's ``n_jobs``; a SLURM array's ``array_parallelism``; 1 for the basic launcher)."""
+    machine: Machine | None = field(default=None, repr=False)
+    """This machine, measured once for the plan (:func:`attnlab.cores.measure`): its cores and how busy they are."""
+    machine_after: Machine | None = field(default=None, repr=False)
+    """This machine measured again after the steps were timed (None when none was timed now)."""
+    choice: ThreadChoice | None = field(default=None, repr=False)
+    """How the first job's threads were chosen (:attr:`threads`)."""
+    cpus_per_task: int | None = None
+    """A submitit launcher's ``cpus_per_task`` (each job's threads under ``threads=auto``)."""
+    remote: str | None = None
+    """``SLURM`` when the jobs run on a cluster (``hydra/launcher=slurm``), not here; None: on this machine."""
+    launcher: dict[str, Any] | None = None
+    """A remote launcher's settings (the ``hydra.launcher`` node: partition, timeout_min, cpus_per_task ...)."""
+    timing_threads: int | None = None
+    """The threads the steps were timed with here, when fewer than the jobs' own (a SLURM job's ``cpus_per_task``
+    more than this machine has free); None: the jobs' own."""
+    differing: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Settings that differ between the jobs besides the swept keys (:func:`differing_settings`)."""
     notes: list[str] = field(default_factory=list)
     count: int | None = None
     """The command's jobs when :attr:`jobs` holds only representatives of them (a counted sweep); else None."""
@@ -191,10 +240,14 @@ class Plan:
 
     @property
     def seconds(self) -> float:
-        """The whole command: Python's start, then the jobs, ``parallel`` at a time (their sum divided: the
-        estimate of a machine whose cores the jobs share evenly); a representative counts as the jobs it stands
-        for."""
-        return START_S + sum((j.seconds or 0.0) * j.weight for j in self.jobs) / max(1, self.parallel)
+        """The whole command: Python's start, then the jobs, ``parallel`` at a time (their sum divided by as many
+        as run at once, the estimate of a machine whose cores the jobs share evenly, and never less than the
+        longest job); a representative counts as the jobs it stands for. Jobs without an estimate (a GPU job
+        planned without CUDA) count nothing."""
+        timed = [j.seconds for j in self.jobs if j.seconds is not None]
+        work = sum((j.seconds or 0.0) * j.weight for j in self.jobs)
+        at_once = max(1, min(self.parallel, self.total))
+        return START_S + max(work / at_once, max(timed, default=0.0) if at_once > 1 else 0.0)
 
     def estimates(self) -> dict[str, float]:
         """``{job number: seconds}`` (as strings: the sweep journal is JSON). A counted sweep of at most
@@ -398,7 +451,8 @@ def plan_command(argv: Sequence[str], fresh: bool = True, log: Callable[[str], N
             except ConfigError:
                 raise
             except Exception as exc:  # (Hydra's own errors are several lines)
-                raise ConfigError(f"the sweep cannot be planned: {' '.join(str(exc).split())}") from None
+                error = " ".join(str(exc).split())
+                raise ConfigError(missing_plugin(error, args) or f"the sweep cannot be planned: {error}") from None
             check_sweep_config(args)
             target = str(OmegaConf.select(root, "hydra.sweeper._target_") or "")
             if target.endswith("TunedSweeper"):
@@ -413,8 +467,10 @@ def plan_command(argv: Sequence[str], fresh: bool = True, log: Callable[[str], N
                 params = [f"{k}={v}" for k, v in (OmegaConf.select(root, "hydra.sweeper.params") or {}).items()]
                 plan = _sweep_plan(_space(params, task_args))
         if multirun:
-            plan.parallel = _parallel(root)
-        plan.threads = _threads(task_args, plan.parallel)
+            _launcher(plan, root)
+        plan.machine = measure()  # (once: every job's threads are chosen from it, as its run would choose them)
+        plan.choice = _job_threads(plan, _given_threads(task_args))
+        plan.threads = plan.choice.threads
         if not plan.sampled:
             _varying_labels(plan.jobs)
         if plan.tuned is not None:  # a seed job's grid keys: the chosen point, not known before the grid has run
@@ -426,7 +482,119 @@ def plan_command(argv: Sequence[str], fresh: bool = True, log: Callable[[str], N
                     )
         folders = _folder_check(plan, hydra_args)
         _cost(plan, fresh, log or (lambda _: None), folders)
+    plan.notes += _closing_notes(plan)
     return plan
+
+
+def _numbers(jobs: Sequence[Job]) -> str:
+    shown = ", ".join(str(j.number) for j in jobs[:8])
+    return (
+        f"job {shown}" if len(jobs) == 1 else f"jobs {shown}" + (f" and {len(jobs) - 8} more" if len(jobs) > 8 else "")
+    )
+
+
+def _closing_notes(plan: Plan) -> list[str]:
+    """What the estimate could not do, and why: GPU jobs without CUDA here, a SLURM sweep timed here, a machine
+    that other work keeps busy, jobs with more threads than free cores, settings that differ between the jobs."""
+    notes = []
+    machine, built = plan.machine, [j for j in plan.jobs if j.error is None and j.steps is not None]
+    gpu = [j for j in built if j.gpu]
+    if gpu:
+        one = len(gpu) == 1
+        notes.append(
+            f"{_numbers(gpu)} {'trains' if one else 'train'} on a GPU (trainer.accelerator={gpu[0].accelerator}) and "
+            f"torch sees no CUDA on this machine: {'its' if one else 'their'} steps, tokens and FLOPs per step are "
+            f"counted, but {'its' if one else 'their'} time cannot be estimated here (a CPU's step says nothing of "
+            "a GPU's), and a run here would be refused: plan it on the GPU machine for its minutes"
+        )
+    timed = [j for j in built if j.step_s is not None]
+    if plan.remote and plan.launcher is not None:
+        cpus = plan.cpus_per_task
+        own = f"hydra.launcher.cpus_per_task={cpus}" if cpus else f"{plan.threads} thread(s)"
+        if plan.timing_threads is not None and machine is not None:
+            how = (
+                f"with {plan.timing_threads} thread(s): the jobs' {own} is more than the {machine.free} core(s) "
+                f"free here, so it cannot be timed as the cluster runs it (expect a job there to be faster)"
+            )
+        else:
+            how = f"with the jobs' {own}"
+        notes.append(
+            f"the jobs run on the {plan.remote} cluster, not here: each job's time is estimated on this machine "
+            f"{how}; the queue's wait is not in it, and nothing here needs srun"
+        )
+        gpus = plan.launcher.get("gpus_per_node") or plan.launcher.get("gpus_per_task")
+        auto = [j for j in built if j.accelerator == "auto"]
+        if gpus and auto and isinstance(gpus, int):
+            notes.append(
+                f"the launcher gives each job {gpus} GPU(s) (hydra.launcher.gpus_per_node={gpus}) and trainer=auto "
+                "trains on it there: the times here are a CPU's, not the GPU's (a CPU job on the cluster: "
+                "trainer=cpu hydra.launcher.gpus_per_node=0)"
+            )
+        limit = plan.launcher.get("timeout_min")
+        if isinstance(limit, int | float) and limit > 0:
+            over = [j for j in timed if j.seconds is not None and j.seconds > 60 * limit]
+            if over:
+                notes.append(
+                    f"{_numbers(over)} {'is' if len(over) == 1 else 'are'} estimated here at more than the "
+                    f"launcher's timeout_min ({limit}): SLURM "
+                    "stops a job at its limit (raise hydra.launcher.timeout_min)"
+                )
+    if machine is not None and timed and machine.is_busy:
+        tries = ["wait for the other work to end, then --dry-run again"]
+        threads = max((j.threads or plan.threads) for j in timed)
+        if threads > 1:
+            tries.append("run with threads=1")
+        if plan.parallel > 1 and not plan.remote:
+            tries.append("run fewer jobs at once (hydra.launcher.n_jobs=1)")
+        chosen = " (threads=auto chose 1 thread a job already)" if threads == 1 and plan.choice is not None else ""
+        slowed = "the timing here" if plan.remote else "each step timed here (and the run, if it starts now)"
+        notes.append(
+            f"this machine is busy: other work keeps {machine.busy:.1f} of its {machine.cores} core(s) busy now, so "
+            f"{slowed} is slower than on an idle machine; to go faster: {', or '.join(tries)}{chosen}"
+        )
+    after = plan.machine_after
+    if machine is not None and after is not None and machine.busy is not None and after.busy is not None:
+        if abs(after.busy - machine.busy) >= 0.5 and after.is_busy != machine.is_busy:
+            notes.append(
+                f"the machine's other work changed while the steps were timed ({machine.busy:.1f} core(s) busy at "
+                f"the start, {after.busy:.1f} at the end): the step times may be off; --dry-run again when it is "
+                "steady"
+            )
+    if machine is not None and timed and not plan.remote and plan.choice is not None:
+        many = [j for j in timed if (j.threads or 0) * (1 if plan.parallel <= 1 else plan.parallel) > machine.free]
+        if many and plan.choice.source != "auto":
+            at_once = f" each, {plan.parallel} jobs at a time" if plan.parallel > 1 else ""
+            notes.append(
+                f"{_numbers(many)} {'runs' if len(many) == 1 else 'run'} with {many[0].threads} thread(s){at_once} "
+                f"({plan.choice.reason}), more than the {machine.free} core(s) free now: each step waits for busy "
+                f"cores (threads=auto would take {max(1, machine.free // max(1, plan.parallel))})"
+            )
+    if plan.differing:
+        notes.append(f"settings that differ between the jobs besides the swept keys: {_differing_text(plan.differing)}")
+    return notes
+
+
+def _differing_text(differing: dict[str, dict[str, str]]) -> str:
+    """``short_conv (kda 4, rwkv7 2, scaled_dot none); mask (...)``; more than 8 jobs: grouped by value."""
+    from attnlab.runs import attention_sources
+
+    parts = []
+    sources = attention_sources()
+    for name, values in differing.items():
+        key = sources.get(name)
+        label = f"{name} [{key}]" if key and key not in (name, f"{name}.name") else name
+        if len(values) <= 8:
+            shown = ", ".join(f"{job} {value}" for job, value in values.items())
+        else:
+            groups: dict[str, list[str]] = {}
+            for job, value in values.items():
+                groups.setdefault(value, []).append(job)
+            shown = "; ".join(
+                f"{value}: {', '.join(jobs[:6])}" + (f" and {len(jobs) - 6} more" if len(jobs) > 6 else "")
+                for value, jobs in groups.items()
+            )
+        parts.append(f"{label} ({shown})")
+    return "; ".join(parts)
 
 
 def _sweep_plan(space: _Space) -> Plan:
@@ -491,23 +659,77 @@ def _sweep_plan(space: _Space) -> Plan:
     return plan
 
 
-def _parallel(root: DictConfig) -> int:
-    """The jobs a multirun's launcher runs at once: joblib's ``n_jobs`` (-1: every core), else 1."""
-    launcher = OmegaConf.select(root, "hydra.launcher") or {}
-    if "joblib" not in str(launcher.get("_target_", "")).lower():
-        return 1
-    n_jobs = int(launcher.get("n_jobs", -1) or -1)
-    return (os.cpu_count() or 1) if n_jobs < 0 else max(1, n_jobs)
+def _launcher(plan: Plan, root: DictConfig) -> None:
+    """The multirun's launcher, as its jobs will meet it: how many run at once and with how many cores each
+    (:func:`attnlab.training.config.compose.launcher_share`: joblib's ``n_jobs``, submitit's ``cpus_per_task``), and
+    for SLURM (the jobs run on a cluster, not here) its settings and ``array_parallelism``."""
+    from attnlab.training.config.compose import launcher_share
+
+    launcher = OmegaConf.select(root, "hydra.launcher") or OmegaConf.create({})
+    target = str(launcher.get("_target_", "") or "")
+    if "submitit" in target.lower() and target.endswith("SlurmLauncher"):
+        plan.remote = "SLURM"
+        plan.launcher = _launcher_settings(launcher)
+        plan.parallel = max(1, int(launcher.get("array_parallelism") or 1))
+        cpus = launcher.get("cpus_per_task")
+        plan.cpus_per_task = int(cpus) if cpus else None
+        return
+    plan.parallel, plan.cpus_per_task = launcher_share(launcher)
 
 
-def _threads(task_args: Sequence[str], parallel: int) -> int:
-    """The threads a job will run with (:func:`attnlab.training.config.set_threads`'s rule)."""
+_LAUNCHER_HIDDEN = ("_target_", "submitit_folder", "name", "stderr_to_stdout", "setup")
+"""A SLURM launcher's keys the plan does not print: where submitit writes, and how (not what the job gets)."""
+
+
+def _launcher_settings(launcher: DictConfig) -> dict[str, Any]:
+    """A SLURM launcher's settings as the sbatch script gets them: every key that is set (``partition`` always,
+    null: the cluster's default), interpolations left as written."""
+    node = OmegaConf.to_container(launcher, resolve=False)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _LAUNCHER_HIDDEN or (value in (None, {}, []) and key != "partition"):
+            continue
+        out[str(key)] = value
+    return out
+
+
+_PLUGIN_CONFIGS = {
+    "hydra/launcher/submitit_": ("hydra-submitit-launcher", "slurm"),
+    "hydra/sweeper/optuna": ("hydra-optuna-sweeper", "optuna"),
+}
+"""The config a Hydra plugin registers (as Hydra names it when it cannot load it) → the plugin and attnlab's extra."""
+
+
+def missing_plugin(error: str, args: Sequence[str] = ()) -> str | None:
+    """One line for Hydra's composition ``error`` when it is an optional plugin's config that is not there (the
+    plugin is not installed: ``hydra/launcher=slurm`` without the slurm extra), naming the choice of ``args`` (the
+    command line's overrides) that asks for it; else None. A plan reads a launcher's settings from its plugin, so it
+    needs it too (but never ``srun``)."""
+    for config, (plugin, extra) in _PLUGIN_CONFIGS.items():
+        if f"load '{config}" in error or f"find '{config}" in error:
+            groups = ("hydra/launcher",) if "launcher" in config else ("hydra/sweeper", "hparams_search")
+            given = [a for a in args if a.split("=", 1)[0].lstrip("+~").removeprefix("override ").strip() in groups]
+            choice = given[-1] if given else config.rstrip("_")
+            what = "the launcher's settings from it; no cluster is needed" if "launcher" in config else "its settings"
+            return (
+                f"{choice} needs the {extra} extra ({plugin}), which is not installed here: pip install -e "
+                f"'.[{extra}]' (the plan reads {what})"
+            )
+    return None
+
+
+def _given_threads(task_args: Sequence[str]) -> Any:
+    """The command line's last ``threads=`` (an integer as one), or ``auto``."""
     given = [a.split("=", 1)[1] for a in task_args if a.split("=", 1)[0].lstrip("+~") == "threads"]
-    if given and given[-1].isdigit():
-        return int(given[-1])
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
-        return int(os.environ["OMP_NUM_THREADS"])
-    return max(1, (os.cpu_count() or 1) // max(1, parallel))
+    value = given[-1].strip() if given else "auto"
+    return int(value) if value.isdigit() else value
+
+
+def _job_threads(plan: Plan, setting: Any) -> ThreadChoice:
+    """The threads a job of ``plan`` with ``threads=<setting>`` runs with, on the plan's measurement of this machine
+    (:func:`attnlab.cores.choose_threads`: the rule :func:`attnlab.training.config.set_threads` runs with)."""
+    parallel = 1 if plan.remote else plan.parallel
+    return choose_threads(plan.machine, parallel, setting, plan.cpus_per_task)
 
 
 def check_sweep_config(args: Sequence[str]) -> None:
@@ -533,8 +755,9 @@ def check_sweep_config(args: Sequence[str]) -> None:
     except Exception as exc:
         raise ConfigError(
             f"the sweep cannot start: Hydra composes its config from the overrides that are not swept, with "
-            f"{', '.join(swept)} at their defaults, and that fails: {' '.join(str(exc).split())}; run one sweep per "
-            f"value of the swept group (or sweep the fixed key too)"
+            f"{', '.join(swept)} at their defaults, and that fails: {' '.join(str(exc).split())}; sweep named models "
+            f"that carry the setting (variant=deltanet_beta2,gated_deltanet_beta2: python -m attnlab.compare lists "
+            f"them), or write a comparison (python train.py -m compare=<file>: docs/compare.md)"
         ) from None
 
 
@@ -593,20 +816,55 @@ def _cost(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _FolderS
     import torch
 
     threads_before = torch.get_num_threads()
-    torch.set_num_threads(plan.threads)  # (the jobs' own count: timed as they will run, keyed by it in the cache)
     try:
         _cost_jobs(plan, fresh, log, folders)
     finally:
         torch.set_num_threads(threads_before)
+    if plan.timed_models and plan.machine is not None and plan.machine.busy is not None:
+        plan.machine_after = measure()  # (other work that began or ended while the steps were timed)
 
 
-_OUTCOME = ("steps", "batch_size", "seq_len", "flops_per_step", "step_s", "seconds", "error", "note")
+_OUTCOME = (
+    "steps",
+    "batch_size",
+    "seq_len",
+    "flops_per_step",
+    "step_s",
+    "seconds",
+    "error",
+    "note",
+    "threads",
+    "gpu",
+    "accelerator",
+)
+
+
+def _wants_gpu(cfg: DictConfig) -> bool:
+    """Whether the job's trainer asks for a GPU (``trainer=gpu``, ``gpu_bf16``, ``trainer.accelerator=gpu``) and
+    torch sees no CUDA here: a job that can be counted here, not timed."""
+    import torch
+
+    accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto")
+    return accelerator in ("gpu", "cuda") and not torch.cuda.is_available()
+
+
+def _timing_threads(plan: Plan, job: Job) -> int:
+    """The threads ``job``'s steps are timed with here: its own (as it will run), but for a job that runs on another
+    machine (SLURM) no more than this machine has free (a step with more threads than free cores is timed wrong)."""
+    threads = job.threads or plan.threads
+    if plan.remote and plan.machine is not None and threads > plan.machine.free:
+        plan.timing_threads = plan.machine.free
+        return plan.machine.free
+    return threads
 
 
 def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _FolderSpec | None) -> None:
+    import torch
+
     from attnlab.training.config import ConfigError
 
     cache = _Cache.load()
+    configs: dict[int, DictConfig] = {}  # (the built jobs' configs: what differs between them besides the swept keys)
     models: dict[str, tuple[float | None, Any]] = {}
     built: dict[tuple[Any, ...], Job] = {}  # jobs of the same overrides and folder (Optuna's trials): built once
     started = time.perf_counter()
@@ -619,7 +877,7 @@ def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _Fo
             continue
         built[(*job.overrides, repr(spec))] = job
         try:
-            cfg, datamodule, module, folder = _build(job.overrides, spec)
+            cfg, datamodule, module, folder = _build(job.overrides, spec, elsewhere=plan.remote is not None)
             from_step = _inspect_folder(cfg, folder, job) if folder is not None else 0
         except ConfigError as exc:
             job.error = str(exc)
@@ -628,9 +886,20 @@ def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _Fo
             job.error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
             continue
         job.steps, job.batch_size, job.seq_len = int(cfg.max_steps), datamodule.batch_size, datamodule.seq_len
+        choice = _job_threads(plan, cfg.get("threads", "auto"))
+        if not configs:  # (the first built job's: the plan's line says it)
+            plan.choice, plan.threads = choice, choice.threads
+        job.threads = choice.threads
+        job.accelerator = str(OmegaConf.select(cfg, "trainer.accelerator") or "auto")
+        configs[job.number] = cfg
         if from_step is None:  # a complete run asked to resume: the command changes nothing
             job.seconds = 0.0
             continue
+        if _wants_gpu(cfg):  # counted, not timed: a CPU step says nothing of a GPU's
+            job.gpu = True
+            job.flops_per_step = _flops(module, datamodule)
+            continue
+        torch.set_num_threads(_timing_threads(plan, job))  # (timed as it will run, keyed by it in the cache)
         key = _model_key(job.overrides, datamodule)
         if key not in models:
             step_s = None if fresh else cache.get(key)
@@ -656,15 +925,21 @@ def _cost_jobs(plan: Plan, fresh: bool, log: Callable[[str], None], folders: _Fo
             if grid and job.error is None:
                 job.seconds = sum(grid) / len(grid)
     cache.save()
+    try:
+        plan.differing = _differing(plan, configs)
+    except Exception:  # (a report: a config it cannot read is the jobs' own refusal, said above)
+        plan.differing = {}
 
 
 def _build(
-    overrides: Sequence[str], folder: tuple[list[str], int | None] | None = None
+    overrides: Sequence[str], folder: tuple[list[str], int | None] | None = None, elsewhere: bool = False
 ) -> tuple[DictConfig, Any, Any, Path | None]:
     """A job's config, checked as the run checks it before writing anything (:class:`ConfigError` in one line),
     its datamodule, its model, and, with ``folder`` (Hydra's overrides and the job's number: :func:`_job_folder`),
     its run folder where it exists (composed once: the config is the same as without Hydra's node, as
-    :func:`hydra.compose` makes it)."""
+    :func:`hydra.compose` makes it). A job that runs on another machine (``elsewhere``: SLURM's; or a GPU trainer
+    here without CUDA) is checked as it will be there (:func:`~attnlab.training.config.validate.planned_elsewhere`)
+    and built on the CPU, for its counts."""
     from omegaconf import open_dict
 
     from attnlab.training.config import (
@@ -674,6 +949,7 @@ def _build(
         resolve_match,
         validate_config,
     )
+    from attnlab.training.config.validate import planned_elsewhere
 
     path = None
     if folder is None:
@@ -685,7 +961,8 @@ def _build(
             del cfg["hydra"]
     check_resolves(cfg)
     import_user_modules(cfg)
-    with _quiet():
+    there = planned_elsewhere() if elsewhere or _wants_gpu(cfg) else contextlib.nullcontext()
+    with _quiet(), there:
         datamodule = validate_config(cfg)
         if resolve_match(cfg, datamodule) is not None:
             datamodule = validate_config(cfg)
@@ -865,6 +1142,114 @@ def estimate_job(cfg: DictConfig, datamodule: Any, step_s: float, multirun: bool
     return seconds
 
 
+# ----------------------------------------------------------------------------------- what differs between jobs
+
+
+_NOT_COMPARED = ("hydra", "attention", "model.layer_kinds", "model.layers")
+"""Config keys :func:`differing_settings` leaves out: Hydra's node (the job's folder and number), and the nodes
+whose effect it compares as built (each layer's :class:`~attnlab.config.AttentionConfig`)."""
+_FORM_FIELDS = ("score", "score_params")
+"""The form's own parameters: they differ between the forms of a sweep by what it compares."""
+
+
+def _setting_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return str(value)
+
+
+def _under(key: str, keys: Iterable[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in keys)
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_leaves(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def _job_settings(cfg: DictConfig, swept: set[str]) -> dict[str, str]:
+    """One job's settings as text: each field of its layers' attention configs (one value, or the layers' joined
+    by `` / ``), then every other config key (its leaves, resolved), leaving out the swept keys, the form's own
+    parameters (:data:`_FORM_FIELDS`) and :data:`_NOT_COMPARED`. A field and the config key it comes from
+    (``short_conv`` ← ``model.short_conv``) are compared once, as the field."""
+    from attnlab.config import FIELDS, _mask_text
+    from attnlab.runs import attention_sources
+    from attnlab.training.config import attention_configs
+
+    sources = attention_sources()
+    out: dict[str, str] = {}
+    layers = attention_configs(cfg)
+    for name in FIELDS:
+        source = sources.get(name, f"attention.{name}")
+        if name in _FORM_FIELDS or _under(source, swept) or f"attention.{name}" in swept:
+            continue
+        texts = [_mask_text(c.mask) if name == "mask" else _setting_text(getattr(c, name)) for c in layers]
+        out[name] = texts[0] if len(set(texts)) == 1 else " / ".join(texts)
+    skipped = (*_NOT_COMPARED, *sources.values(), *swept)
+    for key, value in _leaves(OmegaConf.to_container(cfg, resolve=True)).items():
+        if key and not _under(key, skipped):
+            out[key] = _setting_text(value)
+    return out
+
+
+def differing_settings(jobs_configs: Mapping[str, DictConfig], swept: Iterable[str] = ()) -> dict[str, dict[str, str]]:
+    """The settings that differ between jobs, besides the swept keys: ``{setting: {job: value}}`` for every
+    setting whose value is not the same in all of ``jobs_configs`` (``{job label: its composed and checked
+    config}``), in the order of the first job's settings. A setting is a field of the jobs' built attention
+    (``short_conv``, ``mask``, ``normalizer`` ...: :func:`~attnlab.training.config.attention_configs`, each layer's
+    :class:`~attnlab.config.AttentionConfig`; layers that differ are joined by `` / ``) or any other config key
+    (``model.d_ff``, ``lr``), as text (``none`` for null). Left out: ``swept`` (the keys the command sweeps, and the
+    keys under them: ``variant`` covers ``variant.params``), the form's own parameters (``score``,
+    ``score_params``), Hydra's node, and the per-layer nodes (compared as built). A sweep over forms whose presets
+    set other keys (``variant=kda`` sets ``model.short_conv=4``, ``rwkv7`` 2, ``gated_deltanet`` none) thus says
+    so, instead of comparing them silently."""
+    keys = {k.lstrip("+~").removeprefix("override ").strip() for k in swept}
+    per_job = {label: _job_settings(cfg, keys) for label, cfg in jobs_configs.items()}
+    if len(per_job) < 2:
+        return {}
+    names: list[str] = []
+    for settings in per_job.values():
+        names += [n for n in settings if n not in names]
+    out: dict[str, dict[str, str]] = {}
+    for name in names:
+        values = {label: settings.get(name, "(unset)") for label, settings in per_job.items()}
+        if len(set(values.values())) > 1:
+            out[name] = values
+    return out
+
+
+def _differing(plan: Plan, configs: dict[int, DictConfig]) -> dict[str, dict[str, str]]:
+    """:func:`differing_settings` of the plan's built jobs, each named by its values of the swept keys that shape a
+    job (one key: its value alone, ``kda``), the first job of each name standing for the others (a tuned sweep's
+    grid points and seeds, :data:`COST_FREE_KEYS`, are swept keys too)."""
+    from attnlab.training.multirun import varying_keys
+
+    pairs = [dict(o.split("=", 1) for o in job.overrides if "=" in o) for job in plan.jobs]
+    swept = set(varying_keys(pairs)) if len(pairs) > 1 else set()
+    if plan.space is not None:
+        swept |= {plan.space.keys[i] for i in plan.space.swept()}
+    if plan.tuned is not None:
+        swept |= set(plan.tuned["grid"])
+    naming = [
+        k for k in dict.fromkeys(k for p in pairs for k in p) if k in swept and k.lstrip("+~") not in COST_FREE_KEYS
+    ]
+    named: dict[str, DictConfig] = {}
+    for job, p in zip(plan.jobs, pairs, strict=True):
+        if job.number not in configs:
+            continue
+        parts = [p.get(k, "-") for k in naming] if len(naming) == 1 else [f"{k}={p[k]}" for k in naming if k in p]
+        named.setdefault(" ".join(parts) or f"job {job.number}", configs[job.number])
+    return differing_settings(named, swept) if len(named) > 1 else {}
+
+
 # ------------------------------------------------------------------------------------------------------ cache
 
 
@@ -970,6 +1355,11 @@ def print_plan(plan: Plan, command: str) -> None:
             console.print(f"  job {job.number} would be refused: {job.error}")
         elif job.note and plan.kind in ("run", "sweep"):
             console.print(f"  job {job.number}: {job.note}")
+    if plan.launcher is not None:
+        settings = " ".join(
+            f"{k}={'(the cluster default)' if v is None else _launcher_value(v)}" for k, v in plan.launcher.items()
+        )
+        console.print(f"{plan.remote.lower() if plan.remote else 'launcher'}: each job is one sbatch job: {settings}")
     estimated = [j for j in plan.jobs if j.seconds is not None]
     total = plan.seconds
     of = (
@@ -978,11 +1368,19 @@ def print_plan(plan: Plan, command: str) -> None:
         if plan.sampled
         else f"{len(estimated)} of {len(plan.jobs)} jobs estimated"
     )
-    console.print(
-        f"estimated: {minutes(total)} in all ({total / 60:.1f} min, {_at_once(plan.parallel)}; {of}), "
-        f"{plan.threads} thread(s) a job · step times: {plan.timed_models} model(s) timed now, {plan.cached_models} "
-        f"from the cache ({plan.timing_s:.1f} s)"
-    )
+    threads = sorted({j.threads for j in plan.jobs if j.threads is not None}) or [plan.threads]
+    per_job = f"{threads[0]}" if len(threads) == 1 else f"{threads[0]}-{threads[-1]}"
+    timed_with = f", timed here with {plan.timing_threads}" if plan.timing_threads is not None else ""
+    if estimated or not any(j.gpu for j in plan.jobs):
+        console.print(
+            f"estimated: {minutes(total)} in all ({total / 60:.1f} min, {_at_once(plan.parallel, plan.remote)}; {of}"
+            f"), {per_job} thread(s) a job{timed_with} · step times: {plan.timed_models} model(s) timed now, "
+            f"{plan.cached_models} from the cache ({plan.timing_s:.1f} s)"
+        )
+    else:
+        console.print(f"estimated: no time ({of}: GPU jobs, and torch sees no CUDA here), {per_job} thread(s) a job")
+    if plan.machine is not None:
+        console.print(f"machine: {_machine_line(plan)}")
     for note in plan.notes:
         console.print(f"note: {note}")
     refused = [j for j in plan.jobs if j.error]
@@ -998,8 +1396,29 @@ def print_plan(plan: Plan, command: str) -> None:
         console.print("some jobs would be refused: the sweep runs the others and exits 1")
 
 
-def _at_once(parallel: int) -> str:
-    return "one job at a time" if parallel <= 1 else f"{parallel} jobs at a time"
+def _at_once(parallel: int, remote: str | None = None) -> str:
+    where = f" on the {remote} cluster" if remote else ""
+    return f"one job at a time{where}" if parallel <= 1 else f"up to {parallel} jobs at a time{where}"
+
+
+def _launcher_value(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else str(value)
+
+
+def _machine_line(plan: Plan) -> str:
+    """``2 core(s) for this process, 1.7 busy with other work now (load 3.9); jobs will run with 1 thread each
+    (threads=auto: 1 of 2 core(s) free)``; for SLURM, this machine's, then the cluster's jobs'."""
+    machine, choice = plan.machine, plan.choice
+    why = f" ({choice.reason})" if choice is not None else ""
+    each = "each" if plan.total > 1 else ""
+    if plan.remote:
+        timed = plan.timing_threads if plan.timing_threads is not None else plan.threads
+        return (
+            f"{machine.describe()}; the jobs will run on the {plan.remote} cluster with {plan.threads} thread(s) "
+            f"{each}{why}, timed here with {timed}".replace("  ", " ")
+        )
+    run = "the job will run" if plan.total == 1 else "jobs will run"
+    return f"{machine.describe()}; {run} with {plan.threads} thread(s) {each}{why}".replace("  ", " ")
 
 
 def dry_run(argv: list[str]) -> int:

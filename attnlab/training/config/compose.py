@@ -37,6 +37,7 @@ __all__ = [
     "group_choices",
     "import_user_modules",
     "job_dir_name",
+    "launcher_share",
     "resolve_d_k",
     "rope_setting",
     "set_threads",
@@ -86,8 +87,26 @@ OmegaConf.register_new_resolver("attnlab_rope", rope_setting, replace=True)
 
 
 def group_choices(conf_dir: Path, group: str) -> list[str]:
-    """The options of a config group: the yaml files in ``conf_dir/group``."""
-    return sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+    """The options of a config group: the yaml files in ``conf_dir/group``, and the options registered in Hydra's
+    ConfigStore (the forms' named settings and the comparisons' models, :mod:`attnlab.training.compare`: a
+    subgroup's option as ``<subgroup>/<name>``)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+
+    def listed(path: str) -> list[str]:
+        try:
+            return list(store.list(path))
+        except OSError:  # (no such group in the store)
+            return []
+
+    stored = []
+    for entry in listed(group):
+        if entry.endswith(".yaml"):
+            stored.append(entry.removesuffix(".yaml"))
+        else:
+            stored += [f"{entry}/{m.removesuffix('.yaml')}" for m in listed(f"{group}/{entry}") if m.endswith(".yaml")]
+    return sorted({*(p.stem for p in (conf_dir / group).glob("*.yaml")), *stored})
 
 
 def check_group_choices(overrides: Iterable[str], conf_dir: Path = CONF_DIR) -> None:
@@ -365,29 +384,41 @@ def resolve_d_k(cfg: DictConfig) -> int:
 
 
 def set_threads(cfg: DictConfig) -> int:
-    """Set torch's CPU threads from ``cfg.threads``: an integer, or ``auto`` = ``$OMP_NUM_THREADS`` when set, else
-    all cores divided among the jobs that a parallel launcher (joblib) runs at once, so that two jobs on two cores
-    do not fight over four threads, or a submitit job's ``cpus_per_task``."""
+    """Set torch's CPU threads from ``cfg.threads`` and return the count: an integer, or ``auto``
+    (:func:`attnlab.cores.auto_threads`, the one rule that ``--dry-run`` plans with too): ``$OMP_NUM_THREADS`` when
+    set, else a submitit job's ``cpus_per_task``, else the cores this process may have (affinity, cgroup quota)
+    less those other work keeps busy now, divided among the jobs that joblib runs at once, so that a run on a
+    busy machine, or two jobs on two cores, do not fight over more threads than there are free cores (a step with
+    two threads on a 2-core machine whose other core is busy took 19x as long as with one)."""
     import torch
+
+    from attnlab.cores import auto_threads
+
+    parallel, cpus_per_task = launcher_share()
+    choice = auto_threads(parallel, cfg.get("threads", "auto"), cpus_per_task, launched=parallel > 1)
+    torch.set_num_threads(choice.threads)
+    return choice.threads
+
+
+def launcher_share(launcher: Any = None) -> tuple[int, int | None]:
+    """``(jobs run at once, cpus per job)`` of a multirun's launcher (``launcher``: its ``hydra.launcher`` node;
+    default: the running Hydra app's, none outside one): joblib's ``n_jobs`` (``-1``: every core this process may
+    have) and no count; a submitit launcher's ``cpus_per_task`` (None when unset) on one job; else ``(1, None)``."""
     from hydra.core.hydra_config import HydraConfig
 
-    threads = cfg.get("threads", "auto")
-    if threads in (None, "auto") and os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        threads = int(os.environ["OMP_NUM_THREADS"]) or None
-    if threads in (None, "auto"):
-        cores = os.cpu_count() or 1
-        parallel = 1
-        if HydraConfig.initialized():
-            launcher = HydraConfig.get().launcher
-            target = str(launcher.get("_target_", "")).lower()
-            if "joblib" in target:
-                n_jobs = launcher.get("n_jobs", -1) or -1
-                parallel = cores if n_jobs < 0 else n_jobs
-            elif "submitit" in target and launcher.get("cpus_per_task"):
-                cores = int(launcher.cpus_per_task)  # what SLURM gave the job (submitit: cpus_per_task)
-        threads = max(1, cores // max(1, parallel))
-    torch.set_num_threads(int(threads))
-    return int(threads)
+    from attnlab.cores import available_cores
+
+    if launcher is None:
+        if not HydraConfig.initialized():
+            return 1, None
+        launcher = HydraConfig.get().launcher
+    target = str(launcher.get("_target_", "") or "").lower()
+    if "joblib" in target:
+        n_jobs = int(launcher.get("n_jobs", -1) or -1)  # (joblib's: -1 every core, -2 all but one ...)
+        return (max(1, available_cores() + 1 + n_jobs) if n_jobs < 0 else n_jobs), None
+    if "submitit" in target and launcher.get("cpus_per_task"):
+        return 1, int(launcher.cpus_per_task)
+    return 1, None
 
 
 def build_module(cfg: DictConfig, datamodule: Any, schedule_steps: int | None = None) -> Any:

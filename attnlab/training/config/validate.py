@@ -12,9 +12,11 @@ the budgets and memory (:mod:`~attnlab.training.config.budgets`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -43,7 +45,14 @@ from attnlab.training.config.compose import (
     base_attention,
 )
 
-__all__ = ["MAX_THREADS_PER_CORE", "TRAINER_KEYS", "TRAINER_PRECISIONS", "check_resolves", "validate_config"]
+__all__ = [
+    "MAX_THREADS_PER_CORE",
+    "TRAINER_KEYS",
+    "TRAINER_PRECISIONS",
+    "check_resolves",
+    "planned_elsewhere",
+    "validate_config",
+]
 
 
 MAX_THREADS_PER_CORE = 4  # more torch threads than this per core only slow a run (and a million crash torch)
@@ -72,11 +81,7 @@ def validate_config(cfg: DictConfig) -> Any:
         )
     if cfg.trainer.get("max_steps", cfg.max_steps) != cfg.max_steps:
         raise ConfigError(f"trainer.max_steps ({cfg.trainer.max_steps}) follows max_steps: set max_steps instead")
-    threads, most = cfg.get("threads", "auto"), MAX_THREADS_PER_CORE * (os.cpu_count() or 1)
-    if threads not in (None, "auto") and (
-        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= most
-    ):
-        raise ConfigError(f"threads must be auto or an integer from 1 to {most} (4 per core here), got {threads!r}")
+    _check_threads(cfg.get("threads", "auto"))
     for key in (
         "compile",
         "resume",
@@ -107,6 +112,38 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_causal(cfg, datamodule, configs)
     _check_memory(cfg, datamodule, layers)
     return datamodule
+
+
+_ELSEWHERE: contextvars.ContextVar[bool] = contextvars.ContextVar("attnlab_planned_elsewhere", default=False)
+
+
+@contextlib.contextmanager
+def planned_elsewhere() -> Iterator[None]:
+    """For ``--dry-run`` only (:mod:`attnlab.training.plan`): validate the configs of jobs that will run on another
+    machine (a GPU trainer planned where torch sees no CUDA; a SLURM launcher's jobs), so that their plan can be
+    printed from a laptop. Inside the block a GPU trainer is not refused for want of CUDA here (its forced backends
+    are checked as on CUDA), and ``threads`` is not bounded by this machine's cores. A real run never enters it:
+    its refusals stay."""
+    token = _ELSEWHERE.set(True)
+    try:
+        yield
+    finally:
+        _ELSEWHERE.reset(token)
+
+
+def _check_threads(threads: Any) -> None:
+    """``threads``: ``auto`` (:func:`attnlab.cores.auto_threads`) or an integer from 1 to
+    :data:`MAX_THREADS_PER_CORE` per core this process may use (affinity and cgroup quota,
+    :func:`attnlab.cores.available_cores`); planned for another machine (:func:`planned_elsewhere`), any integer
+    >= 1."""
+    from attnlab.cores import available_cores
+
+    if threads in (None, "auto"):
+        return
+    most = None if _ELSEWHERE.get() else MAX_THREADS_PER_CORE * available_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1 or (most and threads > most):
+        allowed = f"from 1 to {most} (4 per core here)" if most else ">= 1"
+        raise ConfigError(f"threads must be auto or an integer {allowed}, got {threads!r}")
 
 
 def _missing_keys(cfg: DictConfig) -> list[str]:
@@ -363,7 +400,7 @@ def _check_trainer(trainer: DictConfig, eval_every: int) -> None:
             "eval_every instead"
         )
     accelerator = str(trainer.get("accelerator", "auto"))
-    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available() and not _ELSEWHERE.get():
         raise ConfigError(
             f"trainer.accelerator={accelerator} but torch sees no CUDA GPU on this machine; "
             "use trainer=auto (the GPU when there is one, else the CPU) or trainer=cpu"
@@ -548,6 +585,8 @@ def _training_conditions(trainer: DictConfig) -> tuple[str, Any]:
 
     accelerator = str(trainer.get("accelerator", "auto"))
     if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        device = "cuda"
+    elif accelerator in ("gpu", "cuda") and _ELSEWHERE.get():  # (a GPU job planned here: checked as on CUDA)
         device = "cuda"
     elif accelerator == "mps":
         device = "mps"
