@@ -141,6 +141,8 @@ def _fused(spec: LayerSpec, inputs: FormInputs, dropout: float, biased: bool) ->
     if "forgetting" in spec.features:  # the forget gates' bias folded into two more dimensions of q and k
         if q.dtype in (torch.float16, torch.bfloat16):  # c reaches hundreds: bf16 would round it by ±1 or more
             q, k, v, precise = q.float(), k.float(), v.float(), True  # (and the call outside autocast, below)
+            if attn_mask is not None and attn_mask.dtype != torch.bool:  # a bias in bf16: SDPA wants q's dtype
+                attn_mask = attn_mask.float()
         q, k, scale = *form.fold_bias(q * scale, expand_heads(k, q.shape[1]), inputs.transition), 1.0
     if extra is not None:  # softmax1, sink: one more key whose logit is the sink and whose value is 0
         if causal:
