@@ -72,9 +72,8 @@ def default_variants() -> tuple[str, ...]:
     form that computes a softmax (multi-head latent attention, ``mla``: ``--variants mla`` names it); a form
     registered later (a user's module) stands for its family, or for
     a family of its own. A form's named settings (:attr:`attnlab.forms.Form.settings`: ``gla``'s
-    ``gate``, the delta rules' ``beta_range``) are its ``variant.params``, which the card's trailing overrides set
-    for every variant of a card: ``python -m attnlab.card --variants kda,gated_deltanet --out card/beta2
-    variant.params.beta_range=2``."""
+    ``gate``, the delta rules' ``beta_range``) are variants of their own (``--variants kda_beta2,gated_deltanet_beta2``,
+    :mod:`attnlab.training.compare`), each a row of the card under its name."""
     from attnlab.config import AttentionConfig
     from attnlab.forms import form_class, form_for, list_forms
 
@@ -471,7 +470,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from attnlab.console import printable
 
     parser = argparse.ArgumentParser(prog="python -m attnlab.card", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variants", default=",".join(default_variants()), help="comma-separated variant names")
+    parser.add_argument(
+        "--variants",
+        default=",".join(default_variants()),
+        help="comma-separated named models: variants and the forms' named settings (gated_deltanet_beta2); "
+        "python -m attnlab.compare lists them",
+    )
     parser.add_argument("--tasks", default=",".join(CARD_TASKS), help="comma-separated card tasks")
     parser.add_argument("--out", default="card", help="the card's folder (default: card/)")
     parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)), help="comparison seeds (default 1,2,3)")
@@ -496,14 +500,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --lr takes finite numbers, got {args.lr!r}", file=sys.stderr)
         return 2
     from attnlab.tasks import list_tasks
-    from attnlab.training.config import CONF_DIR, group_choices
+    from attnlab.training.compare import variant_options
 
     unknown = [t for t in tasks if t not in list_tasks()]
-    known_variants = group_choices(CONF_DIR, "variant")
+    known_variants = variant_options()  # (the yamls and the forms' named settings: gated_deltanet_beta2)
     unknown += [v for v in variants if v not in known_variants]
     if unknown or not variants or not tasks or not seeds or not grid:
         what = f"unknown names: {', '.join(unknown)}" if unknown else "empty --variants, --tasks, --seeds or --lr"
-        print(f"error: {what} (tasks: {', '.join(CARD_TASKS)}; variants: conf/variant/*.yaml)", file=sys.stderr)
+        print(
+            f"error: {what} (tasks: {', '.join(CARD_TASKS)}; variants: conf/variant/*.yaml and the forms' named "
+            "settings, listed by python -m attnlab.compare)",
+            file=sys.stderr,
+        )
         return 2
     if args.dry_run:
         return _dry_run(tasks, [card_command(t, variants, out, seeds, grid, args.jobs, args.overrides) for t in tasks])

@@ -575,7 +575,9 @@ class Segment:
 class Summary:
     """summary.json. ``status``: running | ok | failed | interrupted (``reason`` says why when not ok).
 
-    The key settings come from the config when the run starts: ``settings`` holds every field of layer 1's
+    The key settings come from the config when the run starts: ``model`` is the run's model name (a comparison's
+    model, the ``variant=`` choice, else ``variant.name``: :func:`attnlab.training.compare.model_name`; null in a
+    summary written before it), ``variant`` the form's score; ``settings`` holds every field of layer 1's
     :class:`~attnlab.config.AttentionConfig` (a preset expanded; a summary of schema 2 kept six of them at the top
     level, and reads into ``settings``), ``attention`` the one
     line that describes the layers' configured attention (every field that differs from the defaults), ``pattern``
@@ -602,6 +604,7 @@ class Summary:
 
     status: str = "running"
     reason: str | None = None
+    model: str | None = None
     variant: str | None = None
     mask: str | None = None
     task: str | None = None

@@ -22,10 +22,19 @@ from attnlab.stats import Difference, holm, mean_ci, paired_difference
 Row = dict[str, Any]
 
 
-def load(path: Path, model_of: Callable[[Row], str], task_of: Callable[[Row], str]) -> list[Row]:
-    """The CSV's rows, each with ``model``, ``task``, ``stage`` (``tune``/``seeds``), ``seed`` (int), ``lr``
-    (float), ``ok`` (the run finished), ``params`` (the ``variant_params`` JSON, in place of the CSV's parameter
-    count) and ``param_count`` (that count, as text) added."""
+def recorded_model(row: Row) -> str:
+    """The model name the run recorded (the CSV's ``model`` column: a comparison's model, a named setting such as
+    ``gated_deltanet_beta2``, or the variant), else its ``variant`` (a CSV written before the column)."""
+    return row.get("model") or row["variant"]
+
+
+def load(
+    path: Path, model_of: Callable[[Row], str] = recorded_model, task_of: Callable[[Row], str] = lambda r: r["task"]
+) -> list[Row]:
+    """The CSV's rows, each with ``model`` (``model_of``; default: the name the run recorded, :func:`recorded_model`),
+    ``task``, ``stage`` (``tune``/``seeds``), ``seed`` (int), ``lr`` (float), ``ok`` (the run finished), ``params``
+    (the ``variant_params`` JSON, in place of the CSV's parameter count) and ``param_count`` (that count, as text)
+    added."""
     rows: list[Row] = []
     with path.open(newline="") as f:
         for row in csv.DictReader(f):

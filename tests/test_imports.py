@@ -17,12 +17,13 @@ Layering (lower layers never import higher ones; a module may import its own lay
    :func:`attnlab.registry.registry_of`, never by importing them), ``kernels`` (the compiled kernels, which import
    nothing of attnlab) and ``compat`` (the table of old names: it imports nothing of attnlab when imported, and
    reads a name's new module with :mod:`importlib` only when the old name is read, so the modules with old names,
-   at any layer, can import it);
+   at any layer, can import it), ``cores`` (the cores this process can have; nothing of attnlab);
 2. ``config`` (the layer's description; it expands presets) above them;
 3. ``forms``, ``backends`` and ``stages`` (the layer's own stages: QK-norms, the short convolution, the config
    from the layer's keyword arguments) above ``config``;
 4. the layer, ``attention``, above those;
-5. on top: ``encoder``, ``module``, ``training``, ``dashboard``, ``bench``, ``card``.
+5. on top: ``encoder``, ``module``, ``training``, ``dashboard``, ``bench``, ``card``, ``compare`` (the command
+   of :mod:`attnlab.training.compare`) and ``check_device``.
 
 Training never imports the dashboard: statistics both use live in :mod:`attnlab.stats`.
 """
@@ -52,12 +53,13 @@ LAYERS: tuple[frozenset[str], ...] = (
             "position_bias",
             "kernels",
             "compat",
+            "cores",
         }
     ),
     frozenset({"config"}),
     frozenset({"forms", "backends", "stages"}),
     frozenset({"attention"}),
-    frozenset({"encoder", "module", "training", "dashboard", "bench", "card"}),
+    frozenset({"encoder", "module", "training", "dashboard", "bench", "card", "compare", "check_device"}),
 )
 """The layers of the docstring, bottom first, by the name under ``attnlab`` (a package with all its modules)."""
 

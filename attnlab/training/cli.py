@@ -43,15 +43,16 @@ def _split(arg: str) -> tuple[str, str]:
     return key.lstrip("+~").removeprefix("override ").strip(), value.strip()
 
 
-def check_plugins(overrides: list[str]) -> None:
+def check_plugins(overrides: list[str], dry: bool = False) -> None:
     """One line, not Hydra's composition error, when a choice needs a plugin that is not installed, or the SLURM
-    launcher is asked for on a machine without SLURM."""
+    launcher is asked for on a machine without SLURM (``dry``: a ``--dry-run``, which plans a cluster's sweep from
+    a laptop, needs no ``srun``)."""
     for arg in overrides:
         key, value = _split(arg)
         plugin = _PLUGINS.get((key, value))
         if plugin is not None and importlib.util.find_spec(plugin[0]) is None:
             raise ConfigError(f"{key}={value} needs the {plugin[1]} extra: pip install -e '.[{plugin[1]}]'")
-        if key == "hydra/launcher" and value in _SLURM_LAUNCHERS and shutil.which("srun") is None:
+        if key == "hydra/launcher" and value in _SLURM_LAUNCHERS and not dry and shutil.which("srun") is None:
             raise ConfigError(
                 f"hydra/launcher={value} needs a SLURM cluster, and this machine has none (no srun on PATH); "
                 "to try the sweep here, use hydra/launcher=local"
@@ -258,10 +259,13 @@ def main(argv: list[str] | None = None) -> None:
     dry = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]
     try:
+        from attnlab.training.compare import expand_compare
+
+        args = expand_compare(args)  # (compare=<name>: its models as variant=<name>/<model>,...; named settings)
         check_group_choices(args, CONF_DIR)
         check_key_text(args)  # (a key that is not ASCII: the character, not the value's advice)
         check_override_text(args)  # (after the choices: variant=scaléd keeps its "did you mean")
-        check_plugins(args)
+        check_plugins(args, dry=dry)
         check_keys(args)
         args = with_run_overrides(args)
         if not dry and any(a in ("-m", "--multirun") for a in args):  # (a dry run's plan checks it itself)

@@ -75,6 +75,19 @@ def _hydra() -> Any:
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
+def _model_name(cfg: DictConfig) -> str | None:
+    """The run's model name (:func:`attnlab.training.compare.model_name`: a comparison's model, the ``variant=``
+    choice, or ``variant.name``); None where the config does not say."""
+    from attnlab.training.compare import model_name
+
+    hydra = _hydra()
+    choice = hydra.runtime.choices.get("variant") if hydra is not None else None
+    try:
+        return model_name(cfg, None if choice is None else str(choice))
+    except Exception:  # (a config that failed validation: the summary's other fields are null the same way)
+        return None
+
+
 def _is_multirun() -> bool:
     from hydra.types import RunMode
 
@@ -717,6 +730,7 @@ class Run:
 
         s = self.summary
         s.variant, s.mask, s.task = get("variant.name"), get("mask.name"), get("task.name")
+        s.model = _model_name(self.cfg)
         s.num_heads, s.d_model, s.num_layers, s.seed = get("num_heads"), get("d_model"), get("num_layers"), get("seed")
         s.lr, s.batch_size, s.max_steps = get("lr"), get("batch_size"), get("max_steps")
         s.max_tokens = get("max_tokens")

@@ -30,6 +30,7 @@ GROUPS = (
     "trainer",
     "logger",
     "experiment",
+    "compare",
     "debug",
     "hparams_search",
 )
