@@ -185,7 +185,7 @@ def collect(out: Path, tasks: Sequence[str] = CARD_TASKS, problems: list[str] | 
                     continue
                 if summary is None or summary.status != "ok":
                     continue
-                value = summary.metrics.get(METRIC)
+                value = summary.metrics.get(summary.headline_metric or METRIC)  # (the task's headline metric)
                 if isinstance(value, int | float) and math.isfinite(value):
                     values[seed] = float(value)
                 chance = summary.chance_accuracy

@@ -587,7 +587,10 @@ class Summary:
     (:meth:`~attnlab.attention.MultiHeadAttention.state_size`: linear attention's state, softmax's key/value
     cache; empty for a summary before schema 4); ``metrics`` are the
     final values (train/val/test and the attention diagnostics ``attn/*``); ``attn_init`` the step-0 diagnostics;
-    ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes).
+    ``chance_accuracy`` the accuracy of guessing (the task's, e.g. 1/num_pairs for MQAR; else 1/classes);
+    ``headline_metric`` the one metric the task is compared by (:meth:`attnlab.tasks.SequenceTask.headline_metric`:
+    ``test/acc``, or ``test/acc@128`` for a state-tracking task tested beyond its training length; null in a
+    summary written before it).
     ``wall_time_s`` is the sum over ``segments``. ``best_checkpoint`` and ``resumed_from`` are relative to the
     run folder (or as given, for a ``ckpt_path`` outside it).
 
@@ -626,6 +629,7 @@ class Summary:
     state_size: list[int] = field(default_factory=list)
     smoke: bool = False
     chance_accuracy: float | None = None
+    headline_metric: str | None = None
     params: int | None = None
     params_non_embedding: int | None = None
     flops_per_token: float | None = None

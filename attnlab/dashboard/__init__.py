@@ -8,19 +8,25 @@ maps), through :mod:`attnlab.runs`, never a W&B server, and writes ONE HTML file
 network.
 
 What varies is found, not hard-wired: every config key with two or more values across the runs is a dimension
-(:mod:`attnlab.dashboard.dims`); seeds are replicates. The page opens with the headline, one table per headline
-metric (the runs' ``optimized_metric``, and ``test/acc``): a row per configuration, a column per value of the main
-key (``--x``; default the first numeric key that varies, e.g. ``d_k``), cells "mean ± 95 % CI (n)" with their
+(:mod:`attnlab.dashboard.dims`); seeds are replicates; a named model (the ``variant=`` choice) is one
+configuration, and what its preset sets (``model.short_conv``) is an attribute of it, not a dimension
+(``--config-keys`` names the keys that define a configuration instead). The page opens with the headline: the
+metric the runs' task declares (``test/acc``, ``test/acc@<longest>`` for a state-tracking task with test lengths;
+``--metric`` another), then the runs' ``optimized_metric`` and ``test/acc``: a row per configuration, a column per
+value of the main key (``--x``; default the first numeric key a command line swept, e.g. ``d_k``; one column for
+a sweep over models), cells "mean ± 95 % CI (n)" with their
 runs' parameter count, the best cell of each column starred, and a sentence naming the winner, its margin over the
 runner-up and how many of the others it beats: paired t tests over the seeds both ran (Welch's where they share
 none), Holm-corrected for the number of comparisons (:mod:`attnlab.dashboard.stats`), with a table of each
 rival's paired margin and adjusted p. Then: final metrics against the main key as small multiples (a panel per
-value of ``--facet``), a search view when a numeric key took 5 or more values (an Optuna sweep), length
-generalisation, the step-0 diagnostics, training curves with seed bands, per layer × head heatmaps and attention
-maps (best run of each variant, with a selector), and the sortable runs table.
+value of ``--facet``; points where the key is categorical), a search view when a numeric key took 5 or more values
+(an Optuna sweep), length generalisation, the step-0 diagnostics, training curves with seed bands (every
+configuration's validation curves on one shared axis first), per layer × head heatmaps and attention maps (best
+run of each variant, with a selector), and the sortable runs table. A section with nothing to show is one line.
 
 A tuned sweep (``tuned.json``, :mod:`attnlab.dashboard.tuned`) is compared on its seed runs only, each configuration
-at its own best point, with the protocol said on the page and its tuning runs drawn as a sensitivity chart; where
+at its own best point (in the headline and in every chart of the folder alike), with the protocol said on the page
+and its tuning runs drawn as a sensitivity chart; where
 summary.json has the compute fields (schema 5), a Pareto view draws the test metric against FLOPs per token,
 parameters, state size and wall time, one point per configuration, with the frontier.
 

@@ -77,11 +77,12 @@ def _cell(run: Run, metric: str) -> str:
     return spec_for(metric).format(value) if spec_for(metric).si else _fmt(value, "f")
 
 
-def print_table(runs: Sequence[Run], console: Any = None) -> None:
-    """A compact rich table of ``runs``: the keys that vary, seed, the headline metrics, the metrics of the
-    ``table`` view (entropy and saturation; ``signed`` for a run whose every layer has signed weights, which has
-    none), status and time; 120 columns wide when the output is not a terminal (CI logs). Then the metrics of the
-    ``terminal`` view that some run reports (``FLOPs/tok``).
+def print_table(runs: Sequence[Run], console: Any = None, config_keys: Sequence[str] | None = None) -> None:
+    """A compact rich table of ``runs``: the keys that vary (those of ``config_keys`` only, where given), seed, the
+    headline metrics (the task's declared one first, named under the table), the metrics of the ``table`` view
+    (entropy and saturation; ``signed`` for a run whose every layer has signed weights, which has none), status
+    and time; 120 columns wide when the output is not a terminal (CI logs). Then the metrics of the ``terminal``
+    view that some run reports (``FLOPs/tok``).
 
     The keys that labels name, the seed and the metrics are never cut or wrapped: where they do not fit the width,
     the status wraps first, and a table that still does not fit is printed wider than the console, never cropped.
@@ -95,10 +96,10 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
 
     if console is None:
         console = plain_console()  # run names, config keys and values are text, never markup
-    sweep = Sweep(runs)
+    sweep = Sweep(runs, config_keys=config_keys)
     dims = sweep.label_dims(sweep.dims)
     knobs = [d for d in sweep.dims if d not in dims]
-    metrics = headline_metrics(runs)[:2]
+    metrics = headline_metrics(runs)[:3]
     extra = [m for m in metrics_in("table") if m not in metrics]
     extra += [m for m in metrics_in("terminal") if m not in [*metrics, *extra] and any(r.final(m) for r in runs)]
     rows = []
@@ -143,6 +144,8 @@ def print_table(runs: Sequence[Run], console: Any = None) -> None:
         console.print(table)
     for text, name in knob_sets.items():
         console.print(Text(f"{name}: {text}", overflow="fold"))
+    if metrics:
+        console.print(Text(f"headline: {metrics[0]} (the first metric column)", overflow="fold"))
 
 
 def write_csv(runs: Sequence[Run], path: str | Path) -> Path:
@@ -216,8 +219,8 @@ def _setting(run: Run, key: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``attnlab-dashboard PATH [-o FILE] [--x KEY] [--facet KEY] [--metric NAME] [--csv FILE]``: write the page
-    and print the runs table; 2 on a bad PATH or option."""
+    """``attnlab-dashboard PATH [-o FILE] [--x KEY] [--facet KEY] [--metric NAME] [--config-keys K1,K2] [--csv
+    FILE]``: write the page and print the runs table; 2 on a bad PATH or option."""
     parser = argparse.ArgumentParser(prog="attnlab-dashboard", description=DESCRIPTION)
     parser.add_argument("path", type=Path, help="a run folder, a multirun folder, or a folder of sweeps")
     parser.add_argument("-o", "--output", type=Path, default=None, help=f"output file (default PATH/{DEFAULT_OUTPUT})")
@@ -226,12 +229,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "numeric key that varies, e.g. d_k)")  # fmt: skip
     parser.add_argument("--facet", default=None, help="the key split into panels, or 'none' (default: the other "
                         "key with the fewest values, 2 to 4)")  # fmt: skip
-    parser.add_argument("--metric", default=None, help="the headline metric (default: the runs' optimized_metric)")
+    parser.add_argument("--metric", default=None, help="the headline metric (default: the one the runs' task "
+                        "declares: test/acc, test/bpc for language modelling, test/acc@<longest L> for a "
+                        "state-tracking task with test_lengths)")  # fmt: skip
+    parser.add_argument("--config-keys", default=None, metavar="K1,K2", help="the keys that define a "
+                        "configuration (config keys, dotted or their last part; variant or model for the model), "
+                        "e.g. variant,d_k: every other key that varies is an attribute, shown in the header and "
+                        "beside the headline's rows, and runs that differ only in it pool (default: found: every "
+                        "key that varies, but what a model's preset sets, e.g. short_conv, is an attribute of "
+                        "the model)")  # fmt: skip
     args = parser.parse_args(argv)
-    options = Options(x=args.x, facet=args.facet, metric=args.metric)
+    config_keys = None
+    if args.config_keys is not None:
+        config_keys = tuple(k.strip() for k in args.config_keys.split(",") if k.strip())
+        if not config_keys:
+            print(
+                "attnlab-dashboard: error: --config-keys names no key; give the keys that define a configuration, "
+                "e.g. --config-keys variant,d_k",
+                file=sys.stderr,
+            )
+            return 2
+    options = Options(x=args.x, facet=args.facet, metric=args.metric, config_keys=config_keys)
     try:
         runs = load_runs(args.path) if args.path.is_dir() else []
-        tuned = find_tuned(runs, args.path)
+        tuned = find_tuned(runs, args.path, config_keys=config_keys)
         out = write_dashboard(args.path, args.output, runs=runs, options=options, tuned=tuned)
     except (FileNotFoundError, ValueError) as err:
         print(f"attnlab-dashboard: error: {err}", file=sys.stderr)
@@ -255,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"attnlab-dashboard: error: {printable(_write_error(err, args.csv, '--csv'))}", file=sys.stderr)
         return 2
     try:
-        print_table(runs)  # (Rich: on a broken pipe, the same as below, then SystemExit(1))
+        print_table(runs, config_keys=config_keys)  # (Rich: on a broken pipe, the same as below, then SystemExit(1))
         print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB, of which plotly.js {_plotly_mb():.1f} MB)")
         if csv_path is not None:
             print(f"wrote {csv_path}")

@@ -12,11 +12,27 @@ out, so that a sweep over ``variant`` has one dimension, not five:
   is known, ``task.datamodule.*`` once ``task.name`` is);
 * the layer kinds (``model.layer_kinds.*``) when no run has a per-layer pattern: they act only in one;
 * a key that a categorical dimension fixes (``model.pos_encoding`` when only the ``alibi`` preset sets it to
-  ``none``): it is listed in :attr:`Sweep.derived` and the page's header, not in every legend. A numeric
-  dimension never absorbs another, and a key that a run's command line set (summary.json's ``overrides``, e.g.
-  an Optuna search's ``d_k=16``) is always a dimension, even where it happens to follow the variant.
+  ``none``; ``model.short_conv`` when kda's preset sets 4, rwkv7's 2 and gated_deltanet's none): it is an
+  *attribute* of that dimension's values, listed in :attr:`Sweep.derived`, in the page's header (each model with
+  its attributes) and under the headline's row names, not in every legend. A numeric dimension never absorbs
+  another, and a key that a run's command line set (summary.json's ``overrides``, e.g. an Optuna search's
+  ``d_k=16``) is a dimension even where it happens to follow the variant, unless every run that set it set the
+  value its model has in the runs that did not (``variant=kda model.short_conv=4`` beside plain ``variant=kda``
+  runs restates kda's preset: one sweep of a folder of sweeps that spelled the preset out changes nothing).
 
-Runs that agree on every dimension form one *configuration*; its seeds are pooled into a mean and interval.
+Runs that agree on every dimension form one *configuration*; its seeds are pooled into a mean and interval. A named
+model (the ``variant=`` choice, :attr:`attnlab.dashboard.load.Run.model`) is one configuration: what its preset
+sets is an attribute of it. A key that is a dimension only because some run's command line changed it from its
+model's preset (``variant=gated_deltanet model.short_conv=4`` beside the plain presets) tells those runs apart
+(its own row, ``gated_deltanet · short_conv=4``), but it is a *preset key* (:attr:`Sweep.preset_keys`: in the runs
+that did not set it, it follows a categorical dimension and takes two or more values), and a preset key is never
+chosen as the main key, the headline's columns or the panels: those are keys the command lines swept. A sweep over
+variants alone has no main key: the headline has one column, a row per model, and every model is compared with the
+winner.
+
+``config_keys`` (the dashboard's ``--config-keys``) names the keys that define a configuration instead: every
+other key that varies is an attribute, in :attr:`Sweep.derived` where one of those keys fixes it, else in
+:attr:`Sweep.pooled` (its runs are pooled whatever its value: the page's header says so).
 
 What a run's value is: a key left null where it means "derived" (``d_k``, ``num_kv_heads``, ``d_v``) reads as the
 value the run used (from its summary: ``d_k=16``, ``kv_heads=4``) once some run sets it, so that a sweep that set
@@ -43,7 +59,16 @@ from attnlab.dashboard.load import MISSING, RESOLVED_KEYS, Run, natural_key
 from attnlab.runs import is_neutral
 from attnlab.stats import finite
 
-__all__ = ["IGNORED_KEYS", "RUN_KNOBS", "Dimension", "Sweep", "format_value", "is_run_knob", "wide_range"]
+__all__ = [
+    "IGNORED_KEYS",
+    "RUN_KNOBS",
+    "Dimension",
+    "Sweep",
+    "attribute_name",
+    "format_value",
+    "is_run_knob",
+    "wide_range",
+]
 
 IGNORED_KEYS = (
     "seed",
@@ -191,9 +216,19 @@ class Sweep:
         runs: every run to compare (failed ones included: they still have a configuration).
         exclude: config keys that are neither dimensions nor constants here (a tuned sweep's grid keys: each
             configuration ran at its own best ``lr``, which names no configuration).
+        config_keys: the keys that define a configuration (``--config-keys``: dotted keys or display names,
+            ``variant`` or ``model`` for the model); None: found as the module docstring says.
+        strict: whether a name of ``config_keys`` that is no config key of these runs is a ValueError (a sweep of
+            part of the page's runs, a tuned sweep's, passes False: the key may vary elsewhere only).
     """
 
-    def __init__(self, runs: Sequence[Run], exclude: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        runs: Sequence[Run],
+        exclude: Iterable[str] = (),
+        config_keys: Sequence[str] | None = None,
+        strict: bool = True,
+    ) -> None:
         self.runs = list(runs)
         self.exclude = frozenset(exclude)
         keys: set[str] = set()
@@ -213,9 +248,15 @@ class Sweep:
         varying = sorted((k for k in keys if len(set(column[k])) > 1), key=_key_order)
         self.constants: dict[str, Any] = {k: column[k][0] for k in sorted(keys - set(varying), key=_key_order)}
         kept: list[str] = []
-        self.derived: dict[str, str] = {}  # key -> the categorical key that fixes it (pos follows the variant)
-        swept = _overridden(self.runs)  # keys a sweep set on the command line: always dimensions
+        self.derived: dict[str, str] = {}  # key -> the key that fixes it (pos and short_conv follow the variant)
+        self.pooled: dict[str, tuple[Any, ...]] = {}  # (config_keys) key -> its values, fixed by no config key
+        self.config_keys: tuple[str, ...] | None = None
+        """The dotted keys of ``config_keys`` (None without): what defines a configuration here."""
+        setters = [_overridden([run]) for run in self.runs]  # each run's command-line keys
         excluded = [[_hashable(run.value(k)) for run in self.runs] for k in sorted(self.exclude)]
+        if config_keys is not None:
+            self.config_keys = _resolve_config_keys(config_keys, keys, varying, strict)
+        attributes: list[str] = []  # (config_keys) the varying keys that are not configuration keys
         for key in varying:
             if any(column[key] == column[other] for other in [*kept, *self.derived]):  # a mirror
                 continue
@@ -225,11 +266,26 @@ class Sweep:
             parent = f"{group}.name"
             if key != parent and parent in varying and _function_of(column[key], column[parent]):
                 continue  # fixed by its group's name
+            if self.config_keys is not None:
+                (kept if key in self.config_keys else attributes).append(key)
+                continue  # an attribute: sorted out below, once every configuration key is known
             owner = next((k for k in kept if _categorical(column[k]) and _function_of(column[key], column[k])), None)
-            if owner is not None and key not in swept:  # set by a preset of a named choice (alibi: no positions)
-                self.derived[key] = owner
+            if owner is not None and not _changed_by_command_line(column[key], column[owner], key, setters):
+                self.derived[key] = owner  # set by a preset of a named choice (alibi: no positions)
                 continue
             kept.append(key)
+        for key in attributes:
+            if any(column[key] == column[other] for other in [*kept, *self.derived, *self.pooled]):  # a mirror
+                continue
+            fixed_by = [k for k in kept if _function_of(column[key], column[k])]
+            owner = next((k for k in fixed_by if _categorical(column[k])), fixed_by[0] if fixed_by else None)
+            if owner is not None:
+                self.derived[key] = owner
+            else:
+                self.pooled[key] = tuple(sorted(set(column[key]), key=_sort_key))
+        self.preset_keys: frozenset[str] = frozenset(key for key in kept if _preset_key(key, column, kept, setters))
+        """The dimensions that only a run's command line changed from its model's preset (see the module
+        docstring): never the default main key, headline columns or panels."""
         names = _display_names(kept)
         self.dims: list[Dimension] = [
             Dimension(key, names[key], tuple(sorted(set(column[key]), key=_sort_key))) for key in kept
@@ -247,24 +303,56 @@ class Sweep:
             if name in (dim.name, dim.key):
                 return dim
         allowed = ", ".join(d.name for d in self.dims) or "none: every run has the same config"
+        attribute = next((k for k in [*self.derived, *self.pooled] if name in (k, attribute_name(k))), None)
+        if attribute is not None:
+            owner = self.derived.get(attribute)
+            why = f"set by each {_SHORT.get(owner, owner)}'s preset" if owner else "pooled by --config-keys"
+            raise ValueError(
+                f"{name!r} is an attribute here ({why}), not a key that varies on its own (varying: {allowed}); "
+                f"--config-keys {','.join(d.name for d in self.dims) or 'variant'},{name} makes it one"
+            )
         raise ValueError(f"{name!r} is not a key that varies across these runs (varying: {allowed})")
 
+    def swept_dims(self) -> list[Dimension]:
+        """The dimensions that labels show (:meth:`label_dims`) and that are no preset key (:attr:`preset_keys`):
+        those a main key, headline columns or panels may be."""
+        return [d for d in self.label_dims(self.dims) if d.key not in self.preset_keys]
+
     def main_dim(self, preferred: str | None = None) -> Dimension | None:
-        """The key of the headline's columns and the charts' x axis: ``preferred``, else the first numeric
-        dimension (in the order of :data:`_ORDER`) among those labels show (:meth:`label_dims`: a run knob only
-        where it tells configurations apart), else None."""
+        """The charts' x axis (and, where it is numeric, the headline's columns): ``preferred``, else the first
+        numeric dimension (in the order of :data:`_ORDER`) among :meth:`swept_dims` (a run knob only where it tells
+        configurations apart; never a key a model's preset set), else None."""
         if preferred is not None:
             return self.dim(preferred)
-        return next((d for d in self.label_dims(self.dims) if d.numeric), None)
+        return next((d for d in self.swept_dims() if d.numeric), None)
+
+    def column_dim(self, preferred: str | None = None, strict: bool = True) -> Dimension | None:
+        """The key of the headline's columns, or None for one column (a row per configuration, each compared with
+        the winner): ``preferred`` (a ValueError where it does not vary, unless not ``strict``: then the default),
+        else :meth:`main_dim`; else the first categorical one of :meth:`swept_dims` (the variant) where another of
+        them tells the rows apart. A categorical key is the columns only where another swept key names the rows:
+        a column per model, each with one row, compares nothing."""
+        try:
+            x = self.main_dim(preferred)
+        except ValueError:
+            if strict:
+                raise
+            x = self.main_dim(None)
+        swept = self.swept_dims()
+        if x is None:
+            x = swept[0] if len(swept) > 1 else None
+        if x is None or x.numeric:
+            return x
+        return x if any(d is not x for d in swept) else None
 
     def facet_dim(self, x: Dimension | None, preferred: str | None = None) -> Dimension | None:
-        """The key split into side-by-side panels: ``preferred`` (``"none"`` for no panels), else, among the
-        dimensions labels show other than ``x`` and the first (the line colour), the one with the fewest values (2
+        """The key split into side-by-side panels: ``preferred`` (``"none"`` for no panels), else, among
+        :meth:`swept_dims` other than ``x`` and the first (the line colour), the one with the fewest values (2
         to 4)."""
         if preferred is not None:
             return None if preferred == "none" else self.dim(preferred)
         others = [d for d in self.label_dims(self.dims) if d is not x]
-        candidates = [d for d in others[1:] if 2 <= len(d.values) <= 4]
+        candidates = [d for d in others[1:] if 2 <= len(d.values) <= 4 and d.key not in self.preset_keys]
         return min(candidates, key=lambda d: len(d.values), default=None)
 
     def series_dims(self, *exclude: Dimension | None) -> list[Dimension]:
@@ -300,6 +388,22 @@ class Sweep:
         unless needed); ``all runs`` when there is none."""
         return " · ".join(d.label(run.value(d.key)) for d in self.label_dims(dims, context)) or "all runs"
 
+    def attribute_keys(self) -> list[str]:
+        """The derived keys worth naming beside a configuration (the attention node's keys mirror those shown, and
+        a variant's own parameters follow its name): ``normalizer.name``, ``model.short_conv``, ``mask.name``."""
+        return [k for k in self.derived if not k.startswith(("attention.", "variant.params."))]
+
+    def attributes_text(self, runs: Sequence[Run], keys: Sequence[str] | None = None) -> str:
+        """``normalizer=none · short_conv=4``: the values that ``runs`` (one configuration's) have of ``keys``
+        (default :meth:`attribute_keys` and :attr:`pooled`), ``a/b`` where they differ; "" without such keys."""
+        parts = []
+        for key in [*self.attribute_keys(), *self.pooled] if keys is None else keys:
+            found = {format_value(run.value(key)) for run in runs if run.value(key) != MISSING}
+            values = sorted(found, key=natural_key)
+            if values:
+                parts.append(f"{attribute_name(key)}={'/'.join(values)}")
+        return " · ".join(parts)
+
     def constants_text(self) -> tuple[list[str], list[str]]:
         """The constant settings as ``name=value``: (the main ones, for the header; every other one). A key left
         null everywhere (``d_k``) shows the value the runs used when they all used one (``d_k=16``)."""
@@ -313,6 +417,72 @@ class Sweep:
             text = f"{_SHORT.get(key, key)}={format_value(value)}"
             (main if key in _ORDER else rest).append(text)
         return main, rest
+
+
+def attribute_name(key: str) -> str:
+    """An attribute's display name: a known short form (``pos``), ``X.name`` → ``X``, else the last part
+    (``model.short_conv`` → ``short_conv``)."""
+    if key in _SHORT:
+        return _SHORT[key]
+    return key[: -len(".name")] if key.endswith(".name") else key.rsplit(".", 1)[-1]
+
+
+_ALIASES = {"variant": "variant.name", "model": "variant.name"}
+"""``--config-keys`` names of the model."""
+
+
+def _resolve_config_keys(names: Sequence[str], keys: set[str], varying: Sequence[str], strict: bool) -> tuple[str, ...]:
+    """The dotted config keys of ``names`` (dotted keys, display names, ``variant`` or ``model``): a ValueError
+    naming the keys that vary for one that is no key of these runs (only where ``strict``; else it is left out)."""
+    if not names and strict:
+        raise ValueError("--config-keys names no key; give the keys that define a configuration, e.g. variant,d_k")
+    by_name: dict[str, str] = {}
+    for key in sorted(keys, key=_key_order):
+        by_name.setdefault(attribute_name(key), key)
+    out: list[str] = []
+    for name in names:
+        key = name if name in keys else _ALIASES.get(name) if _ALIASES.get(name) in keys else by_name.get(name)
+        if key is None:
+            if not strict:
+                continue
+            why = " (seeds are replicates, never a configuration key)" if name == "seed" else ""
+            shown = list(
+                dict.fromkeys(attribute_name(k) for k in varying if not k.startswith(("attention.", "variant.params.")))
+            )
+            raise ValueError(
+                f"--config-keys: {name!r} is not a config key of these runs{why}; allowed: a config key (dotted, or "
+                f"its last part), variant or model; those that vary here: {', '.join(shown) or 'none'}"
+            )
+        if key not in out:
+            out.append(key)
+    return tuple(out)
+
+
+def _changed_by_command_line(values: list[Any], owners: list[Any], key: str, setters: list[set[str]]) -> bool:
+    """Whether some run's command line set ``key`` (its summary's ``overrides``) to a value other than the one its
+    owner's value has in the runs that did not set it (a restated preset changes nothing; an Optuna trial's
+    ``d_k=16``, with no run to restate, does)."""
+    preset: dict[Any, set[Any]] = {}
+    for value, owner, given in zip(values, owners, setters, strict=True):
+        if key not in given:
+            preset.setdefault(owner, set()).add(value)
+    return any(
+        key in given and value not in preset.get(owner, ())
+        for value, owner, given in zip(values, owners, setters, strict=True)
+    )
+
+
+def _preset_key(key: str, column: dict[str, list[Any]], kept: Sequence[str], setters: list[set[str]]) -> bool:
+    """Whether the dimension ``key`` is a preset's (see the module docstring): in the runs whose command line did
+    not set it, it takes two or more values and follows another, categorical, dimension."""
+    free = [i for i, given in enumerate(setters) if key not in given]
+    values = [column[key][i] for i in free]
+    if len(set(values)) < 2:
+        return False
+    return any(
+        other != key and _categorical(column[other]) and _function_of(values, [column[other][i] for i in free])
+        for other in kept
+    )
 
 
 def _hashable(value: Any) -> Any:

@@ -313,10 +313,14 @@ def _series_traces(
     style: Style,
     shown: set[str],
     log: bool,
+    categorical: bool = False,
 ) -> list[dict[str, Any]]:
-    """One trace per series in panel ``i``: means with the clipped 95 % interval as error bars, shifted apart."""
+    """One trace per series in panel ``i``: means with the clipped 95 % interval as error bars, shifted apart;
+    joined by lines along a numeric x, points only where x is ``categorical`` (a line between two models says
+    nothing)."""
     xs = [p.x for s in series for p in s.points]
-    shifts = _offsets(len(series), x, xs, log)
+    apart = len({p.x for s in series for p in s.points}) == sum(len(s.points) for s in series)  # (one point per x)
+    shifts = _offsets(1 if apart else len(series), x, xs, log) * (len(series) if apart else 1)
     traces = []
     for s, shift in zip(series, shifts, strict=True):
         hi, lo, hover = [], [], []
@@ -339,12 +343,13 @@ def _series_traces(
                 "y": [p.mean for p in s.points],
                 "xaxis": f"x{n}",
                 "yaxis": f"y{n}",
-                "mode": "lines+markers",
+                "mode": "markers" if categorical else "lines+markers",
                 "name": plain(s.label),
                 "legendgroup": plain(s.label),
                 "showlegend": s.label not in shown,
                 "line": {**style.line(s.key), "width": 1.6},
-                "marker": style.marker(s.key),
+                "marker": {"symbol": style.point(s.key), "size": 9, "color": style.line(s.key)["color"]}
+                if categorical else style.marker(s.key),
                 "error_y": {"type": "data", "symmetric": False, "array": hi, "arrayminus": lo, "thickness": 1.3,
                             "width": 3, "visible": True},
                 "hovertext": hover,
@@ -394,8 +399,12 @@ def comparison_figure(
     init: bool = False,
 ) -> dict[str, Any]:
     """Each metric (final value, or the step-0 value with ``init``) against ``x``: one row of panels per metric
-    (one panel per value of ``facet``), one line per combination of the other keys."""
+    (one panel per value of ``facet``), one line per combination of the other keys; where ``x`` is categorical
+    (a sweep over models) or None, points with their error bars, never lines. A metric's panels share their y
+    axis."""
     series_dims = sweep.series_dims(x, facet)
+    if x is not None and not x.numeric and not series_dims:  # a sweep over models: a point (and a name) per model
+        series_dims = [x]
     context = [facet] if facet is not None else []
     style = Style(sweep, series_dims, context)
     cols = min(MAX_COLS, len(facet.values) if facet is not None else len(metrics))
@@ -419,13 +428,26 @@ def comparison_figure(
         spec = spec_for(metric)
         xs = [p.x for s in all_series[i] for p in s.points]
         log = bool(x is not None and x.numeric and x.log)
-        data += _series_traces(all_series[i], i, spec, metric, x, style, shown, log)
+        categorical = x is None or not x.numeric
+        data += _series_traces(all_series[i], i, spec, metric, x, style, shown, log, categorical)
         _x_axis(layout, i, x, xs)
         _y_axis(layout, i, spec, metric, [v for s in all_series[i] for p in s.points for v in p.values])
         if spec.chance and not init:
             for chance, task in _chances(_facet_runs(runs, facet, value)):
                 _chance_shape(layout, i, chance, task)
+    _share_y(layout, panels)
     return _figure(data, layout)
+
+
+def _share_y(layout: dict[str, Any], panels: Sequence[tuple[str, Any]]) -> None:
+    """The panels of one metric (a row of facets) share the first one's y axis: their values compare by eye."""
+    first: dict[str, int] = {}
+    for i, (metric, _) in enumerate(panels):
+        if not metric:
+            continue
+        j = first.setdefault(metric, i)
+        if j != i:
+            layout[f"yaxis{_axis(i)}"]["matches"] = f"y{_axis(j)}"
 
 
 def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
@@ -509,8 +531,9 @@ def length_figure(runs: Sequence[Run], sweep: Sweep) -> dict[str, Any] | None:
 def curves_figure(
     runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str], facet: Dimension | None
 ) -> dict[str, Any] | None:
-    """Training curves: one row per metric (one panel per value of ``facet``, usually the main key), one line per
-    configuration with the mean over seeds and a band for the 95 % interval, step 0 included. None without rows."""
+    """Training curves: one row per metric (one panel per value of ``facet``, a numeric main key, their y axes
+    shared; without, one panel per metric: every configuration on one axis), one line per configuration with the
+    mean over seeds and a band for the 95 % interval, step 0 included. None without rows."""
     series_dims = sweep.series_dims(facet)
     context = [facet] if facet is not None else []
     style = Style(sweep, series_dims, context)
@@ -578,6 +601,7 @@ def curves_figure(
             shown.add(c.label)
         layout[f"xaxis{n}"]["title"] = {"text": "step", "standoff": 4}
         _y_axis(layout, i, spec, metric, [float(v) for c in found[i] for v in c.mean if not math.isnan(v)])
+    _share_y(layout, panels)
     return _figure(data, layout)
 
 
@@ -861,6 +885,7 @@ def sensitivity_figure(tuned: TunedSweep) -> dict[str, Any] | None:
         n = _axis(i)
         values = tuned.grid[key]
         where, log = _grid_axis(key, values)
+        words = not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         panel = []  # (configuration, its jobs along this key in grid order)
         for c in configs:
             anchor = c.best or _anchor(c, tuned.maximize)
@@ -892,7 +917,7 @@ def sensitivity_figure(tuned: TunedSweep) -> dict[str, Any] | None:
                     "y": [None if job.failed else job.value for job in along],
                     "xaxis": f"x{n}",
                     "yaxis": f"y{n}",
-                    "mode": "lines+markers",
+                    "mode": "markers" if words else "lines+markers",  # (no line between two words)
                     "name": plain(c.label),
                     "legendgroup": plain(c.label),
                     "showlegend": c.label not in shown,

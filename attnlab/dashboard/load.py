@@ -47,6 +47,7 @@ __all__ = [
     "load_run",
     "load_runs",
     "natural_key",
+    "task_headline",
 ]
 
 # finite lived here before attnlab.stats: it reads through attnlab.compat's table, with a DeprecationWarning
@@ -290,7 +291,7 @@ class Run:
             config = {**config, "attention": {**_attention_node(config), **config["attention"]}}
         leaves = flatten_config(config) if config else {}
         flat = {k: MISSING if v == {} else _hashable(v) for k, v in leaves.items()}
-        choice = self.variant_choice
+        choice = self.model_choice
         if choice is not None and "variant.name" in flat:  # variant=rope: the preset's name, not its score's
             flat["variant.name"] = choice
         return flat
@@ -341,6 +342,50 @@ class Run:
             if key == "variant" and re.fullmatch(r"[\w.-]+", value):
                 choice = value
         return choice
+
+    @property
+    def model_choice(self) -> str | None:
+        """The named model the run is: summary.json's ``model`` where it has one (the ``variant=`` choice, recorded
+        by the run), else :attr:`variant_choice`; None when neither names one (``variant=custom
+        variant.name=mine``: the score's name, ``variant.name``, names it). A ``model`` of ``custom`` names no
+        model (every custom score is one), nor one that is not a plain name."""
+        named = self.summary.get("model") if self.summary else None
+        if isinstance(named, str) and named != "custom" and re.fullmatch(r"[\w.-]{1,100}", named):
+            return named
+        return self.variant_choice
+
+    @property
+    def model(self) -> str:
+        """The run's model: :attr:`model_choice`, else the attention score's name (:attr:`variant`). A model is
+        one configuration: what its preset sets (``model.short_conv``, ``normalizer``, ``mask``) are its attributes
+        (:class:`attnlab.dashboard.dims.Sweep`)."""
+        return self.model_choice or self.variant
+
+    @property
+    def test_lengths(self) -> tuple[int, ...]:
+        """The run's extra test lengths (``task.datamodule.test_lengths`` in config.yaml, else the lengths its
+        ``test/acc@L`` metrics name), ascending; empty for a run without them."""
+        given = _dig(self.config, "task.datamodule.test_lengths")
+        if isinstance(given, list) and given and all(_int(n) is not None and _int(n) > 0 for n in given):
+            return tuple(sorted({_int(n) for n in given}))
+        return tuple(self.by_length("test/acc"))
+
+    @functools.cached_property
+    def headline_metric(self) -> str:
+        """The metric the run's task declares as its headline: summary.json's ``headline_metric`` where the run
+        recorded one, else the task's :meth:`~attnlab.tasks.base.SequenceTask.headline_metric` for the run's
+        test lengths and ``task.datamodule`` options (:func:`task_headline`): ``test/acc``, ``test/bpc`` for
+        language modelling, ``test/acc@<longest>`` for a state-tracking task with ``test_lengths``."""
+        recorded = self.summary.get("headline_metric") if self.summary else None
+        if isinstance(recorded, str) and re.fullmatch(r"[\w./@-]{1,100}", recorded):
+            return recorded
+        datamodule = _dig(self.config, "task.datamodule")
+        options = {
+            k: v
+            for k, v in (datamodule or {}).items()
+            if isinstance(k, str) and k.isidentifier() and k not in ("_target_", "test_lengths")
+        }
+        return task_headline(self.task, self.test_lengths, options)
 
     @property
     def status(self) -> str:
@@ -551,6 +596,44 @@ class Run:
             if problem not in self.problems:
                 self.problems.append(problem)
         return found
+
+
+def task_headline(task: str, test_lengths: Sequence[int] = (), options: dict[str, Any] | None = None) -> str:
+    """The headline metric that the task registered as ``task`` declares
+    (:meth:`attnlab.tasks.base.SequenceTask.headline_metric`) for these test lengths and ``task.datamodule``
+    options; for a name the registry does not know (a task of the user's own module, which the dashboard never
+    imports: run folders are untrusted), or options the declaration refuses, the base class's answer."""
+    lengths = tuple(sorted({int(n) for n in test_lengths}))
+    try:
+        frozen = tuple(sorted((k, _frozen(v)) for k, v in (options or {}).items()))
+    except TypeError:  # (a value that cannot be compared: the options are left out)
+        frozen = ()
+    return _task_headline(str(task), lengths, frozen)
+
+
+@functools.lru_cache(maxsize=256)
+def _task_headline(task: str, lengths: tuple[int, ...], options: tuple[tuple[str, Any], ...]) -> str:
+    from attnlab.tasks import task_class  # (Lightning: imported only once a run's headline is asked)
+    from attnlab.tasks.base import SequenceTask
+
+    try:
+        cls = task_class(task)
+    except ValueError:  # UnknownNameError: not a built-in task
+        cls = SequenceTask
+    try:
+        return cls.headline_metric(lengths, **dict(options))
+    except Exception:  # (a declaration that fails on odd options from a run folder: the default rule)
+        return SequenceTask.headline_metric(lengths)
+
+
+def _frozen(value: Any) -> Any:
+    """A config value as a hashable one (lists as tuples, mappings as sorted item tuples)."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    hash(value)
+    return value
 
 
 def find_run_dirs(root: str | Path) -> list[Path]:

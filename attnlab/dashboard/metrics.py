@@ -53,6 +53,7 @@ VIEWS: dict[str, str] = {
     "final": "the final-metrics charts, after the headline's metrics",
     "init": "the step-0 diagnostics ('At initialisation')",
     "curve": "the training curves",
+    "validation": "the validation curves of every configuration on one shared axis (one panel per metric)",
     "head": "the per layer x head heatmaps (from the logged attn/L<l>H<h>/<stat>)",
     "table": "a column of the page's runs table and of the terminal table",
     "csv": "a column of the CSV export (a diagnostic, attn/..., also as init/<name>)",
@@ -120,14 +121,14 @@ def short_name(name: str) -> str:
 
 # where each metric the runs log is listed, in this order (a view lists its metrics in the order of these calls)
 show_metric("val/acc_best", "final", "csv")
-show_metric("val/loss", "csv")
+show_metric("val/loss", "csv", "validation")
 show_metric("test/acc", "final", "csv", "length", "pareto")
 show_metric("test/loss", "final", "csv", "length")
 show_metric("test/bpc", "final", "csv", "length", "pareto")
-show_metric("val/bpc", "final")
+show_metric("val/bpc", "final", "validation")
 show_metric("train/loss", "curve")
 show_metric("train/acc")
-show_metric("val/acc", "curve")
+show_metric("val/acc", "curve", "validation")
 show_metric("attn/entropy_norm", "final", "init", "curve", "head", "table", "csv", short="ent_n")
 show_metric("attn/saturation", "final", "init", "curve", "head", "table", "csv", short="sat")
 show_metric("attn/max_prob", "final", "init", "csv")

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 import attnlab.dashboard.figures as figures
-from attnlab.dashboard.dims import Dimension, Sweep, format_value
+from attnlab.dashboard.dims import Dimension, Sweep, attribute_name, format_value
 from attnlab.dashboard.heads import TYPE_COLOURS, atlas_figure, pruning_figure, rank_figure
 from attnlab.dashboard.load import Run, natural_key
 from attnlab.dashboard.metrics import listed_metrics, metrics_in
@@ -34,7 +34,7 @@ from attnlab.heads import HEAD_THRESHOLD, HEAD_TYPES
 from attnlab.runs import RunFileError, read_bytes
 from attnlab.stats import half_width_text, parse_metric, spec_for
 
-__all__ = ["CSP", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
+__all__ = ["CSP", "Empty", "Options", "build_html", "format_time", "headline_metrics", "page_metrics"]
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -49,11 +49,21 @@ SEARCH_MIN_VALUES = 5  # a numeric key with this many distinct values makes the 
 @dataclass(frozen=True)
 class Options:
     """What the page compares: ``x`` the main key (headline columns, charts' x axis), ``facet`` the key split into
-    panels (``"none"`` for none), ``metric`` the headline metric (default: the runs' ``optimized_metric``)."""
+    panels (``"none"`` for none), ``metric`` the headline metric (default: the one the runs' task declares,
+    :attr:`~attnlab.dashboard.load.Run.headline_metric`), ``config_keys`` the keys that define a configuration
+    (default: found, :class:`~attnlab.dashboard.dims.Sweep`; every other varying key is then an attribute)."""
 
     x: str | None = None
     facet: str | None = None
     metric: str | None = None
+    config_keys: tuple[str, ...] | None = None
+
+
+class Empty(str):
+    """A section's body when it has nothing to show: the page writes it as one line (its heading and why), not as
+    a heading over an empty section."""
+
+    __slots__ = ()
 
 
 def _e(text: Any) -> str:
@@ -104,14 +114,25 @@ class _Page:
         self.scripts.append(f'<script type="application/json" id="{data_id}">{_json(_clean(value))}</script>')
 
 
+def declared_metrics(runs: Sequence[Run]) -> list[str]:
+    """The headline metrics that the finished runs' tasks declare (:attr:`Run.headline_metric`: ``test/acc``,
+    ``test/bpc``, ``test/acc@256`` for a state-tracking task with test lengths), the most common first."""
+    return [m for m, _ in Counter(r.headline_metric for r in runs if r.ok).most_common()]
+
+
+def optimized_metric(runs: Sequence[Run]) -> str:
+    """The runs' most common ``optimized_metric`` (what a sweeper optimises), else ``val/acc_best``."""
+    named = Counter(r.optimized_metric for r in runs if r.optimized_metric)
+    return named.most_common(1)[0][0] if named else "val/acc_best"
+
+
 def headline_metrics(runs: Sequence[Run], chosen: str | None = None) -> list[str]:
-    """The headline's metrics: ``chosen`` (or the runs' most common ``optimized_metric``, else ``val/acc_best``),
-    then ``test/acc`` when it differs; only those some finished run reports."""
-    if chosen is None:
-        named = Counter(r.optimized_metric for r in runs if r.optimized_metric)
-        chosen = named.most_common(1)[0][0] if named else "val/acc_best"
-    out = [m for m in dict.fromkeys([chosen, "test/acc"]) if any(r.final(m) is not None for r in runs if r.ok)]
-    return out
+    """The headline's metrics: ``chosen`` (``--metric``), else those the runs' tasks declare
+    (:func:`declared_metrics`); then the runs' most common ``optimized_metric`` (else ``val/acc_best``) and
+    ``test/acc`` where they differ; only those some finished run reports. The first is *the* headline."""
+    first = [chosen] if chosen is not None else declared_metrics(runs)
+    candidates = dict.fromkeys([*first, optimized_metric(runs), "test/acc"])
+    return [m for m in candidates if any(r.final(m) is not None for r in runs if r.ok)]
 
 
 def page_metrics(runs: Sequence[Run], first: Sequence[str]) -> list[str]:
@@ -140,6 +161,12 @@ def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
     replicate = ", ".join(f"{k} seed{'s' if k != 1 else ''} × {v}" for k, v in sorted(seeds.items()))
     labelled = sweep.label_dims(sweep.dims)
     dims = " · ".join(f"<b>{_e(d.name)}</b> ({len(d.values)})" for d in labelled) or "nothing (one configuration)"
+    preset = [d.name for d in labelled if d.key in sweep.preset_keys]
+    if preset:
+        dims += (
+            f" ({_e(', '.join(preset))}: set by each model's preset and changed on some run's command line, so it "
+            "tells those runs apart; never the main key)"
+        )
     knobs = [d for d in sweep.dims if d not in labelled]
     also = (
         "; also different, left out of labels (how the runs were trained and evaluated, not what; see the runs "
@@ -154,10 +181,7 @@ def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
         f'<p class="meta">Compared: {dims}{also}; configurations: {_e(replicate)}. Every point and cell is the '
         "mean over seeds with its 95 % t interval (none for one seed).</p>",
     ]
-    if sweep.derived:
-        shown = {k: o for k, o in sweep.derived.items() if not k.startswith("attention.")} or sweep.derived
-        follows = " · ".join(f"{key} follows {sweep.dim(owner).name}" for key, owner in shown.items())
-        parts.append(f'<p class="meta">Set by a preset: <code>{_e(follows)}</code></p>')
+    parts += _attributes_html(sweep)
     main, rest = sweep.constants_text()
     if main or rest:
         more = (
@@ -173,6 +197,42 @@ def _header(runs: Sequence[Run], sweep: Sweep, title: str, source: str) -> str:
             "the configurations run; their numbers are no result.</p>"
         )
     return "\n".join(parts)
+
+
+def _attributes_html(sweep: Sweep) -> list[str]:
+    """The header's lines on what is no dimension: each model's attributes (the keys its preset sets, as
+    ``kda: normalizer=none · short_conv=4``; :meth:`Sweep.attribute_keys`), and with ``--config-keys`` the keys
+    pooled into each configuration whatever their value."""
+    parts = []
+    keys = sweep.attribute_keys()
+    owners = list(dict.fromkeys(sweep.derived[k] for k in keys))
+    for owner in owners:
+        dim = next((d for d in sweep.dims if d.key == owner), None)
+        if dim is None:
+            continue
+        mine = [k for k in keys if sweep.derived[k] == owner]
+        shown = []
+        for value in dim.values:
+            members = [run for run in sweep.runs if sweep.key_of(run, [dim]) == (value,)]
+            text = sweep.attributes_text(members, mine)
+            if text:
+                shown.append(f"<b>{_e(dim.format(value))}</b>: {_e(text)}")
+        if shown:
+            what = "model" if owner == "variant.name" else dim.name
+            parts.append(
+                f'<p class="meta attrs">Attributes of each {_e(what)} (set by its preset or its comparison, not by a '
+                f"command line: not a dimension, never the main key): {'; '.join(shown)}</p>"
+            )
+    if sweep.pooled:
+        pooled = " · ".join(
+            f"{attribute_name(k)} ({', '.join(format_value(v) for v in vs)})" for k, vs in sweep.pooled.items()
+        )
+        given = ", ".join(sweep.config_keys or ())
+        parts.append(
+            f'<p class="meta warn">Pooled: with --config-keys {_e(given)}, runs that differ only in '
+            f"<code>{_e(pooled)}</code> are one configuration (their seeds pool into one mean).</p>"
+        )
+    return parts
 
 
 def _params_text(params: Sequence[int]) -> str:
@@ -239,6 +299,8 @@ def _headline_html(table: Headline) -> str:
                 f'<td{cls}>{_e(text)} <span class="n">({cell.n})</span>'
                 f'<span class="p">{_e(_params_text(cell.params))} params</span>{note}</td>'
             )
+        if table.attributes:  # (its own column: the row's name stays the configuration's)
+            cells.append(f'<td class="t attr">{_e(table.attributes.get(key, ""))}</td>')
         body.append(f'<tr><td class="t">{_e(label)}</td>{"".join(cells)}</tr>')
     caption = (
         f"Cells: mean ± 95 % half-width ({'points' if spec.percent else spec.unit or 'units'}) over seeds, "
@@ -259,25 +321,13 @@ def _headline_html(table: Headline) -> str:
             else ""
         )
     )
+    attr_head = '<th class="t attr">set by the model</th>' if table.attributes else ""
     return (
         f'<p class="verdict">{_e(table.sentence())}</p>'
         f'<div class="scroll"><table class="headline" data-metric="{_e(table.metric)}"><caption>{_e(caption)}</caption>'
-        f'<thead><tr><th class="t">{_e(spec.axis_title(table.metric))}</th>{head}</tr></thead>'
+        f'<thead><tr><th class="t">{_e(spec.axis_title(table.metric))}</th>{head}{attr_head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>" + _rivals_html(table)
     )
-
-
-def _column(sweep: Sweep, preferred: str | None) -> Dimension | None:
-    """The headline's column key for a group of runs with a sweep of its own (a tuned sweep's, whose dimensions
-    leave out the tuned keys): ``preferred`` where it varies there, else the default main key; None where the
-    table has one column (see :func:`build_html`)."""
-    try:
-        x = sweep.main_dim(preferred)
-    except ValueError:  # (--x names a tuned key, or one that varies only elsewhere in the folder)
-        x = sweep.main_dim(None)
-    if x is None and sweep.dims:
-        x = sweep.dims[0]
-    return x if x is not None and (x.numeric or len(sweep.dims) > 1) else None
 
 
 def _groups(runs: Sequence[Run], sweep: Sweep, tuned: Tuned) -> list[tuple[str, TunedSweep | None, list[Run], Sweep]]:
@@ -286,12 +336,31 @@ def _groups(runs: Sequence[Run], sweep: Sweep, tuned: Tuned) -> list[tuple[str, 
     (theirs alone where some are tuned). Titles only where there are several groups."""
     out: list[tuple[str, TunedSweep | None, list[Run], Sweep]] = []
     for t in tuned.sweeps:
-        out.append((f"Tuned sweep {t.name}", t, t.seed_runs, t.sweep or Sweep(t.seed_runs)))
+        group_sweep = t.sweep or Sweep(t.seed_runs, config_keys=sweep.config_keys, strict=False)
+        out.append((f"Tuned sweep {t.name}", t, t.seed_runs, group_sweep))
     inside = {id(run) for t in tuned.sweeps for run in t.runs}
     rest = [run for run in runs if id(run) not in inside]
     if rest:
-        out.append(("Other runs (not tuned)", None, rest, sweep if not out else Sweep(rest)))
+        out.append(
+            ("Other runs (not tuned)", None, rest, sweep if not out else Sweep(rest, config_keys=sweep.config_keys))
+        )
     return out if len(out) > 1 else [("", t, r, s) for _, t, r, s in out]
+
+
+def _headline_note(metric: str, runs: Sequence[Run], chosen: str | None) -> str:
+    """Where the headline metric comes from: ``--metric``, or the task that declares it (with what it is)."""
+    if chosen is not None:
+        return f"chosen with --metric (the runs' tasks declare {', '.join(declared_metrics(runs)) or 'none'})"
+    tasks = sorted({r.task for r in runs if r.ok and r.headline_metric == metric}, key=natural_key)
+    kind, base, where = parse_metric(metric)
+    what = (
+        f"the test accuracy at the longest test length, L={where['length']}, beyond the training length"
+        if kind == "length" and base == "test/acc"
+        else f"{base} at test length L={where['length']}"
+        if kind == "length"
+        else "its usual test metric"
+    )
+    return f"declared by the task ({', '.join(tasks) or 'the runs'}: {what}; --metric chooses another)"
 
 
 def _tuned_html(tuned: TunedSweep) -> str:
@@ -382,14 +451,16 @@ def _chance_note(runs: Sequence[Run]) -> str:
 
 
 def _pareto_inputs(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
-    """(metrics, costs) of the Pareto view for ``runs``: the ``pareto`` view's metrics that a finished run reports,
-    and the ``cost`` view's quantities, or none unless some finished run reports each of them (runs before
-    summary.json's schema 5 have no FLOPs: no view)."""
+    """(metrics, costs) of the Pareto view for ``runs``: the headline metric the runs' tasks declare
+    (:func:`declared_metrics`: ``test/acc@128`` for a state-tracking task), then the ``pareto`` view's metrics, those
+    a finished run reports, two at most; and the ``cost`` view's quantities, or none unless some finished run
+    reports each of them (runs before summary.json's schema 5 have no FLOPs: no view)."""
     ok = [r for r in runs if r.ok]
     costs = metrics_in("cost")
     if not ok or not all(any(r.final(c) is not None for r in ok) for c in costs):
         return [], []
-    return [m for m in metrics_in("pareto") if any(r.final(m) is not None for r in ok)], costs
+    metrics = dict.fromkeys([*declared_metrics(ok), *metrics_in("pareto")])
+    return [m for m in metrics if any(r.final(m) is not None for r in ok)][:2], costs
 
 
 def _runs_table(runs: Sequence[Run], sweep: Sweep, metrics: Sequence[str]) -> str:
@@ -518,13 +589,51 @@ def why_empty(runs: Sequence[Run], *keys: str) -> str:
     return ""
 
 
+def _curves_section(page: _Page, runs: Sequence[Run], sweep: Sweep, x: Dimension | None, note: str = "") -> str:
+    """The training curves. First every configuration's validation curves on one shared axis (the ``validation``
+    view: one panel per metric, one line per configuration, accuracy first), so that two models compare at a
+    glance. Then the ``curve`` view: with a numeric main key of at most 6 values, one panel per value (the y axes
+    of a metric's panels shared); otherwise (a sweep over models) one panel per metric with every configuration
+    in it, its validation metrics left to the first chart. ``note``: said under both (a tuned sweep's runs)."""
+    validation = [m for m in metrics_in("validation") if any(run.curve(m)[0].size for run in runs)]
+    validation.sort(key=lambda m: spec_for(m).higher_is_better is not True)  # (accuracy before losses)
+    curve_metrics = [m for m in metrics_in("curve") if any(run.curve(m)[0].size for run in runs)]
+    facet = x if x is not None and x.numeric and len(x.values) <= 2 * figures.MAX_COLS else None
+    if facet is None:
+        curve_metrics = [m for m in curve_metrics if m not in validation]
+    parts = []
+    shared = figures.curves_figure(runs, sweep, validation, None) if validation else None
+    if shared is not None:
+        parts.append(
+            '<p class="note">Validation curves of every configuration on one axis per metric: the mean over its seeds '
+            "with the 95 % band. Failed runs count up to where they stopped."
+            + note
+            + "</p>"
+            + page.figure(shared, "fig-validation")
+        )
+    fig = figures.curves_figure(runs, sweep, curve_metrics, facet) if curve_metrics else None
+    if fig is not None:
+        parts.append(
+            '<p class="note">'
+            + ("The other curves: m" if shared is not None and facet is None else "M")
+            + "ean over seeds per configuration, with the 95 % band"
+            + (f"; one panel per <b>{_e(facet.name)}</b>, the y axis shared along a row" if facet else "")
+            + ". Failed runs count up to where they stopped.</p>"
+            + page.figure(fig)
+        )
+    if not parts:
+        why = " Here: no run has a metrics.jsonl." if not any(r.metric_log.row_count for r in runs) else ""
+        return Empty(f"no metrics.jsonl rows with a curve to draw.{why}")
+    return "".join(parts)
+
+
 def _heads_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -> str:
     """Per layer x head heatmaps, one per value of the first key (the variant), the best run shown first and a
     selector for the others."""
     stats = [m.removeprefix("attn/") for m in metrics_in("head")]
     out = _run_figures(page, runs, sweep, metric, lambda run: figures.head_figure(run, stats), "heads")
     why = why_empty(runs, "diagnostics.enabled")
-    return "".join(out) or f'<p class="note">No per-head diagnostics (attn/L{{l}}H{{h}}/...) in metrics.jsonl.{why}</p>'
+    return "".join(out) or Empty(f"no run logged per-head diagnostics (attn/L{{l}}H{{h}}/...) in metrics.jsonl.{why}")
 
 
 def _atlas_section(
@@ -553,12 +662,11 @@ def _atlas_section(
         f"threshold; hover a head for every score. {legend}</p>"
     ]
     none = (
-        '<p class="note">No run logged head-type scores (attn/L{l}H{h}/induction ...): a task without a vocabulary '
+        "no run logged head-type scores (attn/L{l}H{h}/induction ...): a task without a vocabulary "
         "(digits), diagnostics.heads=false, or runs of attnlab before 0.6."
         + why_empty(runs, "diagnostics.enabled", "diagnostics.heads")
-        + "</p>"
     )
-    parts += out or [none]
+    parts += out or [f'<p class="empty"><b>Head atlas</b>: {none}</p>']
     charts = [
         (
             "Pruning",
@@ -568,7 +676,7 @@ def _atlas_section(
             "important up (importance normalised per layer, Michel et al. 2019; solid) and in random order (dotted), "
             "the mean over its seeds; the first point is the unpruned model's test metric (pruning.json of each run)."
             + seeds_only,
-            "No run wrote pruning.json (diagnostics.importance=false, or an older run)."
+            "no run wrote pruning.json (diagnostics.importance=false, or an older run)."
             + why_empty(chart_runs, "diagnostics.importance"),
         ),
         (
@@ -578,13 +686,24 @@ def _atlas_section(
             "The relative residual ‖X − 1x̄ᵀ‖_F / ‖X‖_F of the token representations of the validation probe from "
             "their mean (Dong et al. 2021), at the end of training, against the layer: 0 means every token has the "
             "same representation (rank 1). Mean over seeds with the 95 % t interval." + seeds_only,
-            "No run logged rank collapse (attn/L{l}/rank_residual)."
+            "no run logged rank collapse (attn/L{l}/rank_residual)."
             + why_empty(chart_runs, "diagnostics.enabled", "diagnostics.heads"),
         ),
     ]
+    if not out and all(fig is None for _, fig, *_ in charts):  # nothing at all: one line
+        why = why_empty(runs, "diagnostics.enabled", "diagnostics.heads") or why_empty(
+            chart_runs, "diagnostics.importance"
+        )
+        return Empty(
+            "no run logged head-type scores (attn/L{l}H{h}/induction ...) or rank collapse, nor wrote pruning.json "
+            "(a task without a vocabulary such as digits, diagnostics.heads=false, diagnostics.importance=false, or "
+            f"runs of attnlab before 0.6).{why}"
+        )
     for title, fig, div, note, missing in charts:
-        body = page.figure(fig, div) if fig is not None else ""
-        parts.append(f'<h3>{title}</h3><p class="note">{note if fig is not None else missing}</p>{body}')
+        if fig is None:  # a chart with nothing to draw: one line
+            parts.append(f'<p class="empty"><b>{title}</b>: {missing}</p>')
+        else:
+            parts.append(f'<h3>{title}</h3><p class="note">{note}</p>{page.figure(fig, div)}')
     return "".join(parts)
 
 
@@ -623,7 +742,7 @@ def _maps_section(page: _Page, runs: Sequence[Run], sweep: Sweep, metric: str) -
         )
     if not out:
         why = why_empty(runs, "diagnostics.enabled", "diagnostics.heatmaps")
-        return f'<p class="note">No run saved attention maps (attention/maps.png).{why}</p>'
+        return Empty(f"no run saved attention maps (attention/maps.png).{why}")
     return (
         '<p class="note">One probe sequence per run: rows are queries, columns keys (token positions from 0), the '
         "colour the attention weight. Each variant shows its best run; pick another in its list.</p>"
@@ -640,40 +759,81 @@ def build_html(
     tuned: Tuned | None = None,
 ) -> str:
     """The whole self-contained page for ``runs``. ``tuned``: the tuned sweeps among them (default
-    :func:`~attnlab.dashboard.tuned.find_tuned` of ``runs`` under ``root``, default their common folder)."""
+    :func:`~attnlab.dashboard.tuned.find_tuned` of ``runs`` under ``root``, default their common folder).
+
+    Who wins and every chart of the whole folder (final metrics, step 0, lengths, curves) count the same runs:
+    a tuned sweep's seed runs, each configuration at its chosen point, never its other tuning runs (those are the
+    tuning chart's); the runs table lists every run."""
     from plotly.offline import get_plotlyjs
 
     if not runs:
         raise ValueError("no runs to show")
     options = options or Options()
-    sweep = Sweep(runs)
-    x = sweep.main_dim(options.x)
-    if x is None and sweep.dims:  # nothing numeric: the first key's values along the x axis
-        x = sweep.dims[0]
-    facet = sweep.facet_dim(x, options.facet)
-    ok = [r for r in runs if r.ok]
+    sweep = Sweep(runs, config_keys=options.config_keys)
+    tuned = find_tuned(runs, root, config_keys=options.config_keys) if tuned is None else tuned
+    seed_runs = {id(run) for t in tuned.sweeps for run in t.seed_runs}
+    tuning_only = {id(run) for t in tuned.sweeps for run in t.tune_runs} - seed_runs
+    chart_runs = [run for run in runs if id(run) not in tuning_only]
+    chart_sweep = sweep
+    if tuning_only:  # every tuned configuration at its chosen point: the tuned keys name no configuration
+        inside = {id(run) for t in tuned.sweeps for run in t.runs}
+        grid = {key for t in tuned.sweeps for key in t.grid} if all(id(r) in inside for r in runs) else set()
+        chart_sweep = Sweep(chart_runs, exclude=grid, config_keys=sweep.config_keys, strict=False)
+    try:
+        x = chart_sweep.main_dim(options.x)
+    except ValueError:
+        if chart_sweep is sweep or sweep.dim(options.x) is None:  # (raises where --x varies nowhere)
+            raise
+        x = chart_sweep.main_dim(None)  # --x names a tuned key: the seed runs have one value per configuration
+    if x is None and chart_sweep.dims:  # nothing numeric: the model (the first key) along the x axis, as points
+        x = next(iter(chart_sweep.swept_dims()), chart_sweep.dims[0])
+    facet = chart_sweep.facet_dim(x, options.facet)
+    ok = [r for r in chart_runs if r.ok]
     page = _Page()
-    sections: list[tuple[str, str, str]] = []  # (anchor, heading, html)
-    tuned = find_tuned(runs, root) if tuned is None else tuned
+    sections: list[tuple[str, str, str]] = []  # (anchor, heading, html; an Empty one is written as one line)
     groups = _groups(runs, sweep, tuned)
+    tuned_note = (
+        f" Of the tuned sweep{'s' if len(tuned.sweeps) > 1 else ''}, only the {len(seed_runs)} seed runs (each "
+        f"configuration at its chosen point), the runs Who wins compares; the {len(tuning_only)} other tuning "
+        "runs are in Tuning."
+        if tuning_only
+        else ""
+    )
 
-    top = headline_metrics(runs, options.metric)
-    column = x if x is not None and (x.numeric or len(sweep.dims) > 1) else None
+    top = headline_metrics(chart_runs, options.metric)
+    column = sweep.column_dim(options.x)
     head_html = []
     for name, plan, group_runs, group_sweep in groups:
-        group_column = column if group_sweep is sweep else _column(group_sweep, options.x)
+        group_column = column if group_sweep is sweep else group_sweep.column_dim(options.x, strict=False)
         level = "h4" if name else "h3"
         notes = list(plan.grid) if plan is not None else []
         part = [f"<h3>{_e(name)}</h3>"] if name else []
         part += [_tuned_html(plan)] if plan is not None else []
-        for metric in headline_metrics(group_runs, options.metric) if group_runs else []:
+        chosen = headline_metrics(group_runs, options.metric) if group_runs else []
+        declared = [options.metric] if options.metric is not None else declared_metrics(group_runs)
+        main = [m for m in chosen if m in declared] or chosen[:1]
+        for metric in main:
             table = headline(group_runs, group_sweep, metric, group_column, notes=notes)
-            part.append(f"<{level}>{_e(metric)}</{level}>{_headline_html(table)}")
-        if len(part) == bool(name) + (plan is not None):
+            where = _headline_note(metric, group_runs, options.metric)
+            part.append(
+                f'<{level}>{_e(metric)} <span class="tag">headline</span></{level}>'
+                f'<p class="note">The headline metric, {_e(where)}.</p>{_headline_html(table)}'
+            )
+        also = [m for m in chosen if m not in main]
+        if also:
+            tables = "".join(
+                f"<{level}>{_e(m)}</{level}>"
+                + _headline_html(headline(group_runs, group_sweep, m, group_column, notes=notes))
+                for m in also
+            )
+            part.append(
+                f'<details class="also"><summary>Also compared: {_e(", ".join(also))} (click to show)</summary>'
+                f"{tables}</details>"
+            )
+        if not chosen:
             part.append('<p class="note">No finished run reports a metric yet.</p>')
         head_html.append("".join(part))
     sections.append(("headline", "Who wins", "".join(head_html)))
-
     tuning_html = []
     for plan in tuned.sweeps:
         fig = figures.sensitivity_figure(plan)
@@ -720,22 +880,30 @@ def build_html(
     if pareto_html:
         sections.append(("pareto", "Cost", "".join(pareto_html)))
 
-    metrics = page_metrics(runs, top)
+    metrics = page_metrics(chart_runs, top)
     flat = {}  # metrics with one value in every finished run that reports them (softmax's row mass): named only
     for m in metrics[len(top) :]:
         values = {round(r.final(m), 9) for r in ok if r.final(m) is not None}
         if len(values) == 1:
             flat[m] = values.pop()
     metrics = [m for m in metrics if m not in flat]
+    categorical = x is None or not x.numeric
     if metrics and ok:
         note = (
             f'<p class="note">Final values against <b>{_e(x.name if x else "the runs")}</b>'
             + (f", one panel per <b>{_e(facet.name)}</b>" if facet else "")
-            + "; one line per combination of the other keys; error bars: 95 % t interval over seeds"
-            " (clipped to the metric's range); lines are shifted sideways a little so their intervals stay apart."
+            + (
+                "; one point per configuration (a categorical axis: points, never joined by lines)"
+                if categorical
+                else "; one line per combination of the other keys"
+            )
+            + "; error bars: 95 % t interval over seeds (clipped to the metric's range); "
+            + ("points" if categorical else "lines")
+            + " are shifted sideways a little so their intervals stay apart."
             " Click a legend entry to hide it in every panel, double-click to show only it."
+            + tuned_note
             + _chance_note(ok)
-            + _not_distributions(ok, sweep, metrics)
+            + _not_distributions(ok, chart_sweep, metrics)
             + (
                 f" The same in every run, not drawn: {_e(', '.join(f'{m} = {v:.4g}' for m, v in flat.items()))}."
                 if flat
@@ -743,62 +911,56 @@ def build_html(
             )
             + "</p>"
         )
-        sections.append(
-            ("final", "Final metrics", note + page.figure(figures.comparison_figure(runs, sweep, metrics, x, facet)))
-        )
+        fig = figures.comparison_figure(chart_runs, chart_sweep, metrics, x, facet)
+        sections.append(("final", "Final metrics", note + page.figure(fig)))
 
     search_dims = [d for d in sweep.label_dims(sweep.dims) if d.numeric and len(d.values) >= SEARCH_MIN_VALUES]
-    if search_dims and top:
-        fig = figures.search_figure(runs, sweep, top[0])
+    searched = optimized_metric(runs)  # (what a search optimised; the headline where no run reports it)
+    searched = searched if any(r.final(searched) is not None for r in runs if r.ok) else top[0] if top else None
+    if search_dims and searched:
+        fig = figures.search_figure(runs, sweep, searched)
         if fig is not None:
-            best = best_run(runs, top[0])
+            best = best_run(runs, searched)
             settings = ", ".join(d.label(best.value(d.key)) for d in sweep.label_dims(sweep.dims))
             note = (
-                f'<p class="verdict">Best run: {_e(best.name)} ({_e(settings)}): {_e(top[0])} = '
-                f"{_e(spec_for(top[0]).format(best.final(top[0])))}.</p>"
+                f'<p class="verdict">Best run: {_e(best.name)} ({_e(settings)}): {_e(searched)} = '
+                f"{_e(spec_for(searched).format(best.final(searched)))}.</p>"
                 f'<p class="note">Each point is one run ({_e(", ".join(d.name for d in search_dims))} took '
                 f"{SEARCH_MIN_VALUES} or more values, as in an Optuna search); the star is the best run.</p>"
             )
             sections.append(("search", "Search", note + page.figure(fig)))
 
-    length_fig = figures.length_figure(runs, sweep)
+    length_fig = figures.length_figure(chart_runs, chart_sweep)
     if length_fig is not None:
         note = (
             '<p class="note">Accuracy on the extra test sets of each length L (<code>task.datamodule.test_lengths'
             "</code>; right: loss, or bits per byte for language modelling), mean over seeds with the 95 % t "
-            "interval; the dashed vertical line marks the training length.</p>"
+            "interval; the dashed vertical line marks the training length."
+            + (
+                f" The headline is {_e(', '.join(m for m in top if '@' in m))}: the task declares its longest test "
+                "length as what it tests."
+                if any("@" in m for m in top[:1])
+                else ""
+            )
+            + tuned_note
+            + "</p>"
         )
         sections.append(("lengths", "Length generalisation", note + page.figure(length_fig, "fig-lengths")))
 
     init = [m for m in metrics_in("init") if any(r.init(m) is not None for r in ok)]
     if init:
-        fig = figures.comparison_figure(runs, sweep, init, x, facet, init=True)
+        fig = figures.comparison_figure(chart_runs, chart_sweep, init, x, facet, init=True)
         note = (
             '<p class="note">The attention diagnostics before the first step (step 0), by the same keys.'
-            + _not_distributions(ok, sweep, init)
+            + _not_distributions(ok, chart_sweep, init)
             + "</p>"
         )
         sections.append(("init", "At initialisation", note + page.figure(fig)))
 
-    curve_metrics = [m for m in metrics_in("curve") if any(run.curve(m)[0].size for run in runs)]
-    curve_facet = x if x is not None and len(x.values) <= 2 * figures.MAX_COLS else None
-    fig = figures.curves_figure(runs, sweep, curve_metrics, curve_facet) if curve_metrics else None
-    if fig is not None:
-        note = (
-            '<p class="note">Mean over seeds per configuration, with the 95 % band'
-            + (f"; one panel per <b>{_e(curve_facet.name)}</b>" if curve_facet else "")
-            + ". Failed runs count up to where they stopped.</p>"
-        )
-        sections.append(("curves", "Training curves", note + page.figure(fig)))
-    else:
-        why = " Here: no run has a metrics.jsonl." if not any(r.metric_log.row_count for r in runs) else ""
-        sections.append(("curves", "Training curves", f'<p class="note">No metrics.jsonl rows.{why}</p>'))
+    sections.append(("curves", "Training curves", _curves_section(page, chart_runs, chart_sweep, x, tuned_note)))
 
     rank_metric = top[0] if top else "val/acc_best"
     sections.append(("heads", "Per layer × head", _heads_section(page, runs, sweep, rank_metric)))
-    seed_runs = {id(run) for t in tuned.sweeps for run in t.seed_runs}
-    tuning_only = {id(run) for t in tuned.sweeps for run in t.tune_runs} - seed_runs
-    chart_runs = [run for run in runs if id(run) not in tuning_only]
     sections.append(("atlas", "What the heads do", _atlas_section(page, runs, sweep, rank_metric, chart_runs)))
     sections.append(("maps", "Attention maps", _maps_section(page, runs, sweep, rank_metric)))
     table_metrics = list(dict.fromkeys([*top, *metrics_in("table")]))
@@ -812,7 +974,8 @@ def build_html(
         )
     )
 
-    nav = "".join(f'<a href="#{a}">{_e(h)}</a>' for a, h, _ in sections)
+    muted = ' class="empty"'  # (a section with nothing to show: its link is muted)
+    nav = "".join(f'<a href="#{a}"{muted if isinstance(b, Empty) else ""}>{_e(h)}</a>' for a, h, b in sections)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -827,7 +990,15 @@ def build_html(
         *(f'<p class="meta warn">Warning: {_e(problem)}</p>' for problem in tuned.problems),
         f"<nav>{nav}</nav>",
     ]
-    parts += [f'<section id="{a}"><h2>{_e(h)}</h2>{body}</section>' for a, h, body in sections]
+    parts += [_section_html(a, h, body) for a, h, body in sections]
     parts += page.scripts
     parts += [f"<script>{_asset('page.js')}</script>", "</body></html>"]
     return "\n".join(parts) + "\n"
+
+
+def _section_html(anchor: str, heading: str, body: str) -> str:
+    """A section: its heading and body; a section with nothing to show (:class:`Empty`) is one line, its heading
+    and why (``Per layer × head: no run logged per-head diagnostics ...``)."""
+    if isinstance(body, Empty):
+        return f'<section id="{anchor}"><p class="empty"><b>{_e(heading)}</b>: {body}</p></section>'
+    return f'<section id="{anchor}"><h2>{_e(heading)}</h2>{body}</section>'

@@ -289,6 +289,9 @@ class Headline:
     rows: list[tuple[str, tuple[Any, ...]]]
     cells: dict[tuple[tuple[Any, ...], Any], Cell] = field(default_factory=dict)
     best: dict[Any, tuple[Any, ...]] = field(default_factory=dict)
+    attributes: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    """Per row: what its model's preset set (:meth:`Sweep.attributes_text`: ``normalizer=none ·
+    short_conv=4``), shown beside the row; empty where the sweep has no attributes."""
 
     def column_label(self, value: Any) -> str:
         return self.column.label(value) if self.column is not None else "all runs"
@@ -442,6 +445,9 @@ def headline(
         if not by_col:
             continue
         table.rows.append((label, key))
+        attributes = sweep.attributes_text(members)
+        if attributes:
+            table.attributes[key] = attributes
         for col, group in by_col.items():
             mean, half, n = core_stats.mean_ci(run.final(metric) for run in group)
             params = tuple(sorted({run.params for run in group if run.params is not None}))

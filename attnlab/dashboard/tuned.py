@@ -187,10 +187,11 @@ class Tuned:
 
 
 # ---------------------------------------------------------------------------------------------------- reading
-def find_tuned(runs: Sequence[Run], root: str | Path | None = None) -> Tuned:
+def find_tuned(runs: Sequence[Run], root: str | Path | None = None, config_keys: Sequence[str] | None = None) -> Tuned:
     """The tuned sweeps among ``runs``: every folder from ``root`` (default: the runs' common folder) down to the
     runs' parents that holds a ``tuned.json``, read, checked (see the module docstring) and matched to ``runs`` by
-    the path of each job. Nothing above ``root`` is read, nor any job's folder."""
+    the path of each job. Nothing above ``root`` is read, nor any job's folder. ``config_keys``: the keys that
+    define a configuration (the dashboard's ``--config-keys``) in each sweep's :class:`Sweep`."""
     found = Tuned()
     if not runs:
         return found
@@ -221,7 +222,7 @@ def find_tuned(runs: Sequence[Run], root: str | Path | None = None) -> Tuned:
     for tuned in found.sweeps:
         tuned.runs = [run for path, run in by_path.items() if _within(path, _abs(tuned.path))]
         configured = [run for c in tuned.configurations for run in c.runs]
-        tuned.sweep = Sweep(configured or tuned.runs, exclude=tuned.grid)
+        tuned.sweep = Sweep(configured or tuned.runs, exclude=tuned.grid, config_keys=config_keys, strict=False)
         dims = tuned.sweep.dims
         for c in tuned.configurations:
             first = next(iter(c.runs), None)

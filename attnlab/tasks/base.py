@@ -212,6 +212,31 @@ class SequenceTask(L.LightningDataModule):
 
     data_defaults: ClassVar[DataOptions] = DataOptions()
 
+    @classmethod
+    def headline_metric(cls, test_lengths: Sequence[int] | None = None, **options: Any) -> str:
+        """The one metric that a comparison on this task is read by (the dashboard's headline and "who wins", the
+        results table at the end of a run): the task's usual test metric, ``test/bpc`` for a language-modelling
+        task (:attr:`reports_bits`), else ``test/acc``; at the test length :meth:`headline_length` picks
+        (``test/acc@256``) where it picks one.
+
+        A class method: a reader of run folders (the dashboard) asks it from the task's name and the run's config
+        (``test_lengths`` and the other ``task.datamodule`` options as ``options``) without building the task; a
+        built task answers the same for ``task.headline_metric(task.test_lengths)``."""
+        base = "test/bpc" if cls.reports_bits else "test/acc"
+        lengths = tuple(int(n) for n in test_lengths or ())
+        length = cls.headline_length(lengths, **options) if lengths else None
+        return base if length is None else f"{base}@{length}"
+
+    @classmethod
+    def headline_length(cls, test_lengths: tuple[int, ...], **options: Any) -> int | None:
+        """Which of ``test_lengths`` (never empty here) the headline metric is read at, or None for the ordinary
+        test split (the default: the extra lengths are a length-generalisation chart, not the result).
+
+        The hook for a task whose result *is* a length: the state-tracking tasks take the longest (what they test
+        is tracking beyond the training length), and a needle task can return its effective length here, computed
+        from its own ``options`` (the ``task.datamodule`` keys of the run's config)."""
+        return None
+
     batch_size: _Option[int] = _Option()
     num_train: _Option[int] = _Option()
     num_val: _Option[int] = _Option()

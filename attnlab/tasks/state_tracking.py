@@ -25,6 +25,8 @@ uniform over the group. Every position has a label (no padding in any split).
 adds test sets of longer sequences (length generalisation, the claim these papers test); by default
 (``length_labels="beyond"``) only the positions at or after ``seq_len`` are labelled there, so ``test/acc@L`` is the
 accuracy on states the model never had to produce in training. ``length_labels="all"`` labels every position.
+With test lengths, a task's headline metric (:meth:`GroupTask.headline_length`: what the dashboard and the results
+table lead with) is ``test/acc`` at the longest of them.
 
 **Chance.** A model that tracks nothing can still copy the first token (``s_1 = g_1``) and guess after it: its
 accuracy is ``(1 + (T − 1)/|G|) / T`` on ``T`` labelled positions (:attr:`chance_accuracy`; exactly ``1/|G|`` on
@@ -99,6 +101,12 @@ class GroupTask(SequenceTask):
         self.seq_len = check_int("seq_len", seq_len, minimum=1)
         self.max_len = self.seq_len
         self.length_labels = check_choice("length_labels", length_labels, LENGTH_LABELS)
+
+    @classmethod
+    def headline_length(cls, test_lengths: tuple[int, ...], **options: Any) -> int | None:
+        """The longest test length: the claim these tasks test is tracking the state beyond the training length,
+        so ``test/acc@<longest>`` is their headline (:meth:`SequenceTask.headline_metric`)."""
+        return max(test_lengths)
 
     def _finish(self) -> None:
         self.vocab_size = self.order + 1

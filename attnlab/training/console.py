@@ -1,6 +1,8 @@
 """What a run says: one start line, a line per validation (:mod:`attnlab.training.progress`), the results table
 and the run folder at the end; all of it also in the run's ``train.log``. Libraries' routine messages (GPU/TPU
-availability, tips, checkpoint restores) are kept out of the output. Nothing here imports Lightning.
+availability, tips, checkpoint restores) are kept out of the output. Nothing here imports Lightning when imported
+(the results table asks the task registry for the task's headline metric, :func:`headline_metric`, when it is
+printed, where the summary does not record it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "bpc",
     "clock",
     "compact",
+    "headline_metric",
     "quiet_libraries",
     "results_line",
     "results_table",
@@ -153,12 +156,50 @@ def compact(n: float | None) -> str:
     return f"{n:.3g}P"
 
 
+def headline_metric(summary: Summary) -> str:
+    """The metric the run's task declares as its headline (:meth:`attnlab.tasks.base.SequenceTask.headline_metric`):
+    the summary's ``headline_metric`` where it records one, else the registered task's for the test lengths its
+    ``test/acc@L`` metrics name (``test/acc``; ``test/bpc`` for language modelling; ``test/acc@<longest>`` for a
+    state-tracking task with ``test_lengths``); the base class's rule for a task the registry does not know."""
+    recorded = getattr(summary, "headline_metric", None)
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    from attnlab.tasks import task_class
+    from attnlab.tasks.base import SequenceTask
+
+    lengths = sorted(
+        {int(length) for key in summary.metrics for head, _, length in [key.rpartition("@")] if length.isdigit()}
+    )
+    try:
+        cls = task_class(summary.task) if summary.task else SequenceTask
+    except ValueError:  # (UnknownNameError: a task of a module not imported here)
+        cls = SequenceTask
+    try:
+        return cls.headline_metric(lengths)
+    except Exception:  # (a declaration that breaks must not cost the results table)
+        return SequenceTask.headline_metric(lengths)
+
+
+def _metric_text(metrics: dict[str, Any], key: str) -> str:
+    """A metric as the results show it: bits per byte with three decimals, an accuracy as a percentage."""
+    return bpc(metrics, key) if key.split("@")[0].endswith("bpc") else _pct(metrics, key)
+
+
+def _column_name(key: str) -> str:
+    """``test acc@64`` for ``test/acc@64``."""
+    return key.replace("/", " ", 1)
+
+
 def results_line(summary: Summary) -> str:
-    """The results in one line (for train.log)."""
+    """The results in one line (for train.log): best val acc, test acc (and test bpc), then the task's headline
+    metric where it is another (``test acc@64 51.2% (headline)``: a state-tracking task with test lengths)."""
     m = summary.metrics
     line = f"{summary.status}: best val acc {_pct(m, 'val/acc_best')}, test acc {_pct(m, 'test/acc')}"
     if m.get("test/bpc") is not None:  # a language-modelling task (task=text)
         line += f", test bpc {bpc(m, 'test/bpc')}"
+    headline = headline_metric(summary)
+    if headline not in ("test/acc", "test/bpc") and m.get(headline) is not None:
+        line += f", {_column_name(headline)} {_metric_text(m, headline)} (headline)"
     return (
         line + f", {summary.steps} steps, {summary.wall_time_s or 0:.1f} s" + (" (smoke run)" if summary.smoke else "")
     )
@@ -166,23 +207,31 @@ def results_line(summary: Summary) -> str:
 
 def results_table(summary: Summary) -> Table:
     """The short results table printed at the end of a run (and for a complete run asked to resume); ``FLOPs/tok``
-    is the summary's ``flops_per_token`` (a training step's, forward and backward), ``-`` when not counted."""
+    is the summary's ``flops_per_token`` (a training step's, forward and backward), ``-`` when not counted.
+
+    The title names the task's headline metric (:func:`headline_metric`), the one a comparison is read by; where it
+    is none of the usual columns (``test acc@64``: a state-tracking task's longest test length), it is the first
+    metric column, marked ``★``."""
     caption = "SMOKE RUN (debug=fast): a handful of steps on tiny data to check that it runs, not a result"
+    m = summary.metrics
+    headline = headline_metric(summary)
     table = Table(
-        title=f"attnlab · {summary.task} · {summary.status}",
+        title=f"attnlab · {summary.task} · {summary.status} · headline: {_column_name(headline)}",
         title_justify="left",
         caption=caption if summary.smoke else None,
         caption_justify="left",
     )
-    m = summary.metrics
     bits = m.get("test/bpc") is not None  # a language-modelling task (task=text)
-    columns = ["attention", "d_k", "heads", "params", "FLOPs/tok", "steps", "best val acc", "test acc"]
-    columns += ["test bpc"] * bits
+    extra = headline not in ("test/acc", "test/bpc", "val/acc_best")  # (a test length's metric: a column first)
+    columns = ["attention", "d_k", "heads", "params", "FLOPs/tok", "steps"]
+    columns += [f"★ {_column_name(headline)}"] * extra
+    columns += ["best val acc", "test acc"] + ["test bpc"] * bits
     for col in [*columns, "time"]:
         table.add_column(col, justify="left" if col == "attention" else "right", no_wrap=col != "attention")
     pattern = f" · pattern {summary.pattern}" if summary.pattern else ""
     row = [f"{summary.attention or summary.variant}{pattern}", str(summary.d_k), str(summary.num_heads)]
     row += [f"{summary.params or 0:,}", compact(summary.flops_per_token), str(summary.steps)]
+    row += [_metric_text(m, headline)] * extra
     row += [_pct(m, "val/acc_best"), _pct(m, "test/acc")]
     row += [bpc(m, "test/bpc")] * bits
     table.add_row(*row, f"{summary.wall_time_s or 0:.1f} s")

@@ -773,6 +773,8 @@ class Run:
         s.status, s.reason = "running", None
         s.params = self.module.num_parameters
         s.chance_accuracy = getattr(self.module, "chance_accuracy", None)
+        headline = getattr(self.datamodule, "headline_metric", None)
+        s.headline_metric = headline(self.datamodule.test_lengths) if callable(headline) else None
         s.threads, s.torch = self.threads, torch.__version__
         s.device, s.world_size = str(self.trainer.strategy.root_device), self.trainer.world_size
         s.backends = self._backends()
