@@ -258,3 +258,26 @@ def test_a_comparison_sweeps_as_one_command(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     names = sorted(json.loads(p.read_text())["model"] for p in sweep.glob("*/summary.json"))
     assert names == ["a", "a", "b", "b"]
+
+
+def test_a_sweep_report_names_the_model_and_the_headline(tmp_path):
+    """The sweep's closing table names a comparison's model as the run recorded it (the folder name cannot hold its
+    ``/``) and puts the task's headline metric first: accuracy at the longest test length for parity."""
+    from attnlab.console import plain_console
+    from attnlab.training.multirun import _jobs_table
+
+    path = _write(tmp_path, "# @package _global_\ncompare:\n  models:\n    s: {variant: scaled_dot}\n", "par")
+    expand_compare(["-m", f"compare={path}"])
+    run = tmp_path / "0_compare=par_s,seed=0"
+    main(["compare=par/s", "task=parity", "task.datamodule.seq_len=8", "task.datamodule.test_lengths=[12,16]",
+          "task.datamodule.num_train=64", "task.datamodule.num_val=32", "task.datamodule.num_test=32",
+          "max_steps=2", "eval_every=2", "logger=none", "diagnostics.enabled=false", "results_table=false",
+          f"hydra.run.dir='{run}'"])  # fmt: skip
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["headline_metric"] == "test/acc@16" and summary["model"] == "s"
+    console = plain_console()
+    with console.capture() as captured:
+        console.print(_jobs_table(tmp_path, [{"job": run.name, "status": "ok", "wall_time_s": 1.0}]))
+    text = captured.get()
+    assert "model=s" in text and "compare=" not in text
+    assert "★ test acc@16" in text and f"{100 * summary['metrics']['test/acc@16']:.1f}%" in text

@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from attnlab.training.compare import expand_compare
 
+        given = list(args)
         args = expand_compare(args)  # (compare=<name>: its models as variant=<name>/<model>,...; named settings)
         check_group_choices(args, CONF_DIR)
         check_key_text(args)  # (a key that is not ASCII: the character, not the value's advice)
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     if dry:  # the plan and its cost; nothing is run or written (attnlab.training.plan)
         from attnlab.training.plan import dry_run
 
-        raise SystemExit(dry_run(args))
+        raise SystemExit(dry_run(args, given))
     sys.argv = [sys.argv[0] or str(Path("train.py")), *args]
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -173,32 +173,58 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title=f"sweep {sweep}", title_justify="left")
-    rows = []
+    rows, models, headlines = [], [], []
     for job in jobs:
         metrics: dict[str, Any] = {}
+        model = headline = None
         name = str(job.get("job"))
         inside = not Path(name).is_absolute() and ".." not in Path(name).parts  # (the journal is a file too)
         with contextlib.suppress(RunFileError, OSError, ValueError, TypeError):
             summary = RunFolder(sweep / name).read_summary() if inside else None
             metrics = summary.metrics if summary else {}
+            model = summary.model if summary else None
+            headline = summary.headline_metric if summary else None
         rows.append((job, metrics))
+        models.append(model)
+        headlines.append(headline)
     bits = any(metrics.get("test/bpc") is not None for _, metrics in rows)  # a language-modelling task (task=text)
-    labels = _varying(str(job.get("job")) for job, _ in rows)
+    labels = [
+        (number, _named_model(label, model))
+        for (number, label), model in zip(_varying(str(job.get("job")) for job, _ in rows), models, strict=True)
+    ]
+    # the task's headline metric (summary.json headline_metric: test/acc@128 for a state-tracking task tested
+    # beyond its training length), first, where it is not one of the columns already
+    named = sorted({h for h in headlines if h and h not in ("test/acc", "test/bpc")})
+    star = [f"★ {named[0].removeprefix('test/').replace('acc', 'test acc', 1)}"] if len(named) == 1 else []
+    star = star or (["★ headline"] if named else [])
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("varying keys", justify="left", overflow="fold")  # (never cut: folded onto more lines)
-    for col in ("status", "best val acc", "test acc", *["test bpc"] * bits, "wall time"):
+    for col in ("status", *star, "best val acc", "test acc", *["test bpc"] * bits, "wall time"):
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
-    for (job, metrics), (number, label) in zip(rows, labels, strict=True):
+    for (job, metrics), (number, label), headline in zip(rows, labels, headlines, strict=True):
         wall = job.get("wall_time_s")
+        value = metrics.get(headline) if headline else None
+        cell = "-" if value is None else bpc(metrics, headline) if "bpc" in headline else f"{100 * value:.1f}%"
+        if len(named) > 1 and headline:
+            cell += f" ({headline})"
         table.add_row(
             number,
             label,
             str(job.get("status")),
+            *([cell] if star else []),
             *(f"{100 * metrics[k]:.1f}%" if metrics.get(k) is not None else "-" for k in ("val/acc_best", "test/acc")),
             *[bpc(metrics, "test/bpc")] * bits,
             f"{wall:.1f} s" if isinstance(wall, int | float) else "-",
         )
     return table
+
+
+def _named_model(label: str, model: str | None) -> str:
+    """A job's label with a comparison's model named as the run recorded it: ``model=kda_beta2`` for the folder's
+    ``compare=state_tracking_kda_beta2`` (whose ``/`` a folder name cannot hold)."""
+    if model is None:
+        return label
+    return " ".join(f"model={model}" if part.startswith("compare=") else part for part in label.split(" "))
 
 
 def varying_keys(pairs: list[dict[str, str]]) -> list[str]:

@@ -1421,12 +1421,17 @@ def _machine_line(plan: Plan) -> str:
     return f"{machine.describe()}; {run} with {plan.threads} thread(s) {each}{why}".replace("  ", " ")
 
 
-def dry_run(argv: list[str]) -> int:
-    """``python train.py ... --dry-run``: print the plan; exit code 0, or 2 when every job would be refused."""
+def dry_run(argv: list[str], given: Sequence[str] | None = None) -> int:
+    """``python train.py ... --dry-run``: print the plan; exit code 0, or 2 when every job would be refused.
+    ``given``: the command line as typed, where ``argv`` is its expansion (``compare=<name>``:
+    :func:`attnlab.training.compare.expand_compare`); the plan names both."""
     from attnlab.console import printable
     from attnlab.training.config import ConfigError
 
     command = "python train.py " + " ".join(a for a in argv if a != "--dry-run")
+    if given is not None and list(given) != list(argv):
+        typed = "python train.py " + " ".join(a for a in given if a != "--dry-run")
+        command = f"{typed.strip()} (expanded: {' '.join(a for a in argv if a not in given)})"
     try:
         plan = plan_command(argv, log=lambda m: print(m, file=sys.stderr, flush=True))
     except ConfigError as exc:
