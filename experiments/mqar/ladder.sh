@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The MQAR difficulty ladder of experiments/mqar/README.md: pairs 6, 12, 24, 48 in sequences of 4 tokens per pair
 # (seq_len 24, 48, 96, 192; 48 keys and values), each attention variant of the variant space trained for the same steps, one seed.
-# Run folders go to ${OUT:-outputs/mqar_ladder}; the table is printed at the end.
-set -euo pipefail
-OUT=${OUT:-outputs/mqar_ladder}
-SEEDS=${SEEDS:-0}
+#   bash experiments/mqar/ladder.sh                     # ladder.csv in a new outputs/mqar/<date>_<time>_ladder/ ($OUT)
+#   PAIRS="6 12 24" bash experiments/mqar/ladder.sh     # only these rungs
+#   UPDATE=1 bash experiments/mqar/ladder.sh            # the published experiments/mqar/ladder.csv
+# The table is printed at the end. Knobs (environment):
+#   PAIRS="6 12 24 48"   the rungs (pairs)
+#   SEEDS=0              the seeds of each sweep
+#   and experiments/lib.sh's: OUT, UPDATE, RUNS, PY (DRY_RUN is not read)
+SEEDS=${SEEDS:-0}  # (before lib.sh, whose default is 0,1,2)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 declare -A VARIANTS=(
   [scaled_dot]="variant=scaled_dot"
   [rope]="variant=rope"
@@ -16,8 +21,8 @@ declare -A VARIANTS=(
 for pairs in ${PAIRS:-6 12 24 48}; do
   for name in scaled_dot rope alibi qk_rmsnorm sigmoid diff; do
     # shellcheck disable=SC2086
-    python train.py -m experiment=mqar task.datamodule.num_pairs=$pairs task.datamodule.seq_len=$((4 * pairs)) \
-        ${VARIANTS[$name]} seed="$SEEDS" hydra.sweep.dir="$OUT/p$pairs/$name"
+    $PY train.py -m experiment=mqar task.datamodule.num_pairs=$pairs task.datamodule.seq_len=$((4 * pairs)) \
+        ${VARIANTS[$name]} seed="$SEEDS" hydra.sweep.dir="$RUNS/p$pairs/$name"
   done
 done
-python experiments/mqar/summarize.py "$OUT" --csv experiments/mqar/ladder.csv
+$PY experiments/mqar/summarize.py "$RUNS" --csv "$RESULTS/ladder.csv"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Shift / Reverse / Sort under seven position schemes: one short run each (one seed), sequential, one thread.
-# Usage: bash experiments/position_tasks/run.sh [max_steps]   (default 1000; run folders under $OUT, default /tmp/postasks)
+#   bash experiments/position_tasks/run.sh [max_steps]   # default 1000; run folders in a new outputs/position_tasks/<date>_<time>_run/runs/
+#   OUT=outputs/position_tasks/<an earlier run> bash experiments/position_tasks/run.sh   # continues it: finished runs are skipped
 # Prints the test-accuracy table (test/acc: padded lengths 1..32 as in training; test/acc@32 and @64: sequences of
-# exactly 32 and 64 tokens, the latter longer than any training sequence).
-set -euo pipefail
-cd "$(dirname "$0")/../.."
+# exactly 32 and 64 tokens, the latter longer than any training sequence). It writes no published file (UPDATE
+# changes nothing here; DRY_RUN is not read).
+# Knobs (environment): experiments/lib.sh's OUT, RUNS, PY; the steps are the first argument.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 STEPS=${1:-1000}
-OUT=${OUT:-/tmp/postasks}
-mkdir -p "$OUT"
-PY=${PY:-.venv/bin/python}
+mkdir -p "$RUNS"
 declare -A SCHEME=(
   [sinusoidal]=""
   [learned]="model.pos_encoding=learned"
@@ -21,7 +21,7 @@ declare -A SCHEME=(
 ORDER="sinusoidal learned none rope shaw t5 alibi"
 for task in shift reverse sort; do
   for scheme in $ORDER; do
-    dir="$OUT/${task}_${scheme}"
+    dir="$RUNS/${task}_${scheme}"
     [ -f "$dir/summary.json" ] && { echo "skip $dir (done)"; continue; }
     # shellcheck disable=SC2086
     $PY train.py task=$task ${SCHEME[$scheme]} logger=none diagnostics.enabled=false results_table=false threads=1 \
@@ -31,7 +31,7 @@ for task in shift reverse sort; do
     echo "done $task $scheme"
   done
 done
-$PY - "$OUT" $ORDER <<'PY'
+$PY - "$RUNS" $ORDER <<'PY'
 import json, sys
 from pathlib import Path
 out, schemes = Path(sys.argv[1]), sys.argv[2:]

@@ -5,12 +5,17 @@
 # and 128 (only the positions beyond 32 scored); then S3 at ONE layer for the delta rule with one Householder step a
 # token (DeltaNet, Gated DeltaNet, beta in (0, 2)) against two and three (DeltaProduct). Every model: the tuned protocol
 # (lr 3e-3 or 1e-2 by val/acc_best on seed 0, then seeds 1, 2, 3), 300 steps of batch 64.
-#   bash experiments/state_tracking/run.sh             # about 30 min on 2 CPU cores; summary.csv
+#   bash experiments/state_tracking/run.sh             # about 31 min on 2 CPU cores
 #   DRY_RUN=1 bash experiments/state_tracking/run.sh   # each sweep's --dry-run estimate and their sum; runs nothing
-#   python experiments/state_tracking/analyze.py       # tables, paired differences, figure.png from summary.csv
-# Run folders go to $RUNS (default outputs/state_tracking).
+#   UPDATE=1 bash experiments/state_tracking/run.sh    # the same, writing the published summary.csv and figure.png
+#   python experiments/state_tracking/analyze.py       # tables, paired differences, figure.png from the published CSV
+# Writes a new folder, outputs/state_tracking/<date>_<time>_run/ ($OUT): summary.csv, figure.png (analyze.py on this
+# run), runs/ (the run folders); UPDATE=1 writes summary.csv and figure.png to experiments/state_tracking/.
+# Knobs (environment):
+#   MODELS="deltanet kda"   only these models' parity and mod-3 sweeps (names of ORDER below), and no S3 sweeps
+#   GRID=3e-3,1e-2          the learning-rate grid
+#   and experiments/lib.sh's: OUT, UPDATE, RUNS, PY, DRY_RUN, TUNED_SEEDS, TUNE_METRIC, TUNE_DIRECTION
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
-RUNS=${RUNS:-outputs/state_tracking}
 GRID=${GRID:-3e-3,1e-2}
 common="experiment=state_tracking"
 rec="model.pos_encoding=none model.short_conv=4"  # the recurrent forms: no position encoding (their order is their own)
@@ -45,4 +50,5 @@ if [ -z "${MODELS:-}" ]; then
   # shellcheck disable=SC2086
   tuned s3_product $s3 variant=deltaproduct variant.params.beta_range=2 variant.params.householder_steps=2,3
 fi
-finish state_tracking
+finish
+in_results experiments/state_tracking/analyze.py || echo "analyze.py could not read $RESULTS/summary.csv"
