@@ -369,8 +369,9 @@ def test_bad_arguments_raise_one_line_value_errors(cls: type, kwargs: dict[str, 
 
 @pytest.mark.usefixtures("restore_process_state")
 def test_one_deltanet_layer_with_negative_eigenvalues_learns_parity(tmp_path: Path) -> None:
-    """DeltaNet with beta in (0, 2) (Grazzi et al. 2025) tracks parity on 8 tokens in 200 steps: far above the
-    copy-first baseline (0.5625), which is all that the labels' distribution gives."""
+    """DeltaNet with beta in (0, 2) (Grazzi et al. 2025) tracks parity on 8 tokens in 300 steps: far above the
+    copy-first baseline (0.5625), which is all that the labels' distribution gives. (200 steps were enough on the
+    AMD EPYC this was written on; on an Intel Xeon seed 0 stood at 0.84 after 200 and at 1.0 after 300.)"""
     summary = train_task(
         tmp_path,
         "parity",
@@ -380,8 +381,8 @@ def test_one_deltanet_layer_with_negative_eigenvalues_learns_parity(tmp_path: Pa
         "threads=1",
         "lr=1e-2",
         "batch_size=32",
-        "max_steps=200",
-        "eval_every=200",
+        "max_steps=300",
+        "eval_every=300",
         "diagnostics.enabled=false",
         "task.datamodule.seq_len=8",
         "task.datamodule.test_lengths=[12]",

@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     ``--dry-run`` anywhere on the line: print the plan and its estimated minutes instead (nothing is run or written;
     :mod:`attnlab.training.plan`). Ctrl-C or
     SIGTERM during a multirun ends it with its report (the jobs so far) and exit code 130, as a single run ends."""
-    from attnlab.training.multirun import failed_jobs, report_interrupted, signalled
+    from attnlab.training.multirun import failed_jobs, new_command, report_interrupted, signalled
 
+    new_command()
     args = list(sys.argv[1:] if argv is None else argv)
     dry = "--dry-run" in args
     args = [a for a in args if a != "--dry-run"]

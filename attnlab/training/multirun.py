@@ -272,6 +272,12 @@ def failed_jobs() -> int:
     return int(_state["failed"])
 
 
+def new_command() -> None:
+    """Forget what a command run before in this process left (its failed jobs, its signal): a second
+    :func:`attnlab.training.cli.main` in one process (a notebook, a test) is judged by its own jobs."""
+    _state["failed"], _state["signalled"], _state["sweep"] = 0, False, None
+
+
 def head_step_on(cfg: DictConfig, multirun: bool) -> bool:
     """Whether the run ends with the head step (head importance and the pruning curves): ``diagnostics.importance``
     true, or ``auto`` (the default) in a single run that is not a smoke run (``debug=fast``). In a sweep the step
