@@ -306,9 +306,18 @@ class Machine:
         return max(1, min(self.cores, math.floor(cpus - self.busy + 0.5)))
 
     @property
+    def taken(self) -> float:
+        """Of :attr:`cores`, how much other work takes now: the busy CPUs beyond those this process's quota leaves
+        spare (under a quota of 4 cores on 64 CPUs, 10 busy CPUs take none of its 4), 0 where not measured."""
+        if not self.busy:
+            return 0.0
+        cpus = self.cpus if self.cpus is not None else self.cores
+        return max(0.0, self.cores - max(0.0, cpus - self.busy))
+
+    @property
     def is_busy(self) -> bool:
-        """Whether other work keeps more than :data:`BUSY_FRACTION` of the cores busy."""
-        return self.busy is not None and self.busy > BUSY_FRACTION * min(self.cores, self.cpus or self.cores)
+        """Whether other work takes more than :data:`BUSY_FRACTION` of this process's cores (:attr:`taken`)."""
+        return self.busy is not None and self.taken > BUSY_FRACTION * self.cores
 
     def describe(self) -> str:
         """``2 cores for this process, 1.7 busy with other work now (load 3.9)``."""

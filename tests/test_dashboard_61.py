@@ -351,3 +351,24 @@ def test_a_section_with_nothing_to_show_is_one_line(forms_html: str) -> None:
     assert '<a href="#maps" class="empty">' in forms_html
     atlas = _section(forms_html, "atlas")
     assert '<p class="empty"><b>Pruning</b>: no run wrote pruning.json' in atlas and "<h3>Pruning</h3>" not in atlas
+
+
+def test_a_key_that_follows_the_model_is_never_the_main_key_whoever_set_it():
+    """Three models with ``model.short_conv=4`` on their command lines beside rwkv7 at its preset's 2 (the pattern
+    of experiments/state_tracking/run.sh): short_conv follows the model in every run, so a split by it would put
+    rwkv7 alone in a column; it is a preset key, never the main key or the headline's columns."""
+    from attnlab.dashboard.dims import Sweep
+
+    runs = []
+    for i, (variant, conv, given) in enumerate(
+        [("kda", 4, True), ("deltanet", 4, True), ("scaled_dot", 4, True), ("rwkv7", 2, False)] * 2
+    ):
+        overrides = [f"variant={variant}", f"seed={i // 4}"] + (["model.short_conv=4"] if given else [])
+        config = {"variant": {"name": variant}, "model": {"short_conv": conv}, "seed": i // 4}
+        summary = {"status": "ok", "model": variant, "overrides": overrides, "metrics": {"test/acc": 0.5}}
+        runs.append(Run(Path(f"r{i}"), f"r{i}", config, summary))
+    sweep = Sweep(runs)
+    assert "model.short_conv" in sweep.preset_keys or "model.short_conv" in sweep.derived
+    assert sweep.main_dim() is None or sweep.main_dim().key != "model.short_conv"
+    column = sweep.column_dim()
+    assert column is None or column.key != "model.short_conv"

@@ -288,7 +288,7 @@ def test_a_real_load_on_every_core_makes_auto_pick_one_thread_and_the_plan_say_s
         _stop(loops)
     out = capsys.readouterr().out
     assert "busy with other work now" in out and "the job will run with 1 thread(s)" in out
-    assert "note: this machine is busy: other work keeps" in out
+    assert "note: this machine is busy: other work takes" in out
     assert "wait for the other work to end" in out and "threads=auto chose 1 thread a job already" in out
 
 
@@ -454,3 +454,17 @@ def test_hydras_error_for_a_missing_plugins_config_becomes_one_line_naming_the_c
         "install -e '.[slurm]' (the plan reads the launcher's settings from it; no cluster is needed)"
     )
     assert missing_plugin("Could not override 'd_kk'", []) is None
+
+
+def test_under_a_quota_busy_cpus_beyond_it_take_nothing():
+    """A process with a quota of 4 cores on 64 CPUs: 10 busy CPUs leave its 4 cores free, so the machine is not
+    busy for it and it keeps 4 threads; 62 busy CPUs take 2 of its 4 (busy); on 2 cores, 1.7 busy takes 1.7."""
+    from attnlab.cores import Machine
+
+    roomy = Machine(cores=4, busy=10.0, cpus=64)
+    assert (roomy.free, roomy.taken, roomy.is_busy) == (4, 0.0, False)
+    tight = Machine(cores=4, busy=62.0, cpus=64)
+    assert tight.free == 2 and tight.taken == pytest.approx(2.0) and not tight.is_busy  # (half: not more than)
+    assert Machine(cores=4, busy=63.0, cpus=64).is_busy
+    laptop = Machine(cores=2, busy=1.7)
+    assert laptop.free == 1 and laptop.taken == pytest.approx(1.7) and laptop.is_busy

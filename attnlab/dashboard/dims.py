@@ -283,9 +283,13 @@ class Sweep:
                 self.derived[key] = owner
             else:
                 self.pooled[key] = tuple(sorted(set(column[key]), key=_sort_key))
-        self.preset_keys: frozenset[str] = frozenset(key for key in kept if _preset_key(key, column, kept, setters))
+        self.preset_keys: frozenset[str] = frozenset(
+            key for key in kept if _preset_key(key, column, kept, setters) or _follows(key, column, kept)
+        )
         """The dimensions that only a run's command line changed from its model's preset (see the module
-        docstring): never the default main key, headline columns or panels."""
+        docstring), and those whose value follows another, categorical, dimension in every run, whoever set it (a
+        sweep of kda, deltanet and softmax with ``model.short_conv=4`` beside rwkv7's preset 2): never the default
+        main key, headline columns or panels, since a split that follows the rows' own key compares nothing."""
         names = _display_names(kept)
         self.dims: list[Dimension] = [
             Dimension(key, names[key], tuple(sorted(set(column[key]), key=_sort_key))) for key in kept
@@ -483,6 +487,19 @@ def _preset_key(key: str, column: dict[str, list[Any]], kept: Sequence[str], set
         other != key and _categorical(column[other]) and _function_of(values, [column[other][i] for i in free])
         for other in kept
     )
+
+
+def _follows(key: str, column: dict[str, list[Any]], kept: Sequence[str]) -> bool:
+    """Whether the dimension ``key`` is a function of another kept, categorical, dimension over every run (where
+    two follow each other, the one first in ``kept``'s order, the variant before the others, is not the follower)."""
+    for other in kept:
+        if other == key or not _categorical(column[other]) or len(set(column[other])) < 2:
+            continue
+        if _function_of(column[key], column[other]):
+            mutual = _function_of(column[other], column[key])
+            if not mutual or kept.index(other) < kept.index(key):
+                return True
+    return False
 
 
 def _hashable(value: Any) -> Any:

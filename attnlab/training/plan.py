@@ -549,7 +549,8 @@ def _closing_notes(plan: Plan) -> list[str]:
         chosen = " (threads=auto chose 1 thread a job already)" if threads == 1 and plan.choice is not None else ""
         slowed = "the timing here" if plan.remote else "each step timed here (and the run, if it starts now)"
         notes.append(
-            f"this machine is busy: other work keeps {machine.busy:.1f} of its {machine.cores} core(s) busy now, so "
+            f"this machine is busy: other work takes {machine.taken:.1f} of the {machine.cores} core(s) this "
+            f"process may have, so "
             f"{slowed} is slower than on an idle machine; to go faster: {', or '.join(tries)}{chosen}"
         )
     after = plan.machine_after
