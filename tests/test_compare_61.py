@@ -9,6 +9,7 @@ read from its file by hand."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,10 @@ def test_the_expansion(tmp_path):
     [
         (["compare=nope"], "unknown comparison 'nope'"),
         (["compare=prec"], "has 3 models (k, r, s): run them with -m"),
-        (["-m", "compare=prec/x"], "no such model of the comparison prec"),
+        (["-m", "compare=prec/x"], "no model x in the comparison prec"),
+        (["-m", "compare=prec/k,state_tracking/rwkv7"], "compare= takes one comparison"),
+        (["-m", "compare=prec", "hparams_search=optuna"], "an Optuna search would pick among them"),
+        (["-m", "compare=prec", "hydra/sweeper=optuna"], "an Optuna search would pick among them"),
         (["-m", "compare=prec", "variant=kda"], "variant= beside compare="),
         (["-m", "compare=prec", "compare=prec"], "compare= is given twice"),
         (["-m", "compare=/no/such/file.yaml"], "no such file"),
@@ -276,3 +280,61 @@ def test_a_sweep_report_names_the_model_and_the_headline(tmp_path):
     text = captured.get()
     assert "model=s" in text and "compare=" not in text
     assert "★ test acc@16" in text and f"{100 * summary['metrics']['test/acc@16']:.1f}%" in text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("compare: {models: {a: {variant: scaled_dot, model.shortconv: 4}}}\n", "did you mean 'model.short_conv'"),
+        ("compare: {models: {a: {variant: scaled_dot}}}\nlrr: 0.1\n", "the shared settings sets 'lrr'"),
+        ("compare: {models: {a: {variant: kda, variant.params.beta: 2}}}\n", "'variant.params.beta'"),
+    ],
+)
+def test_a_key_the_config_lacks_is_refused_not_dropped(tmp_path, text, message):
+    """A typo in a comparison file (a model's own key or a shared one) is one line naming it and the closest key;
+    the same key is accepted where the model's config has it."""
+    path = _write(tmp_path, "# @package _global_\n" + text, "typo")
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        expand_compare(["-m", f"compare={path}"])
+    assert "\n" not in str(info.value)
+
+
+def test_group_content_choices_and_file_models(tmp_path):
+    """A mapping under a group's name is its content, a string its choice; a file's model is picked with
+    ``<file>.yaml:<model>``; a file may not take a shipped comparison's name."""
+    text = (
+        "# @package _global_\ncompare:\n  models:\n"
+        "    a: {variant: kda, task: {datamodule: {num_train: 64}}, variant.params: {beta_range: 2}}\n"
+        "    b: {variant: scaled_dot, position_bias: alibi}\n"
+    )
+    path = _write(tmp_path, text, "groups")
+    assert expand_compare([f"compare={path}:a", "debug=fast"]) == ["compare=groups/a", "debug=fast"]
+    a, b = _compose("compare=groups/a"), _compose("compare=groups/b")
+    assert (a.task.datamodule.num_train, a.variant.params.beta_range, a.task.name) == (64, 2, "digits")
+    assert b.position_bias.name == "alibi"
+    clash = _write(tmp_path, text, "state_tracking")
+    with pytest.raises(ConfigError, match="is a comparison of conf/compare already"):
+        expand_compare(["-m", f"compare={clash}"])
+
+
+def test_a_tuned_sweeps_table_names_the_model_and_reads_the_headline(tmp_path, capsys):
+    """The tuned sweeper's closing table: a comparison's model by its name, and the seeds' mean of the task's
+    headline metric (parity's accuracy at its longest test length), not the training length's."""
+    from attnlab.training.tuned import _print_plan
+
+    path = _write(tmp_path, "# @package _global_\ncompare:\n  models:\n    s: {variant: scaled_dot}\n", "tun")
+    expand_compare(["-m", f"compare={path}"])
+    sweep = tmp_path / "sweep"
+    main(["compare=tun/s", "task=parity", "task.datamodule.seq_len=8", "task.datamodule.test_lengths=[16]",
+          "task.datamodule.num_train=64", "task.datamodule.num_val=32", "task.datamodule.num_test=32",
+          "max_steps=2", "eval_every=2", "logger=none", "diagnostics.enabled=false", "results_table=false",
+          f"hydra.run.dir={sweep / 'seeds' / '0_s'}"])  # fmt: skip
+    metrics = json.loads((sweep / "seeds" / "0_s" / "summary.json").read_text())["metrics"]
+    plan = {"metric": "val/acc_best", "tune_seed": 0, "configurations": [
+        {"label": "compare=tun/s", "best": {"lr": 0.003}, "tune": [{"point": {"lr": 0.003}, "value": 0.5}],
+         "seeds": [{"job": "seeds/0_s"}]}]}  # fmt: skip
+    capsys.readouterr()
+    _print_plan(plan, sweep)
+    out = capsys.readouterr().out
+    assert "model=s" in out and "★ test acc@16 (seeds)" in out
+    assert f"{100 * metrics['test/acc@16']:.1f}" in out

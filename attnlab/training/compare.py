@@ -17,6 +17,7 @@ sweep::
     python train.py -m compare=state_tracking --dry-run    # its plan, and the settings that differ between models
     python train.py -m compare=state_tracking hydra/sweeper=tuned   # each model tuned first, then its seeds
     python train.py compare=state_tracking/rwkv7           # one model of it, one run
+    python train.py compare=path/to/mine.yaml:a            # one model of a file of yours
     python -m attnlab.compare [state_tracking]             # the named models and comparisons there are
 
 The file is a Hydra config (``# @package _global_``) whose settings every model shares (its ``defaults`` list may
@@ -28,7 +29,10 @@ select groups: ``override /task: parity``), with one block that attnlab reads::
         softmax: {variant: scaled_dot, model.pos_encoding: rope, normalizer: softmax1}
       seeds: [0, 1, 2]         # the sweep's seeds (hydra/sweeper=tuned keeps its own: 1, 2, 3 after tuning on 0)
 
-A model's keys are config keys (dotted or nested) or a group's name (``normalizer: softmax1``: a group choice).
+A model's keys are config keys (dotted or nested) or a group's name (``normalizer: softmax1``: a group choice; a
+mapping under a group's name, ``task: {datamodule: {...}}``, is that group's content). Every key the file sets must
+be one the model's config has (:func:`check_comparison_keys`: a typo is one line, never dropped); a file of yours
+may not take the name of a comparison of ``conf/compare``.
 
 Why not Hydra's sweep over ``variant``: a sweep is a product of values, and a comparison is a list of models that
 each change different keys (one needs ``model.pos_encoding=rope``, another ``beta_range=2``). Each model is therefore
@@ -41,11 +45,14 @@ model the same convolution, whatever its preset turns on), and ``debug=fast`` an
 them. ``compare=<name>`` is expanded (:func:`expand_compare`) before Hydra sees the command line into
 ``compare=<name>/<m1>,<name>/<m2>,... seed=<seeds>``; ``compare=<name>/<m1>,<name>/<m2>`` runs some of the models,
 ``seed=`` replaces the file's seeds, and ``variant=`` beside ``compare=`` is refused (the models choose their
-variants). The job's config holds ``compare: {name, model}``. Every comparison of ``conf/compare`` is registered
-whenever a command line is read, so a resume (``compare=state_tracking/kda_beta2`` among the run's recorded
-overrides) composes as the run did; a comparison in a file of yours is named again on a resume's command line
-(``resume=true hydra.run.dir=<run> compare=path/to/file.yaml``: registered, and the run's own model applies); its
-models are ``compare=<the file's stem>/<model>``.
+variants), as are several models under an Optuna search (``hparams_search=optuna``: it would search over the
+models and the seeds as parameters; search one model, ``compare=<name>/<model>``). ``experiment=`` comes before
+``compare`` in the defaults list: the comparison's settings win over an experiment's. The job's config holds
+``compare: {name, model}``. Every comparison of ``conf/compare`` is registered whenever a command line is read, so
+a resume (``compare=state_tracking/kda_beta2`` among the run's recorded overrides) composes as the run did; a
+comparison in a file of yours is named again on a resume's command line (``resume=true hydra.run.dir=<run>
+compare=path/to/file.yaml``: registered, and the run's own model applies); its models are
+``compare=<file>.yaml:<model>`` on a command line, ``compare=<the file's stem>/<model>`` in a run's overrides.
 """
 
 from __future__ import annotations
@@ -151,6 +158,12 @@ def load_comparison(name_or_path: str) -> Comparison:
             + " (conf/compare), or a file of yours: compare=path/to/file.yaml"
         )
     name = path.stem
+    shipped = COMPARE_DIR / f"{name}.yaml"
+    if is_path and shipped.is_file() and path.resolve() != shipped.resolve():
+        raise ConfigError(
+            f"compare={text}: its name, {name}, is a comparison of conf/compare already (its runs would be "
+            "read as that one's): rename the file"
+        )
     if not _NAME.fullmatch(name):
         raise ConfigError(f"{path}: a comparison's file name must be letters, digits, _ . - (it names its runs)")
     try:
@@ -206,7 +219,7 @@ def _nested(spec: dict[str, Any], where: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in spec.items():
         key = str(key)
-        if key in GROUPS:
+        if key in GROUPS and not isinstance(value, dict):  # a group's choice (a mapping: the group's content)
             if not isinstance(value, str) or value not in _group_options(key):
                 raise ConfigError(f"{where}.{key}: {value!r} is not an option of conf/{key}")
             out[f"/{key}"] = value
@@ -319,63 +332,136 @@ def _split(arg: str) -> tuple[str, str]:
     return key.lstrip("+~").removeprefix("override ").strip(), value.strip()
 
 
+def _parse_wanted(value: str) -> tuple[Comparison, list[str], bool]:
+    """``compare=``'s value as (the comparison, the models asked for, whether it named the whole comparison):
+    ``<name>`` or a file (every model), ``<name>/<model>,<name>/<model>`` (a comparison of ``conf/compare``, or of
+    a file registered in this process), ``<file>.yaml:<model>,<file>.yaml:<model>`` (a file's models)."""
+    items = [v.strip().strip("'\"") for v in value.split(",")]
+    parsed = []
+    for item in items:
+        path, colon, model = item.rpartition(":")
+        if colon and path.endswith((".yaml", ".yml")):
+            parsed.append((path, model))
+        elif item.endswith((".yaml", ".yml")) or "/" not in item:
+            parsed.append((item, None))
+        else:
+            source, _, model = item.rpartition("/")
+            parsed.append((source, model))
+    sources = {source for source, _ in parsed}
+    if len(sources) > 1:
+        raise ConfigError(
+            "compare= takes one comparison, or models of one (compare=<name>/<model>,<name>/<model>), "
+            f"got {', '.join(sorted(sources))}"
+        )
+    (source,) = sources
+    comparison = _LOADED.get(source) or load_comparison(source)
+    if any(model is None for _, model in parsed):
+        if len(parsed) > 1:
+            raise ConfigError(f"compare={value}: name the comparison once, or some of its models, not both")
+        return comparison, list(comparison.models), True
+    models = [model for _, model in parsed]
+    unknown = [m for m in models if m not in comparison.models]
+    if unknown:
+        raise ConfigError(
+            f"compare={value}: no model {', '.join(unknown)} in the comparison {comparison.name} "
+            f"(its models: {', '.join(comparison.models)})"
+        )
+    return comparison, models, False
+
+
 def expand_compare(args: Sequence[str]) -> list[str]:
     """The command line with ``compare=<name or file>`` expanded (see the module docstring): the comparison
-    registered, and the override replaced by ``compare=<name>/<m1>,<name>/<m2>,...`` (a model given as
-    ``compare=<name>/<model>`` is left as it is) and, with ``-m``, ``seed=<the file's seeds>`` unless the command
-    line gives ``seed=`` (the tuned sweeper keeps its own ``seeds``, which leave out its tuning seed). A single run
-    (no ``-m``) runs one model. The named settings and every comparison of ``conf/compare`` are registered first,
-    whatever the command line."""
+    registered and its keys checked, and the override replaced by ``compare=<name>/<m1>,<name>/<m2>,...`` (every
+    model, or those named: ``compare=<name>/<model>``, ``compare=<file>.yaml:<model>``) and, with ``-m``,
+    ``seed=<the file's seeds>`` unless the command line gives ``seed=`` (the tuned sweeper keeps its own ``seeds``,
+    which leave out its tuning seed). A single run (no ``-m``) runs one model; an Optuna search one model, on the
+    seed it is given (it would search over the models and seeds otherwise). The named settings and every comparison
+    of ``conf/compare`` are registered first, whatever the command line; ``compare=null`` and ``~compare`` are
+    Hydra's."""
     register_named_models()
     args = list(args)
     given = [(i, *_split(a)) for i, a in enumerate(args) if "=" in a and not a.startswith("-")]
-    compares = [(i, v) for i, k, v in given if k == "compare"]
+    compares = [(i, v) for i, k, v in given if k == "compare" and not args[i].startswith("~")]
+    compares = [(i, v) for i, v in compares if v.strip("'\"") not in ("null", "")]
     if not compares:
         return args
     if len(compares) > 1:
         raise ConfigError("compare= is given twice; a command runs one comparison")
     index, value = compares[0]
-    wanted = [v.strip().strip("'\"") for v in value.split(",")]
     if any(k == "variant" for _, k, _ in given):
         raise ConfigError(
             "variant= beside compare=: a comparison's models choose their variants; to run some of its models, "
             "name them: compare=<comparison>/<model>,<comparison>/<model>"
         )
-    name = wanted[0].rsplit("/", 1)[0] if not wanted[0].endswith((".yaml", ".yml")) and "/" in wanted[0] else wanted[0]
-    if all(w.rsplit("/", 1)[0] == name and "/" in w for w in wanted) and not name.endswith((".yaml", ".yml")):
-        whole = False
-        comparison = _LOADED.get(name) or load_comparison(name)  # compare=<name>/<model>,...: the models named
-        models = [w.rsplit("/", 1)[1] for w in wanted]
-        unknown = [m for m in models if m not in comparison.models]
-        if unknown:
-            raise ConfigError(
-                f"compare={comparison.name}/{','.join(unknown)}: no such model of the comparison {comparison.name} "
-                f"(its models: {', '.join(comparison.models)})"
-            )
-    elif len(wanted) == 1:
-        whole = True
-        comparison = _LOADED.get(wanted[0]) or load_comparison(wanted[0])
-        models = list(comparison.models)
-    else:
-        raise ConfigError("compare= takes one comparison (or models of one: compare=<name>/<model>,...)")
+    comparison, models, whole = _parse_wanted(value)
     register_comparison(comparison)
+    check_comparison_keys(comparison)
     values = {k: v.lower() for _, k, v in given}
     if whole and (values.get("resume") == "true" or values.get("ckpt_path") == "last"):
         del args[index]  # a resume: the comparison registered; the run's own compare=<name>/<model> applies
         return args
     multirun = any(a in ("-m", "--multirun") for a in args)
-    if not multirun and len(models) > 1:
+    optuna = any((k == "hparams_search" or k == "hydra/sweeper") and "optuna" in v for _, k, v in given)
+    if (not multirun or optuna) and len(models) > 1:
+        why = "an Optuna search would pick among them as a parameter" if optuna and multirun else "run them with -m"
         raise ConfigError(
-            f"compare={comparison.name} has {len(models)} models ({', '.join(models)}): run them with -m, or one "
-            f"of them: compare={comparison.name}/<model>"
+            f"compare={comparison.name} has {len(models)} models ({', '.join(models)}): {why}, or one of them: "
+            f"compare={comparison.name}/<model>"
         )
     expanded = [f"compare={','.join(comparison.option(m) for m in models)}"]
     keys = {k for _, k, _ in given}
     tuned = any(k == "hydra/sweeper" and v == "tuned" for _, k, v in given)
-    if multirun and comparison.seeds is not None and not tuned and "seed" not in keys:
+    if multirun and comparison.seeds is not None and not tuned and not optuna and "seed" not in keys:
         expanded.append(f"seed={','.join(str(s) for s in comparison.seeds)}")
     args[index : index + 1] = expanded
     return args
+
+
+def check_comparison_keys(comparison: Comparison) -> None:
+    """Every key the comparison's file sets, shared or a model's own, is a key of the config that model composes
+    (its variant and the file's group choices, before the file's settings), else one line with the closest key:
+    a typo is never dropped silently. A key the config lacks (a custom task's option) is added on the command line
+    (``+task.datamodule.length=8``), as for a single run."""
+    import difflib
+
+    from attnlab.training.plan import _compose
+
+    shared = {k: v for k, v in comparison.shared.items() if k not in ("defaults", "hydra")}
+    groups = [_default_text(d) for d in comparison.shared.get("defaults", []) if isinstance(d, dict)]
+    known_by: dict[tuple[str, ...], set[str]] = {}
+    for model, (variant, own) in comparison.models.items():
+        choices = tuple(
+            [f"variant={variant}", *groups, *(f"{k.lstrip('/')}={v}" for k, v in own.items() if k.startswith("/"))]
+        )
+        if choices not in known_by:
+            try:
+                known_by[choices] = set(_flat_keys(OmegaConf.to_container(_compose(list(choices)), resolve=False)))
+            except Exception:  # (what cannot compose is Hydra's to report, with the job)
+                known_by[choices] = set()
+        known = known_by[choices]
+        if not known:
+            continue
+        content = {k: v for k, v in own.items() if not k.startswith("/")}
+        for where, node in ((f"compare.models.{model}", content), ("the shared settings", shared)):
+            for key in _flat(node):
+                if key in known or any(k.startswith(key + ".") for k in known):
+                    continue
+                close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ConfigError(
+                    f"{_shown(comparison.path)}: {where} sets '{key}', which the config of model {model} "
+                    f"(variant={variant}) does not have{hint} (a key to add: +{key}=<value> on the command line)"
+                )
+
+
+def _flat_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key of a plain config (a mapping's own key too)."""
+    if not isinstance(node, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    keys = [prefix.rstrip(".")] if prefix else []
+    for key, value in node.items():
+        keys += _flat_keys(value, f"{prefix}{key}.")
+    return keys
 
 
 def model_name(cfg: DictConfig, variant_choice: str | None) -> str | None:
@@ -444,7 +530,10 @@ def _describe_one(c: Comparison) -> str:
     if groups or shared:
         text = ", ".join([*map(_default_text, groups), *(f"{k}={v}" for k, v in shared.items())])
         lines += textwrap.wrap("shared by every model: " + text, 110, initial_indent="  ", subsequent_indent="    ")
-    lines.append(f"  run it: python train.py -m compare={c.name}   (its plan: add --dry-run)")
+    shipped = c.path.resolve() == (COMPARE_DIR / f"{c.name}.yaml").resolve()
+    named = c.name if shipped else _shown(c.path)
+    one = f"{c.name}/<model>" if shipped else f"{_shown(c.path)}:<model>"
+    lines.append(f"  run it: python train.py -m compare={named}   (its plan: add --dry-run; one model: compare={one})")
     return "\n".join(lines)
 
 

@@ -75,6 +75,15 @@ def _hydra() -> Any:
     return HydraConfig.get() if HydraConfig.initialized() else None
 
 
+def _task_options(cfg: DictConfig) -> dict[str, Any]:
+    """The run's ``task.datamodule`` options, resolved, without ``_target_`` and ``test_lengths`` (what the dashboard
+    passes a task's :meth:`~attnlab.tasks.SequenceTask.headline_metric` from a run's config, so that both name the
+    same metric)."""
+    node = OmegaConf.select(cfg, "task.datamodule", default=None)
+    options = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
+    return {str(k): v for k, v in (options or {}).items() if k not in ("_target_", "test_lengths")}
+
+
 def _model_name(cfg: DictConfig) -> str | None:
     """The run's model name (:func:`attnlab.training.compare.model_name`: a comparison's model, the ``variant=``
     choice, or ``variant.name``); None where the config does not say."""
@@ -773,8 +782,7 @@ class Run:
         s.status, s.reason = "running", None
         s.params = self.module.num_parameters
         s.chance_accuracy = getattr(self.module, "chance_accuracy", None)
-        headline = getattr(self.datamodule, "headline_metric", None)
-        s.headline_metric = headline(self.datamodule.test_lengths) if callable(headline) else None
+        s.headline_metric = self._headline_metric()
         s.threads, s.torch = self.threads, torch.__version__
         s.device, s.world_size = str(self.trainer.strategy.root_device), self.trainer.world_size
         s.backends = self._backends()
@@ -838,6 +846,17 @@ class Run:
         if self.trainer is None:
             return {}
         return {k: float(v) for k, v in self.trainer.callback_metrics.items() if v.numel() == 1}
+
+    def _headline_metric(self) -> str | None:
+        """The task's headline metric for this run (:meth:`~attnlab.tasks.SequenceTask.headline_metric`, with the
+        run's ``task.datamodule`` options); None for a task that declares none."""
+        headline = getattr(self.datamodule, "headline_metric", None)
+        if not callable(headline):
+            return None
+        try:
+            return headline(self.datamodule.test_lengths, **_task_options(self.cfg))
+        except Exception:  # (a declaration that fails on its options: without them, as the dashboard falls back)
+            return headline(self.datamodule.test_lengths)
 
     def _backends(self) -> list[str]:
         """The backend of each layer's training step on the trainer's device and precision."""

@@ -195,7 +195,8 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
     # the task's headline metric (summary.json headline_metric: test/acc@128 for a state-tracking task tested
     # beyond its training length), first, where it is not one of the columns already
     named = sorted({h for h in headlines if h and h not in ("test/acc", "test/bpc")})
-    star = [f"★ {named[0].removeprefix('test/').replace('acc', 'test acc', 1)}"] if len(named) == 1 else []
+    shown = named[0].removeprefix("test/").replace("acc", "test acc", 1).replace("bpc", "test bpc", 1) if named else ""
+    star = [f"★ {shown}"] if len(named) == 1 else []
     star = star or (["★ headline"] if named else [])
     table.add_column("job", justify="right", no_wrap=True)
     table.add_column("varying keys", justify="left", overflow="fold")  # (never cut: folded onto more lines)
@@ -203,7 +204,7 @@ def _jobs_table(sweep: Path, jobs: list[dict[str, Any]]) -> Any:
         table.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
     for (job, metrics), (number, label), headline in zip(rows, labels, headlines, strict=True):
         wall = job.get("wall_time_s")
-        value = metrics.get(headline) if headline else None
+        value = metrics.get(headline) if headline and (len(named) != 1 or headline == named[0]) else None
         cell = "-" if value is None else bpc(metrics, headline) if "bpc" in headline else f"{100 * value:.1f}%"
         if len(named) > 1 and headline:
             cell += f" ({headline})"

@@ -214,6 +214,17 @@ def _job_status(sweep_dir: Path, job: str) -> tuple[str | None, dict[str, Any]]:
     return status, metrics
 
 
+def _seed_summary(sweep_dir: Path, job: str) -> Any:
+    """The summary of the finished run in ``sweep_dir/job``; None for none, or one that did not finish ok."""
+    from attnlab.runs import RunFileError, RunFolder
+
+    try:
+        summary = RunFolder(sweep_dir / job).read_summary(problems=[])
+    except (RunFileError, OSError):
+        return None
+    return summary if summary is not None and summary.status == "ok" else None
+
+
 def _job_record(sweep_dir: Path, job: str) -> tuple[str | None, dict[str, Any], str | None]:
     """(status, metrics, reason) of the run in ``sweep_dir/job``: (None, {}, None) when there is none."""
     from attnlab.runs import RunFileError, RunFolder
@@ -754,21 +765,34 @@ def _print_plan(plan: dict[str, Any], sweep_dir: Path) -> None:
     table = Table(
         title=f"tuned sweep {sweep_dir}: best {plan['metric']} on seed {plan['tune_seed']}", title_justify="left"
     )
-    for col in ("configuration", "best", plan["metric"], "test acc (seeds)"):  # (text folds; never cut)
+    seeds = {
+        e["label"]: [_seed_summary(sweep_dir, s["job"]) for s in e.get("seeds", [])] for e in plan["configurations"]
+    }
+    # the tasks' headline metric (summary.json headline_metric: test/acc@128 for a state-tracking task), else test/acc
+    headlines = {m.headline_metric for runs in seeds.values() for m in runs if m is not None and m.headline_metric}
+    headline = headlines.pop() if len(headlines) == 1 else "test/acc"
+    shown_name = headline.removeprefix("test/").replace("acc", "test acc", 1).replace("bpc", "test bpc", 1)
+    star = "★ " if headline != "test/acc" else ""
+    for col in ("configuration", "best", plan["metric"], f"{star}{shown_name} (seeds)"):  # (text folds; never cut)
         table.add_column(col, justify="left" if col in ("configuration", "best") else "right", overflow="fold")
     for entry in plan["configurations"]:
         best = entry.get("best")
         value = next((t["value"] for t in entry["tune"] if t["point"] == best), None) if best else None
-        tests = [_job_status(sweep_dir, s["job"])[1].get("test/acc") for s in entry.get("seeds", [])]
+        runs = [m for m in seeds[entry["label"]] if m is not None]
+        tests = [m.metrics.get(headline) for m in runs]
         mean, half, n = mean_ci(tests)
-        shown = "-" if n == 0 else interval_text(mean, half, "test/acc", n)  # (as the page prints it)
+        shown = "-" if n == 0 else interval_text(mean, half, headline, n)  # (as the page prints it)
+        models = {m.model for m in runs if m.model}
         chosen = ", ".join(f"{k}={_text(v)}" for k, v in best.items()) if best else None
         if chosen is None:
             chosen = "not chosen yet" if entry.get("pending") else "all failed"
         elif entry.get("edge"):
             chosen += " (grid's edge)"
+        label = entry["label"] or "(base)"
+        if len(models) == 1 and label.startswith("compare="):  # a comparison's model, as the run recorded it
+            label = f"model={models.pop()}{label[label.find(',') :] if ',' in label else ''}"
         table.add_row(
-            entry["label"] or "(base)",
+            label,
             chosen,
             f"{value:.4g}" if _is_number(value) else "-",
             shown,
