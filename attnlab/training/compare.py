@@ -424,8 +424,6 @@ def check_comparison_keys(comparison: Comparison) -> None:
     (``+task.datamodule.length=8``), as for a single run."""
     import difflib
 
-    from attnlab.training.plan import _compose
-
     shared = {k: v for k, v in comparison.shared.items() if k not in ("defaults", "hydra")}
     groups = [_default_text(d) for d in comparison.shared.get("defaults", []) if isinstance(d, dict)]
     known_by: dict[tuple[str, ...], set[str]] = {}
@@ -452,6 +450,17 @@ def check_comparison_keys(comparison: Comparison) -> None:
                     f"{_shown(comparison.path)}: {where} sets '{key}', which the config of model {model} "
                     f"(variant={variant}) does not have{hint} (a key to add: +{key}=<value> on the command line)"
                 )
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """The config of ``overrides`` (inside a running Hydra app through its own loader, else on ``conf/``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("config", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides)
 
 
 def _flat_keys(node: Any, prefix: str = "") -> list[str]:
