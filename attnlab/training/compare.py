@@ -71,7 +71,6 @@ from attnlab.training.config.base import CONF_DIR, GROUPS, ConfigError
 
 __all__ = [
     "Comparison",
-    "compare_options",
     "expand_compare",
     "load_comparison",
     "model_name",
@@ -303,25 +302,6 @@ def register_named_models() -> tuple[str, ...]:
 def variant_options() -> list[str]:
     """Every option of ``variant=``: the yaml files of ``conf/variant`` and the forms' named settings."""
     return sorted({*_variant_files(), *_registered_settings()})
-
-
-def compare_options() -> list[str]:
-    """Every registered model of a comparison, as ``compare=`` takes it: ``<comparison>/<model>``."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    return sorted(
-        f"{sub}/{m.removesuffix('.yaml')}"
-        for sub in _store_list(store, "compare")
-        for m in _store_list(store, f"compare/{sub}")
-    )
-
-
-def _store_list(store: Any, path: str) -> list[str]:
-    try:
-        return list(store.list(path))
-    except OSError:  # (ConfigStore: no such group)
-        return []
 
 
 # ----------------------------------------------------------------------------------------------- the command line
